@@ -1,0 +1,76 @@
+"""``kronos-mlflow``: the command line.
+
+Subcommands live in the modules that own their work; each such module exposes
+``add_arguments(parser)`` and ``run(args) -> int``. This file only wires them and turns
+user errors into one line on stderr with exit code 2.
+
+    kronos-mlflow demo-data --out ./demo_market      # a synthetic Qlib directory
+    kronos-mlflow import-csv prices/*.csv --out ./my_qlib
+    kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
+    kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .errors import EXIT_USAGE, UserError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo-data": ("kronos_mlflow.data.demo", "write the built-in synthetic demo market as a Qlib directory"),
+    "import-csv": ("kronos_mlflow.data.csv_import", "turn K-line CSV files into a Qlib directory"),
+    "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
+    "train": ("kronos_mlflow.train", "fine-tune the tokenizer (one process; use torchrun for several)"),
+    "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a single line on stderr and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="kronos-mlflow",
+        description="Fine-tune the Kronos K-line tokenizer and track the experiments in MLflow.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    wanted = None
+    if argv:
+        wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Import a module only for the subcommand being run: each pulls heavy libraries.
+        if name == wanted:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
+    try:
+        return int(args._run(args) or 0)
+    except UserError as exc:
+        print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"kronos-mlflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

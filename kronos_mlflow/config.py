@@ -1,0 +1,331 @@
+"""One configuration dict for the whole job, with upstream Kronos's key names.
+
+``load_config(overrides=None, path=None)`` starts from ``DEFAULTS``, merges a YAML file, then
+``overrides`` (a mapping, e.g. parsed command-line flags), and validates the result. Every
+error is a :class:`~kronos_mlflow.errors.ConfigError` whose message names the key to change.
+
+Keys that exist in upstream's ``finetune/config.py`` keep its names and defaults. Short names
+used on the command line and as MLproject parameters map onto them through ``ALIASES``
+(``learning_rate`` -> ``tokenizer_learning_rate``, ``weight_decay`` -> ``adam_weight_decay``).
+
+Credentials never live here: Comet reads ``COMET_API_KEY`` and MLflow reads
+``MLFLOW_TRACKING_URI`` / ``MLFLOW_TRACKING_TOKEN`` / ``MLFLOW_TRACKING_PASSWORD`` from the
+environment or their own config files. A key that looks like a secret is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import difflib
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+# Each entry: key -> (default, help). The type of the default is the type of the key
+# (ints accept integral floats such as "1e5"; floats accept ints).
+_SPEC: dict[str, tuple[Any, str]] = {
+    # ---- data (upstream names and defaults) ----
+    "qlib_data_path": ("~/.qlib/qlib_data/cn_data", "Qlib provider directory; empty = the built-in demo market."),
+    "instrument": ("csi300", "Qlib instrument universe (a file under instruments/), e.g. csi300 or all."),
+    "dataset_begin_time": ("2011-01-01", "First date read from Qlib."),
+    "dataset_end_time": ("2025-06-05", "Last date read from Qlib."),
+    "lookback_window": (90, "Past steps per window; normalisation statistics come from this part."),
+    "predict_window": (10, "Future steps per window (the window is lookback + predict + 1 long)."),
+    "max_context": (512, "Longest context the forecasting model accepts (kept for compatibility)."),
+    "feature_list": (["open", "high", "low", "close", "vol", "amt"], "The six K-line features, in order."),
+    "time_feature_list": (["minute", "hour", "weekday", "day", "month"], "Calendar features, in order."),
+    "train_time_range": (["2011-01-01", "2022-12-31"], "Training dates, START:END inclusive."),
+    "val_time_range": (["2022-09-01", "2024-06-30"], "Validation dates (overlaps train to give its lookback)."),
+    "test_time_range": (["2024-04-01", "2025-06-05"], "Test dates."),
+    "dataset_path": ("./data/processed_datasets", "Where prepared splits are cached (safe formats, keyed)."),
+    "clip": (5.0, "Normalised features are clipped to +-clip."),
+    "num_workers": (0, "DataLoader worker processes per rank (windows are cheap: 0 is usually fastest)."),
+    # ---- training (upstream names and defaults) ----
+    "epochs": (30, "Training epochs."),
+    "log_interval": (100, "Optimizer steps between console summaries."),
+    "batch_size": (50, "Windows per optimizer step, per process."),
+    "n_train_iter": (2000 * 50, "Training windows per epoch (over all processes)."),
+    "n_val_iter": (400 * 50, "Validation windows per epoch (over all processes)."),
+    "tokenizer_learning_rate": (2e-4, "Peak learning rate of the one-cycle schedule."),
+    "accumulation_steps": (1, "Sub-batches each batch is split into (batch_size must divide evenly)."),
+    "adam_beta1": (0.9, "AdamW beta1."),
+    "adam_beta2": (0.95, "AdamW beta2."),
+    "adam_weight_decay": (0.1, "AdamW weight decay."),
+    "weight_decay_scope": ("all", "Parameters weight decay applies to: all (upstream) or matrices (2-D weights only)."),
+    "grad_clip_norm": (2.0, "Gradients are clipped to this global norm before each step."),
+    "seed": (100, "Random seed; each rank adds its rank."),
+    "save_path": ("./outputs/models", "Root of the output directories."),
+    "tokenizer_save_folder_name": ("finetune_tokenizer_demo", "Run folder under save_path."),
+    "pretrained_tokenizer_path": ("", "Checkpoint directory or hub id; empty = fresh weights, base architecture."),
+    "device": ("auto", "auto (CUDA when present, else CPU), cpu, or cuda."),
+    # ---- fresh-model architecture (used only when pretrained_tokenizer_path is empty) ----
+    "d_model": (256, "Fresh model: hidden size."),
+    "n_heads": (4, "Fresh model: attention heads."),
+    "ff_dim": (512, "Fresh model: feed-forward size."),
+    "n_enc_layers": (4, "Fresh model: encoder depth (n-1 blocks, as upstream)."),
+    "n_dec_layers": (4, "Fresh model: decoder depth (n-1 blocks, as upstream)."),
+    "s1_bits": (10, "Fresh model: coarse code bits."),
+    "s2_bits": (10, "Fresh model: fine code bits."),
+    # ---- tracking ----
+    "experiment_name": ("", "MLflow experiment; empty = MLFLOW_EXPERIMENT_NAME/ID or MLflow's default."),
+    "run_name": ("", "MLflow run name; empty = one made from the learning rate and weight decay."),
+    "registered_model_name": ("", "Register the best model under this name; empty = do not register."),
+    "comet": ("auto", "auto (online when COMET_API_KEY is set, else off), online, offline, or off."),
+    "comet_project_name": ("kronos-tokenizer", "Comet project."),
+    "comet_workspace": ("", "Comet workspace; empty = the key's default."),
+    "comet_offline_directory": ("", "Where offline Comet archives go; empty = COMET_OFFLINE_DIRECTORY or ./.cometml-runs."),
+    "comet_tag": ("finetune_demo", "Tag added to the Comet experiment (upstream's key)."),
+    "comet_name": ("finetune_demo", "Comet experiment name (upstream's key)."),
+    "nproc_per_node": (1, "Processes per node the launcher started (recorded as a param)."),
+}
+
+DEFAULTS: dict[str, Any] = {k: v[0] for k, v in _SPEC.items()}
+HELP: dict[str, str] = {k: v[1] for k, v in _SPEC.items()}
+
+# Short, user-facing names (MLproject parameters, command-line flags) -> config keys.
+ALIASES: dict[str, str] = {
+    "learning_rate": "tokenizer_learning_rate",
+    "lr": "tokenizer_learning_rate",
+    "weight_decay": "adam_weight_decay",
+}
+
+TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
+DATE_KEYS = ("dataset_begin_time", "dataset_end_time")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "comet": ("auto", "online", "offline", "off"),
+    "device": ("auto", "cpu", "cuda"),
+    "weight_decay_scope": ("all", "matrices"),
+}
+_POSITIVE = (
+    "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
+    "accumulation_steps", "lookback_window", "predict_window", "max_context", "clip",
+    "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
+    "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node",
+)
+_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed")
+_UNIT_OPEN = ("adam_beta1", "adam_beta2")
+# Sizes that would allocate absurd amounts of memory are refused up front.
+_MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
+        "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
+        "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000}
+
+_SECRET_RE = re.compile(r"(api[_-]?key|secret|password|passwd|token|credential)", re.IGNORECASE)
+
+
+def canonical_key(name: str) -> str:
+    """Map a flag or parameter name (dashes or underscores, alias or key) onto a config key."""
+    key = name.strip().lstrip("-").replace("-", "_").lower()
+    return ALIASES.get(key, key)
+
+
+def is_secret_key(name: str) -> bool:
+    """True for names that look like they hold a credential (api_key, token, password, ...)."""
+    return bool(_SECRET_RE.search(name))
+
+
+def _unknown(key: str) -> ConfigError:
+    if is_secret_key(key):
+        return ConfigError(
+            f"config key '{key}' looks like a credential; credentials are never read from the config: "
+            "set COMET_API_KEY / MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_PASSWORD in the environment instead"
+        )
+    known = sorted(set(DEFAULTS) | set(ALIASES))
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}; see `kronos-mlflow train --help` for the accepted keys")
+
+
+def parse_date(key: str, value: Any) -> str:
+    """Validate a YYYY-MM-DD date and return it normalised."""
+    text = str(value).strip()
+    try:
+        return _dt.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise ConfigError(f"{key}: '{value}' is not a date; expected YYYY-MM-DD") from None
+
+
+def parse_time_range(key: str, value: Any) -> list[str]:
+    """Accept ``START:END`` (MLproject format), ``[START, END]`` or ``START,END``."""
+    if isinstance(value, str):
+        parts = re.split(r"\s*[:,]\s*", value.strip()) if value.strip() else []
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        parts = []
+    if len(parts) != 2:
+        raise ConfigError(f"{key}: '{value}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD")
+    start, end = parse_date(key, parts[0]), parse_date(key, parts[1])
+    if start > end:
+        raise ConfigError(f"{key}: start {start} is after end {end}; expected START <= END")
+    return [start, end]
+
+
+def _coerce(key: str, value: Any) -> Any:
+    default = DEFAULTS[key]
+    if key in TIME_RANGE_KEYS:
+        return parse_time_range(key, value)
+    if key in DATE_KEYS:
+        return parse_date(key, value)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: '{value}' is not a boolean; expected true or false")
+    if isinstance(default, int):
+        try:
+            number = float(str(value).strip()) if not isinstance(value, (int, float)) else value
+        except ValueError:
+            raise ConfigError(f"{key}: '{value}' is not an integer") from None
+        if isinstance(value, bool) or not math.isfinite(number) or number != int(number):
+            raise ConfigError(f"{key}: '{value}' is not an integer")
+        return int(number)
+    if isinstance(default, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: '{value}' is not a number")
+        try:
+            number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+        except ValueError:
+            raise ConfigError(f"{key}: '{value}' is not a number") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: '{value}' is not a finite number")
+        return number
+    if isinstance(default, list):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{key}: '{value}' is not a list of names")
+        return [i.strip() for i in items]
+    if value is None:
+        return ""
+    if not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{key}: '{value}' is not a string")
+    return str(value)
+
+
+def validate(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Coerce and check every key; return a new dict. Raises ConfigError naming the key."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key not in DEFAULTS:
+            raise _unknown(key)
+        out[key] = _coerce(key, value)
+    for key in DEFAULTS:
+        out.setdefault(key, copy.deepcopy(DEFAULTS[key]))
+    for key in _POSITIVE:
+        if out[key] <= 0:
+            raise ConfigError(f"{key}: {config.get(key, out[key])!r} must be greater than 0")
+    for key in _NON_NEGATIVE:
+        if out[key] < 0:
+            raise ConfigError(f"{key}: {config.get(key, out[key])!r} must be 0 or greater")
+    for key in _UNIT_OPEN:
+        if not 0.0 <= out[key] < 1.0:
+            raise ConfigError(f"{key}: {out[key]!r} must be in [0, 1)")
+    for key, limit in _MAX.items():
+        if out[key] > limit:
+            raise ConfigError(f"{key}: {out[key]} is too large; expected at most {limit}")
+    for key, choices in CHOICES.items():
+        if out[key] not in choices:
+            raise ConfigError(f"{key}: '{out[key]}' is not one of {', '.join(choices)}")
+    if out["batch_size"] % out["accumulation_steps"]:
+        raise ConfigError(
+            f"batch_size {out['batch_size']} is not divisible by accumulation_steps {out['accumulation_steps']}; "
+            "choose values so that batch_size % accumulation_steps == 0"
+        )
+    if out["d_model"] % out["n_heads"] or (out["d_model"] // out["n_heads"]) % 2:
+        raise ConfigError(
+            f"d_model {out['d_model']} must split into n_heads {out['n_heads']} heads of even size"
+        )
+    if len(out["feature_list"]) != 6:
+        raise ConfigError(f"feature_list: {out['feature_list']} must name 6 features (open high low close vol amt)")
+    if len(out["time_feature_list"]) != 5:
+        raise ConfigError(f"time_feature_list: {out['time_feature_list']} must name 5 calendar features")
+    if out["dataset_begin_time"] > out["dataset_end_time"]:
+        raise ConfigError(
+            f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
+        )
+    return out
+
+
+def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file '{path}' is a directory; expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text; expected a YAML file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of key: value, not {type(data).__name__}")
+    return data
+
+
+def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Defaults, then the YAML file at ``path``, then ``overrides``; validated.
+
+    Keys may be given as config keys or aliases, with dashes or underscores.
+    """
+    merged: dict[str, Any] = {}
+    sources: list[Mapping[str, Any]] = []
+    if path:
+        sources.append(_read_yaml(path))
+    if overrides:
+        sources.append(overrides)
+    for source in sources:
+        for name, value in source.items():
+            merged[canonical_key(str(name))] = value
+    return validate(merged)
+
+
+def flatten(config: Mapping[str, Any]) -> dict[str, str]:
+    """Strings for logging as params: lists joined (time ranges as START:END)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if is_secret_key(key):
+            continue
+        if key in TIME_RANGE_KEYS:
+            out[key] = ":".join(value)
+        elif isinstance(value, (list, tuple)):
+            out[key] = ",".join(map(str, value))
+        else:
+            out[key] = str(value)
+    return out
+
+
+def model_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor arguments for a fresh tokenizer from the config (base hyper-parameters by default)."""
+    return {
+        "d_in": 6,
+        "d_model": config["d_model"],
+        "n_heads": config["n_heads"],
+        "ff_dim": config["ff_dim"],
+        "n_enc_layers": config["n_enc_layers"],
+        "n_dec_layers": config["n_dec_layers"],
+        "ffn_dropout_p": 0.0,
+        "attn_dropout_p": 0.0,
+        "resid_dropout_p": 0.0,
+        "s1_bits": config["s1_bits"],
+        "s2_bits": config["s2_bits"],
+        "beta": 0.05,
+        "gamma0": 1.0,
+        "gamma": 1.1,
+        "zeta": 0.05,
+        "group_size": 4,
+    }

@@ -1,0 +1,30 @@
+"""Errors a user can fix by changing what they typed or pointed at.
+
+Every ``UserError`` carries one sentence that names the bad value and what would be
+accepted. Command-line entry points print it on one line to stderr and exit with code 2
+(``EXIT_USAGE``), never with a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Bad input: a config value, a path, a file. The message is one line for the user."""
+
+    def __init__(self, message: str):
+        # Keep messages on one line whatever the caller passed.
+        super().__init__(" ".join(str(message).split()))
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration key or value is unknown or invalid."""
+
+
+class CheckpointError(UserError, ValueError):
+    """A tokenizer checkpoint directory or file is missing, malformed or inconsistent."""
+
+
+class DataError(UserError, ValueError):
+    """A Qlib directory, CSV file or data split cannot be used."""
