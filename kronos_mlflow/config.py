@@ -114,7 +114,9 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
         "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000}
 
-_SECRET_RE = re.compile(r"(api[_-]?key|secret|password|passwd|token|credential)", re.IGNORECASE)
+_SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secrets", "credential",
+                 "credentials", "apikey", "auth"}
+_SECRET_PAIRS = re.compile(r"(api|access|private|secret)[_-]?key", re.IGNORECASE)
 
 
 def canonical_key(name: str) -> str:
@@ -125,7 +127,9 @@ def canonical_key(name: str) -> str:
 
 def is_secret_key(name: str) -> bool:
     """True for names that look like they hold a credential (api_key, token, password, ...)."""
-    return bool(_SECRET_RE.search(name))
+    if _SECRET_PAIRS.search(name):
+        return True
+    return any(part in _SECRET_WORDS for part in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def _unknown(key: str) -> ConfigError:

@@ -1,0 +1,89 @@
+"""Config: defaults, YAML, overrides, aliases and one-line errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from kronos_mlflow.config import DEFAULTS, flatten, load_config
+from kronos_mlflow.errors import ConfigError
+
+
+def test_defaults_are_upstreams():
+    c = load_config()
+    assert c["instrument"] == "csi300"
+    assert c["lookback_window"] == 90 and c["predict_window"] == 10
+    assert c["train_time_range"] == ["2011-01-01", "2022-12-31"]
+    assert c["val_time_range"] == ["2022-09-01", "2024-06-30"]
+    assert c["test_time_range"] == ["2024-04-01", "2025-06-05"]
+    assert c["n_train_iter"] == 100000 and c["n_val_iter"] == 20000
+    assert c["tokenizer_learning_rate"] == 2e-4 and c["adam_weight_decay"] == 0.1
+    assert (c["adam_beta1"], c["adam_beta2"]) == (0.9, 0.95)
+    assert c["seed"] == 100 and c["epochs"] == 30 and c["batch_size"] == 50
+    assert c["tokenizer_save_folder_name"] == "finetune_tokenizer_demo"
+
+
+def test_yaml_then_overrides_with_aliases_and_dashes(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochs: 3\nlearning_rate: 1e-3\ntrain_time_range: 2012-01-01:2013-06-30\n")
+    c = load_config({"epochs": "5", "weight-decay": "0.0", "--batch-size": 10}, path=path)
+    assert c["epochs"] == 5
+    assert c["tokenizer_learning_rate"] == pytest.approx(1e-3)
+    assert c["adam_weight_decay"] == 0.0
+    assert c["batch_size"] == 10
+    assert c["train_time_range"] == ["2012-01-01", "2013-06-30"]
+
+
+def test_flatten_is_strings_with_ranges_as_start_end():
+    flat = flatten(load_config())
+    assert flat["train_time_range"] == "2011-01-01:2022-12-31"
+    assert flat["feature_list"] == "open,high,low,close,vol,amt"
+    assert set(flat) == set(DEFAULTS)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"lerning_rate": 1}, "learning_rate"),
+        ({"epochs": 0}, "epochs"),
+        ({"epochs": "two"}, "epochs"),
+        ({"learning_rate": "fast"}, "tokenizer_learning_rate"),
+        ({"learning_rate": -1e-4}, "tokenizer_learning_rate"),
+        ({"learning_rate": "nan"}, "tokenizer_learning_rate"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"weight_decay": -0.1}, "adam_weight_decay"),
+        ({"batch_size": 50, "accumulation_steps": 3}, "accumulation_steps"),
+        ({"train_time_range": "2013-01-01:2012-01-01"}, "train_time_range"),
+        ({"val_time_range": "2013-13-01:2014-01-01"}, "val_time_range"),
+        ({"test_time_range": "2013"}, "test_time_range"),
+        ({"comet": "sometimes"}, "comet"),
+        ({"comet_api_key": "abcd"}, "credential"),
+        ({"d_model": 10_000_000}, "d_model"),
+        ({"d_model": 30, "n_heads": 4}, "d_model"),
+        ({"adam_beta2": 1.0}, "adam_beta2"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides)
+    message = str(err.value)
+    assert needle in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("epochs: [1, 2\n", "not valid YAML"),
+        ("- 1\n- 2\n", "mapping"),
+        (b"\xff\xfe epochs: 1", "UTF-8"),
+    ],
+)
+def test_bad_yaml_files(tmp_path, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=needle):
+        load_config(path=path)
+
+
+def test_missing_yaml_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(path=tmp_path / "nope.yaml")

@@ -1,0 +1,59 @@
+"""The project's own files agree with each other: conda.yaml vs pyproject, MLproject vs config."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from kronos_mlflow import config as cfg
+from kronos_mlflow.train import MLPROJECT_PARAMS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mlproject():
+    return yaml.safe_load((ROOT / "MLproject").read_text())
+
+
+def test_conda_pip_dependencies_match_pyproject():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    conda = yaml.safe_load((ROOT / "conda.yaml").read_text())
+    pip_block = next(d["pip"] for d in conda["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert sorted(pip_block) == sorted(pyproject["project"]["dependencies"])
+
+
+def test_mlproject_main_parameters_are_the_interface():
+    params = _mlproject()["entry_points"]["main"]["parameters"]
+    assert set(params) - {"config_file"} == set(MLPROJECT_PARAMS)
+    for name, spec in params.items():
+        if name == "config_file":
+            continue
+        default = cfg.DEFAULTS[MLPROJECT_PARAMS[name]]
+        if name == "qlib_data_path":
+            assert spec["default"] == ""  # empty: the built-in demo market
+        elif isinstance(default, list):
+            assert spec["default"] == ":".join(default)
+        else:
+            assert type(default)(spec["default"]) == default, name
+
+
+def test_mlproject_check_and_torchrun_get_the_same_arguments():
+    command = _mlproject()["entry_points"]["main"]["command"]
+    check, launch = command.split("&&")
+    check_args = check.split("kronos_mlflow.train --check", 1)[1].split()
+    launch_args = launch.split("-m kronos_mlflow.train", 1)[1].split()
+    assert check_args == launch_args
+    # every parameter reaches the command
+    for name in _mlproject()["entry_points"]["main"]["parameters"]:
+        assert "{" + name + "}" in launch
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = re.findall(r"^python3 -m venv .*pytest.*$", readme, flags=re.M)
+    assert commands, "README.md must show the test command"
+    assert commands[0].strip() in ci
