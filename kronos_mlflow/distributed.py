@@ -1,0 +1,124 @@
+"""Process-group set-up, seeding and the few collectives training needs, in one place.
+
+``torchrun`` sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; when they are present we join the
+process group (NCCL on CUDA, gloo on CPU). Without them the same code runs as one plain
+process, rank 0 of 1, with no process group at all, so tests and laptops need nothing else.
+Collectives are no-ops when there is no group.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None  # None: one process, no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def resolve_device(preference: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU. On CUDA each local rank gets its own GPU."""
+    if preference == "auto":
+        preference = "cuda" if torch.cuda.is_available() else "cpu"
+    if preference == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' was asked for but no CUDA GPU is visible; use device auto or cpu")
+    n_gpus = torch.cuda.device_count()
+    if local_world_size > n_gpus:
+        raise ConfigError(
+            f"nproc_per_node {local_world_size} exceeds the {n_gpus} visible GPU(s); "
+            f"use nproc_per_node <= {n_gpus} (or device cpu)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(device_preference: str = "auto", timeout_s: float = 1800.0) -> DistInfo:
+    """Join torchrun's process group when launched by it; otherwise describe one process."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world_size)
+    device = resolve_device(device_preference, local_rank, local_world)
+    if "RANK" not in os.environ or world_size <= 1 and not dist.is_torchelastic_launched():
+        return DistInfo(rank=0, local_rank=0, world_size=1, device=device, backend=None)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
+                    device=device, backend=backend)
+
+
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed python, numpy and torch with ``seed + rank`` (upstream's per-rank seeding)."""
+    s = int(seed) + int(rank)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+    torch.manual_seed(s)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(s)
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def dist_sum(values, device: torch.device | None = None) -> list[float]:
+    """Sum a list of floats over all ranks (float64), returned as Python floats."""
+    values = [float(v) for v in values]
+    if not _active():
+        return values
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.cpu()]
+
+
+def broadcast_object(obj, src: int = 0):
+    """Send a picklable Python object from ``src`` to every rank (trusted: our own processes)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def teardown() -> None:
+    if _active():
+        dist.destroy_process_group()

@@ -1,0 +1,206 @@
+"""The fine-tuned tokenizer as an MLflow Model: a pyfunc over the safetensors checkpoint.
+
+The model directory holds the checkpoint exactly as ``save_pretrained`` writes it
+(``artifacts/best_model/{config.json, model.safetensors}``), so ``KronosTokenizer.from_pretrained``
+and upstream Kronos load it directly. The pyfunc is defined "from code" (``pyfunc_model.py``)
+and ships this package under ``code/``: nothing is pickled, and it loads wherever torch,
+safetensors and mlflow are installed.
+
+``predict`` takes float32 windows ``(B, T, 6)`` of raw open, high, low, close, volume, amount,
+normalises each window as training does (lookback statistics, clip), and returns a dict:
+
+- ``reconstruction``: ``(B, T, 6)`` float32, the full-code reconstruction in the input's units;
+- ``tokens``: ``(B, T)`` int64 full codes; ``s1_tokens`` / ``s2_tokens``: the two halves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .features import FEATURES, normalize_windows
+
+MODEL_NAME = "best_model"
+CHECKPOINT_ARTIFACT = "best_model"
+
+
+def _as_windows(model_input) -> np.ndarray:
+    if hasattr(model_input, "to_numpy"):
+        model_input = model_input.to_numpy()
+    x = np.asarray(model_input, dtype=np.float32)
+    if x.ndim == 2:
+        x = x[None]
+    if x.ndim != 3 or x.shape[-1] != len(FEATURES):
+        raise ValueError(
+            f"input of shape {tuple(x.shape)} is not windows of (B, T, 6): "
+            f"{', '.join(FEATURES)} per step"
+        )
+    if not np.isfinite(x).all():
+        raise ValueError("input holds NaN or inf; pass finite prices and volumes")
+    return x
+
+
+def tokenize_windows(model, x: np.ndarray, lookback: int, clip: float) -> dict[str, np.ndarray]:
+    """Normalise raw windows, encode, decode; the pyfunc's computation, usable without MLflow."""
+    import torch
+
+    x = _as_windows(x)
+    lookback = max(1, min(int(lookback), x.shape[1]))
+    past = x[:, :lookback, :]
+    mean = past.mean(axis=1, keepdims=True)
+    std = past.std(axis=1, keepdims=True)
+    xn = normalize_windows(x, lookback, clip)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        t = torch.from_numpy(np.ascontiguousarray(xn)).to(device)
+        s1, s2 = model.encode(t, half=True)
+        full = model.encode(t)
+        z = model.decode(full)
+    recon = z.float().cpu().numpy() * (std + 1e-5) + mean
+    return {
+        "reconstruction": recon.astype(np.float32),
+        "tokens": full.cpu().numpy().astype(np.int64),
+        "s1_tokens": s1.cpu().numpy().astype(np.int64),
+        "s2_tokens": s2.cpu().numpy().astype(np.int64),
+    }
+
+
+try:  # the class needs mlflow; the helpers above do not
+    import mlflow.pyfunc
+
+    class KronosTokenizerPyfunc(mlflow.pyfunc.PythonModel):
+        """Loads the checkpoint directory from the model's artifacts; see the module doc."""
+
+        def load_context(self, context):
+            from .model import KronosTokenizer
+
+            model_config = dict(getattr(context, "model_config", None) or {})
+            self.lookback = int(model_config.get("lookback_window", 90))
+            self.clip = float(model_config.get("clip", 5.0))
+            self.model = KronosTokenizer.from_pretrained(context.artifacts[CHECKPOINT_ARTIFACT]).eval()
+
+        def predict(self, context, model_input, params=None):
+            return tokenize_windows(self.model, model_input, self.lookback, self.clip)
+
+except ImportError:  # pragma: no cover - mlflow is a dependency
+    KronosTokenizerPyfunc = None  # type: ignore[assignment]
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    reqs = []
+    for dist in ("mlflow", "torch", "safetensors", "numpy", "pandas", "huggingface_hub"):
+        try:
+            reqs.append(f"{dist}=={version(dist).split('+')[0]}")
+        except Exception:  # noqa: BLE001 - absent optional package
+            reqs.append(dist)
+    return reqs
+
+
+def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
+    """Raw validation windows for the signature and input example (synthetic if none)."""
+    from .data import QlibDataset
+
+    window = config["lookback_window"] + config["predict_window"] + 1
+    for split in ("val", "train"):
+        try:
+            ds = QlibDataset(split, config)
+        except Exception:  # noqa: BLE001 - fall back to the next split
+            continue
+        if len(ds) and hasattr(ds, "raw_windows"):
+            return np.asarray(ds.raw_windows(list(range(min(n, len(ds))))), dtype=np.float32)
+    rng = np.random.default_rng(0)
+    close = 10 * np.exp(np.cumsum(rng.normal(0, 0.01, size=(n, window)), axis=1))
+    vol = rng.uniform(1e5, 1e6, size=(n, window))
+    o, h, lo = close * 0.999, close * 1.01, close * 0.99
+    amt = (o + h + lo + close) / 4 * vol
+    return np.stack([o, h, lo, close, vol, amt], axis=-1).astype(np.float32)
+
+
+def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0):
+    """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` on the logger's MLflow run.
+
+    Returns the ``ModelInfo`` (or None without an MLflow backend). The model is reloaded and its
+    prediction compared with the in-memory computation before anything is registered.
+    Also sends the checkpoint directory to the other backends (Comet) as an artifact.
+    """
+    mlflow_logger = getattr(logger, "mlflow", None)
+    for other in getattr(logger, "loggers", []):
+        if other is not mlflow_logger:
+            other.log_artifact(checkpoint_dir, CHECKPOINT_ARTIFACT)
+    if mlflow_logger is None:
+        return None
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from .model import KronosTokenizer
+
+    x = example_windows(config)
+    model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
+    expected = tokenize_windows(model, x, config["lookback_window"], config["clip"])
+    signature = infer_signature(x, expected)
+    code_file = os.path.join(os.path.dirname(__file__), "pyfunc_model.py")
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    mlflow.set_tracking_uri(mlflow_logger.tracking_uri)
+    with mlflow.start_run(run_id=mlflow_logger.run_id):
+        info = mlflow.pyfunc.log_model(
+            name=MODEL_NAME,
+            python_model=code_file,
+            artifacts={CHECKPOINT_ARTIFACT: checkpoint_dir},
+            code_paths=[package_dir],
+            model_config={"lookback_window": int(config["lookback_window"]), "clip": float(config["clip"])},
+            signature=signature,
+            input_example=x,
+            pip_requirements=_pip_requirements(),
+            step=int(step),
+        )
+    loaded = mlflow.pyfunc.load_model(info.model_uri)
+    got = loaded.predict(x)
+    if not np.array_equal(got["tokens"], expected["tokens"]) or not np.allclose(
+        got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5
+    ):
+        raise RuntimeError("the logged MLflow model does not reproduce the checkpoint's outputs")
+    mlflow_logger.set_tags({"best_model_uri": info.model_uri})
+    name = config.get("registered_model_name")
+    if name:
+        version = mlflow.register_model(info.model_uri, name)
+        mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
+        info.registered_version = version.version  # type: ignore[attr-defined]
+    return info
+
+
+def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:
+    """Record the Qlib data as the run's training input: path, instrument, ranges, digest."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    from .data import resolve_qlib_path
+
+    path = str(resolve_qlib_path(config))
+    source = resolve_dataset_source(path)
+    name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
+    dataset = MetaDataset(source=source, name=name, digest=digest[:32])
+    tags = [
+        InputTag(key="mlflow.data.context", value="training"),
+        InputTag(key="instrument", value=str(config["instrument"])),
+        InputTag(key="train_time_range", value=":".join(config["train_time_range"])),
+        InputTag(key="val_time_range", value=":".join(config["val_time_range"])),
+        InputTag(key="test_time_range", value=":".join(config["test_time_range"])),
+    ]
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)])
+
+
+def load_checkpoint_dir(model_uri: str, dst: str | None = None) -> str:
+    """Download a logged model's checkpoint directory; returns the local path to pass to
+    ``KronosTokenizer.from_pretrained`` (or upstream Kronos)."""
+    import mlflow
+
+    dst = dst or tempfile.mkdtemp(prefix="kronos-ckpt-")
+    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=dst)
+    return os.path.join(local, "artifacts", CHECKPOINT_ARTIFACT)
