@@ -1,0 +1,575 @@
+"""Optuna sweeps over learning rate and weight decay; every trial is a child MLflow run.
+
+    python sweeps/sweep.py --n-trials 8 --epochs 3                      # demo market, sqlite study
+    mlflow run . -e sweep --env-manager local -P n_trials=8 -P epochs=3
+    python sweeps/sweep.py --storage postgresql://user@db/optuna --study-name lr-wd   # many workers
+
+Design: this process (a "worker") opens one parent MLflow run and calls ``study.optimize``.
+Each trial creates a nested child run, then trains in its own process (``python -m
+kronos_mlflow.train``, or ``torchrun`` when ``nproc_per_node > 1``) with ``MLFLOW_RUN_ID`` set to
+the child, so the child holds exactly what a normal training run holds. Rank 0 of the trial
+reports the per-epoch validation loss to the study and asks the pruner; a pruned trial exits
+with ``EXIT_PRUNED`` and its run ends KILLED with tag ``optuna.trial_state=PRUNED``, keeping its
+metrics. Optuna's RDB heartbeat marks trials of a dead worker FAIL and retries them.
+
+Several workers on several machines share one study through one RDB storage URL
+(``load_if_exists``); rerunning the same command resumes the study and adds ``n_trials``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import EXIT_USAGE, ConfigError, UserError
+
+EXIT_PRUNED = 42
+DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "sweeps" / "search_space.yaml"
+PARAMS = ("learning_rate", "weight_decay")
+
+# Environment handed to a trial's training process so that rank 0 can report to the study.
+ENV_STORAGE = "KRONOS_OPTUNA_STORAGE"
+ENV_STUDY = "KRONOS_OPTUNA_STUDY"
+ENV_TRIAL_ID = "KRONOS_OPTUNA_TRIAL_ID"
+ENV_PRUNER = "KRONOS_OPTUNA_PRUNER"
+
+TRAIN_PASSTHROUGH = (
+    "epochs", "batch_size", "n_train_iter", "n_val_iter", "qlib_data_path", "instrument",
+    "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
+    "seed", "accumulation_steps",
+)
+
+
+# --------------------------------------------------------------------------- search space
+
+
+def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """Read and check the YAML search space; errors name the parameter and what is accepted."""
+    import yaml
+
+    path = Path(path or DEFAULT_SPACE)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"search space file '{path}' does not exist") from None
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise ConfigError(f"search space file '{path}' is not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"search space file '{path}' must map parameter names to ranges")
+    unknown = set(raw) - set(PARAMS)
+    if unknown:
+        raise ConfigError(f"search space: unknown parameter '{sorted(unknown)[0]}'; expected {', '.join(PARAMS)}")
+    space = {}
+    for name in PARAMS:
+        spec = raw.get(name)
+        if not isinstance(spec, dict):
+            raise ConfigError(f"search space: '{name}' needs a mapping with low and high")
+        try:
+            low, high = float(spec["low"]), float(spec["high"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"search space: '{name}' needs numeric low and high") from None
+        log = bool(spec.get("log", True))
+        if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+            raise ConfigError(
+                f"search space: {name} range [{low:g}, {high:g}] is empty or inverted; expected low < high"
+            )
+        if log and low <= 0:
+            raise ConfigError(f"search space: {name} low {low:g} must be > 0 on a log scale (set include_zero for 0)")
+        if low < 0:
+            raise ConfigError(f"search space: {name} low {low:g} must be >= 0")
+        space[name] = {"low": low, "high": high, "log": log, "include_zero": bool(spec.get("include_zero", False))}
+    if space["learning_rate"]["include_zero"]:
+        raise ConfigError("search space: learning_rate cannot include_zero; a zero learning rate does not train")
+    return space
+
+
+def suggest(trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Draw learning_rate and weight_decay. ``include_zero`` adds a categorical switch to 0."""
+    values = {}
+    for name in PARAMS:
+        spec = space[name]
+        if spec["include_zero"] and trial.suggest_categorical(f"{name}_is_zero", [False, True]):
+            values[name] = 0.0
+            continue
+        values[name] = trial.suggest_float(name, spec["low"], spec["high"], log=spec["log"])
+    return values
+
+
+# --------------------------------------------------------------------------- pruners and storage
+
+
+def make_pruner(spec: str):
+    """``median`` (default: MedianPruner(n_startup_trials=2, n_warmup_steps=1)), ``none``,
+    ``percentile:25``, ``hyperband``, ``successive_halving``; options as ``median:n_startup_trials=3``."""
+    import optuna
+
+    name, _, opts = (spec or "median").partition(":")
+    name = name.strip().lower()
+    kwargs: dict[str, Any] = {}
+    if name == "percentile" and opts and "=" not in opts:
+        kwargs["percentile"] = float(opts)
+        opts = ""
+    for item in filter(None, (o.strip() for o in opts.split(","))):
+        key, _, value = item.partition("=")
+        try:
+            kwargs[key.strip()] = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            raise ConfigError(f"pruner option '{item}' is not key=number") from None
+    try:
+        if name == "median":
+            kwargs.setdefault("n_startup_trials", 2)
+            kwargs.setdefault("n_warmup_steps", 1)
+            return optuna.pruners.MedianPruner(**kwargs)
+        if name == "none":
+            return optuna.pruners.NopPruner()
+        if name == "percentile":
+            kwargs.setdefault("percentile", 25.0)
+            kwargs.setdefault("n_startup_trials", 2)
+            kwargs.setdefault("n_warmup_steps", 1)
+            return optuna.pruners.PercentilePruner(**kwargs)
+        if name == "hyperband":
+            return optuna.pruners.HyperbandPruner(**kwargs)
+        if name == "successive_halving":
+            return optuna.pruners.SuccessiveHalvingPruner(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"pruner '{spec}': {exc}") from None
+    raise ConfigError(f"pruner '{spec}' is not one of median, none, percentile, hyperband, successive_halving")
+
+
+def default_storage() -> str:
+    return f"sqlite:///{os.path.abspath('optuna.db')}"
+
+
+def open_storage(url: str, heartbeat: bool = True, max_retry: int = 1):
+    """Optuna RDB storage; with heartbeats, a dead worker's trial is failed and retried."""
+    import warnings
+
+    import optuna
+
+    # Heartbeats are marked experimental in Optuna; they are what keeps dead trials from
+    # staying RUNNING, so we use them and silence the notice.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    kwargs: dict[str, Any] = {}
+    if heartbeat:
+        kwargs = {
+            "heartbeat_interval": 10,
+            "grace_period": 60,
+            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+        }
+    try:
+        return optuna.storages.RDBStorage(url, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"storage '{_redact_url(url)}' cannot be opened ({first}); "
+                        "pass a writable sqlite:///PATH or a reachable SQLAlchemy URL") from None
+
+
+def _redact_url(url: str) -> str:
+    from .secrets import redact
+
+    return redact(url)
+
+
+def open_study(storage, study_name: str, pruner, sampler_seed: int | None):
+    """Create or resume the study; refuse one that exists with another direction."""
+    import optuna
+
+    names = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    existing = names.get(study_name)
+    if existing is not None and existing.direction != optuna.study.StudyDirection.MINIMIZE:
+        raise UserError(
+            f"study '{study_name}' exists with direction {existing.direction.name.lower()}; this sweep "
+            "minimises best_val_loss: choose another --study-name"
+        )
+    sampler = optuna.samplers.TPESampler(seed=sampler_seed)
+    return optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+                               pruner=pruner, sampler=sampler, load_if_exists=True)
+
+
+# --------------------------------------------------------------------------- trial side (rank 0 of the trainer)
+
+
+class TrialReporter:
+    """Reports each epoch's validation loss to the trial and asks the pruner.
+
+    Built inside the training process from the environment the sweep set; ``None`` otherwise.
+    """
+
+    def __init__(self, storage_url: str, study_name: str, trial_id: int, pruner_spec: str):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(study_name=study_name, storage=storage_url, pruner=make_pruner(pruner_spec))
+        self.trial = optuna.trial.Trial(study, trial_id)
+
+    @classmethod
+    def from_env(cls) -> TrialReporter | None:
+        if not os.environ.get(ENV_STUDY):
+            return None
+        return cls(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(os.environ[ENV_TRIAL_ID]),
+                   os.environ.get(ENV_PRUNER, "median"))
+
+    def __call__(self, epoch: int, val_loss: float | None) -> bool:
+        """Returns True when the trial should stop (pruned)."""
+        if val_loss is None or not math.isfinite(val_loss):
+            return False
+        self.trial.report(val_loss, epoch)
+        return self.trial.should_prune()
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _train_command(nproc: int, flags: Sequence[str]) -> list[str]:
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "kronos_mlflow.train", *flags]
+    return [sys.executable, "-m", "kronos_mlflow.train", *flags]
+
+
+def _flags(values: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
+
+
+class SweepWorker:
+    """One ``study.optimize`` loop with its parent MLflow run."""
+
+    def __init__(self, args: argparse.Namespace, train_flags: list[str], space, storage, study, client,
+                 experiment_id: str, parent_run_id: str):
+        self.args, self.train_flags, self.space = args, train_flags, space
+        self.storage, self.study, self.client = storage, study, client
+        self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
+        self.trial_epochs = 0
+
+    def objective(self, trial) -> float:
+        import optuna
+
+        values = suggest(trial, self.space)
+        run_name = f"trial-{trial.number} lr={values['learning_rate']:.1e} wd={values['weight_decay']:.2g}"
+        tags = {
+            "mlflow.parentRunId": self.parent_run_id,
+            "mlflow.runName": run_name,
+            "optuna.study_name": self.study.study_name,
+            "optuna.trial_number": str(trial.number),
+            "optuna.trial_state": "RUNNING",
+        }
+        retried = trial.system_attrs.get("failed_trial") if hasattr(trial, "system_attrs") else None
+        if retried is not None:
+            tags["optuna.retry_of_trial"] = str(retried)
+        child = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run_id = child.info.run_id
+        trial.set_user_attr("mlflow_run_id", run_id)
+        save_path = os.path.join(self.args.output_dir, self.study.study_name)
+        flags = self.train_flags + _flags({
+            "learning_rate": repr(values["learning_rate"]),
+            "weight_decay": repr(values["weight_decay"]),
+            "run_name": run_name,
+            "save_path": save_path,
+            "tokenizer_save_folder_name": f"trial-{trial.number:04d}",
+            "nproc_per_node": self.args.nproc_per_node,
+        })
+        env = dict(os.environ)
+        env.update({
+            "MLFLOW_RUN_ID": run_id,
+            "MLFLOW_EXPERIMENT_ID": self.experiment_id,
+            "MLFLOW_TRACKING_URI": self.client.tracking_uri,
+            ENV_STORAGE: self.args.storage,
+            ENV_STUDY: self.study.study_name,
+            ENV_TRIAL_ID: str(trial._trial_id),  # Trial has no public id; the child re-opens it
+            ENV_PRUNER: self.args.pruner,
+        })
+        env.pop("MLFLOW_EXPERIMENT_NAME", None)
+        cmd = _train_command(self.args.nproc_per_node, flags)
+        print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
+        proc = subprocess.run(cmd, env=env)
+        run = self.client.get_run(run_id)
+        epochs_done = len(self.client.get_metric_history(run_id, "val_tokenizer_loss_epoch"))
+        self.trial_epochs += epochs_done
+        trial.set_user_attr("epochs_trained", epochs_done)
+        if proc.returncode == EXIT_PRUNED:
+            self._end(run_id, "KILLED", "PRUNED")
+            raise optuna.TrialPruned(f"pruned after {epochs_done} epoch(s)")
+        best = run.data.metrics.get("best_val_loss")
+        if proc.returncode != 0 or best is None:
+            self._end(run_id, "FAILED", "FAIL")
+            raise TrialFailed(f"trial {trial.number}: training exited with code {proc.returncode} "
+                              f"({shlex.join(cmd[:4])} ...)")
+        self._end(run_id, None, "COMPLETE")
+        return float(best)
+
+    def _end(self, run_id: str, status: str | None, state: str) -> None:
+        self.client.set_tag(run_id, "optuna.trial_state", state)
+        run = self.client.get_run(run_id)
+        if status and run.info.status in ("RUNNING", "SCHEDULED"):
+            self.client.set_terminated(run_id, status)
+        elif status == "KILLED" and run.info.status != "KILLED":
+            self.client.set_terminated(run_id, "KILLED")
+
+
+class TrialFailed(Exception):
+    """A trial's training process failed; the trial is FAIL and the sweep continues."""
+
+
+def _champion(client, study, registered_model_name: str) -> str | None:
+    """Register the best trial's model (once) and move the alias ``champion`` to it."""
+    import mlflow
+
+    best = study.best_trial
+    run_id = best.user_attrs.get("mlflow_run_id")
+    if not run_id:
+        return None
+    uri = client.get_run(run_id).data.tags.get("best_model_uri")
+    if not uri:
+        return None
+    version = None
+    try:
+        for mv in client.search_model_versions(f"name='{registered_model_name}'"):
+            if mv.run_id == run_id:
+                version = mv.version
+                break
+    except Exception:  # noqa: BLE001 - the registered model may not exist yet
+        version = None
+    if version is None:
+        version = mlflow.register_model(uri, registered_model_name).version
+    client.set_registered_model_alias(registered_model_name, "champion", version)
+    return str(version)
+
+
+def _plots(study, out_dir: Path) -> list[Path]:
+    """Optuna's matplotlib plots as PNG; a plot that cannot be drawn yet is skipped."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as ovm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = []
+    plots = {
+        "optimization_history.png": lambda: ovm.plot_optimization_history(study),
+        "param_importances.png": lambda: ovm.plot_param_importances(study, params=[p for p in PARAMS]),
+        "contour_lr_wd.png": lambda: ovm.plot_contour(study, params=list(PARAMS)),
+        "slice.png": lambda: ovm.plot_slice(study, params=list(PARAMS)),
+        "intermediate_values.png": lambda: ovm.plot_intermediate_values(study),
+    }
+    for name, draw in plots.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = draw()
+            fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
+            fig.set_size_inches(8, 5.5)
+            fig.tight_layout()
+            fig.savefig(out_dir / name, dpi=110)
+            plt.close(fig)
+            made.append(out_dir / name)
+        except Exception as exc:  # noqa: BLE001 - e.g. importances need 2+ complete trials
+            print(f"[sweep] plot {name} skipped: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    return made
+
+
+def _summary_table(study) -> str:
+    import optuna
+
+    rows = [("trial", "state", "learning_rate", "weight_decay", "best_val_loss", "epochs")]
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        lr = t.params.get("learning_rate", 0.0)
+        wd = 0.0 if t.params.get("weight_decay_is_zero") else t.params.get("weight_decay", float("nan"))
+        value = f"{t.value:.6f}" if t.value is not None else "-"
+        rows.append((str(t.number), t.state.name, f"{lr:.3e}", f"{wd:.3g}", value,
+                     str(t.user_attrs.get("epochs_trained", "-"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    try:
+        best = study.best_trial
+        lines.append(f"best: trial {best.number}, best_val_loss {best.value:.6f}, params {best.params}")
+    except ValueError:
+        lines.append("best: no complete trial yet")
+    del optuna
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser():
+    from .cli import OneLineParser
+
+    p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
+                      "one parent MLflow run, one child run per trial. Unlisted --key value flags go to training.")
+    p.add_argument("--n-trials", type=int, default=8, help="trials this worker runs (default 8)")
+    p.add_argument("--timeout", type=float, default=0, help="stop starting trials after this many seconds (0: none)")
+    p.add_argument("--study-name", default="kronos-lr-wd", help="Optuna study (resumed when it exists)")
+    p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
+    p.add_argument("--pruner", default="median", help="median (default), none, percentile[:P], hyperband, "
+                   "successive_halving; options as median:n_startup_trials=3,n_warmup_steps=1")
+    p.add_argument("--sampler-seed", type=int, default=None, help="TPE sampler seed")
+    p.add_argument("--search-space", default=str(DEFAULT_SPACE), help="YAML search space file")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="processes per trial (torchrun when > 1)")
+    p.add_argument("--registered-model-name", default="", help="register the best trial's model, alias champion")
+    p.add_argument("--experiment-name", default="", help="MLflow experiment (default: MLflow's)")
+    p.add_argument("--output-dir", default="./outputs/sweeps", help="checkpoints go to OUTPUT_DIR/STUDY/trial-N")
+    p.add_argument("--max-retry", type=int, default=1, help="retries of a trial whose worker died")
+    p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
+    return p
+
+
+def parse(argv: Sequence[str] | None):
+    from . import config as cfg
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.n_trials < 1:
+        parser.error(f"argument --n-trials: {args.n_trials} must be at least 1")
+    if args.nproc_per_node < 1:
+        parser.error(f"argument --nproc-per-node: {args.nproc_per_node} must be at least 1")
+    if args.timeout < 0:
+        parser.error(f"argument --timeout: {args.timeout} must be >= 0")
+    # Pass-through flags: every training key, validated now so a typo fails before any trial.
+    overrides: dict[str, str] = {}
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        if not flag.startswith("--"):
+            parser.error(f"unexpected argument '{flag}'")
+        name, eq, value = flag[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(extra):
+                parser.error(f"argument --{name}: expected a value")
+            value = extra[i + 1]
+            i += 1
+        i += 1
+        key = cfg.canonical_key(name)
+        if key in ("tokenizer_learning_rate", "adam_weight_decay"):
+            parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
+        overrides[key] = value
+    config = cfg.load_config(overrides, path=args.config_file or None)
+    train_flags = []
+    if args.config_file:
+        train_flags += ["--config", args.config_file]
+    train_flags += _flags({k: v for k, v in overrides.items()})
+    if args.registered_model_name:
+        pass  # registration happens once, on the best trial, here in the worker
+    return args, train_flags, config
+
+
+def run_sweep(argv: Sequence[str] | None = None) -> int:
+    import mlflow
+    from mlflow import MlflowClient
+
+    import optuna
+
+    from .loggers import check_tracking_server
+
+    args, train_flags, config = parse(argv)
+    space = load_search_space(args.search_space)
+    args.storage = args.storage or default_storage()
+    pruner = make_pruner(args.pruner)
+    check_tracking_server()
+    storage = open_storage(args.storage, max_retry=args.max_retry)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(storage, args.study_name, pruner, args.sampler_seed)
+
+    client = MlflowClient()
+    experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if os.environ.get("MLFLOW_EXPERIMENT_ID") and not experiment_name:
+        experiment_id = os.environ["MLFLOW_EXPERIMENT_ID"]
+    elif experiment_name:
+        exp = client.get_experiment_by_name(experiment_name)
+        experiment_id = exp.experiment_id if exp else client.create_experiment(experiment_name)
+    else:
+        experiment_id = "0"
+    # `mlflow run -e sweep` already made a run for this process: it becomes the parent.
+    parent_id = os.environ.get("MLFLOW_RUN_ID")
+    parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent",
+                   "optuna.storage": _redact_url(args.storage)}
+    if parent_id:
+        for k, v in parent_tags.items():
+            client.set_tag(parent_id, k, v)
+    else:
+        parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
+    for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
+                       "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
+                       "search_space": Path(args.search_space).name}.items():
+        client.log_param(parent_id, key, str(value))
+
+    worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id)
+    status = "FAILED"
+    started = time.time()
+    try:
+        study.optimize(worker.objective, n_trials=args.n_trials, timeout=args.timeout or None,
+                       catch=(TrialFailed,), gc_after_trial=False)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started)
+    return 0
+
+
+def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> None:
+    import tempfile
+
+    try:
+        complete = [t for t in study.get_trials(deepcopy=False) if t.value is not None]
+        client.log_metric(parent_id, "trial_epochs", worker.trial_epochs)
+        client.log_metric(parent_id, "sweep_seconds", elapsed)
+        if complete:
+            best = study.best_trial
+            client.log_metric(parent_id, "best_val_loss", best.value)
+            wd = 0.0 if best.params.get("weight_decay_is_zero") else best.params.get("weight_decay")
+            for key, value in (("best_learning_rate", best.params.get("learning_rate")), ("best_weight_decay", wd),
+                               ("best_trial_number", best.number)):
+                _log_param_once(client, parent_id, key, value)
+            best_run = best.user_attrs.get("mlflow_run_id")
+            if best_run:
+                client.set_tag(parent_id, "best_run", best_run)
+            if args.registered_model_name:
+                version = _champion(client, study, args.registered_model_name)
+                if version:
+                    client.set_tag(parent_id, "champion", f"{args.registered_model_name}/{version}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in _plots(study, Path(tmp) / "plots"):
+                client.log_artifact(parent_id, str(path), "plots")
+            table = _summary_table(study)
+            (Path(tmp) / "trials.txt").write_text(table + "\n")
+            client.log_artifact(parent_id, str(Path(tmp) / "trials.txt"))
+        print(table, flush=True)
+    finally:
+        client.set_terminated(parent_id, status)
+
+
+def _log_param_once(client, run_id, key, value) -> None:
+    """Params cannot change; a resumed sweep's new best goes to a tag instead."""
+    existing = client.get_run(run_id).data.params.get(key)
+    if existing is None:
+        client.log_param(run_id, key, str(value))
+    elif existing != str(value):
+        client.set_tag(run_id, key, str(value))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run_sweep(argv)
+    except UserError as exc:
+        print(f"sweep: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("sweep: interrupted", file=sys.stderr)
+        return 130
