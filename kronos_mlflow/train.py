@@ -188,16 +188,22 @@ def _global_val_loss(model, loader, device) -> float | None:
 # --------------------------------------------------------------------------- training
 
 
-def train_model(model, device, config, save_dir, logger, rank, world_size):
+class TrainingPruned(Exception):
+    """The sweep's pruner stopped this trial after an epoch; its metrics stay logged."""
+
+
+def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None):
     """Train ``model`` (DDP-wrapped or plain) and keep the best checkpoint.
 
     Returns ``(model, {"best_val_loss": float})``. ``logger`` is an experiment logger on rank 0
-    and ``None`` elsewhere; every rank takes part in the collectives.
+    and ``None`` elsewhere; every rank takes part in the collectives. ``epoch_callback(epoch,
+    val_loss) -> bool`` runs on rank 0 after each validation (a sweep's pruner); True stops
+    every rank with :class:`TrainingPruned`.
     """
     import torch
 
     from .data import QlibDataset
-    from .distributed import barrier
+    from .distributed import barrier, dist_sum
     from .loggers import NullLogger
 
     logger = logger if logger is not None else NullLogger()
@@ -305,6 +311,12 @@ def train_model(model, device, config, save_dir, logger, rank, world_size):
                 + (" *saved*" if improved else ""),
                 flush=True,
             )
+        stop = bool(epoch_callback(epoch, val_loss)) if (is_main and epoch_callback) else False
+        # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
+        if dist_sum([1.0 if stop else 0.0])[0] > 0:
+            if is_main:
+                print(f"[kronos] pruned after epoch {epoch + 1}", flush=True)
+            raise TrainingPruned(f"pruned after epoch {epoch + 1} with val_loss {val_loss}")
         barrier()
 
     result = {
@@ -360,17 +372,17 @@ def build_optimizer(model, config, log: bool = False):
 
 
 def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
-    """Check, in one process, what would otherwise fail inside every torchrun worker."""
-    from .data import resolve_qlib_path
+    """Check, in one process, what would otherwise fail inside every torchrun worker.
+
+    Loads the pretrained checkpoint (if any), prepares the data splits (so workers find the
+    cache ready, and a bad directory, instrument or range fails here), and probes the tracking
+    server.
+    """
+    from .data import prepare_splits
 
     if config["pretrained_tokenizer_path"]:
         build_model(config)
-    path = resolve_qlib_path(config, create=False) if config["qlib_data_path"] else None
-    if path is not None and not os.path.isdir(path):
-        raise UserError(
-            f"qlib_data_path '{config['qlib_data_path']}' does not exist; pass a Qlib provider directory, "
-            "or an empty qlib_data_path for the built-in demo market"
-        )
+    prepare_splits(config)
     if check_tracking:
         from .loggers import check_tracking_server
 
@@ -419,8 +431,13 @@ def main(config: Mapping[str, Any]) -> dict:
             ddp_kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
             model = DDP(model, broadcast_buffers=False, **ddp_kwargs)
 
+        reporter = None
+        if info.is_main:
+            from .sweep import TrialReporter
+
+            reporter = TrialReporter.from_env()
         model, result = train_model(model, info.device, config, save_dir, logger if info.is_main else None,
-                                    info.rank, info.world_size)
+                                    info.rank, info.world_size, epoch_callback=reporter)
         if info.is_main:
             summary = {
                 "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -443,6 +460,9 @@ def main(config: Mapping[str, Any]) -> dict:
         barrier()
         status = "success"
         return result
+    except TrainingPruned as exc:
+        status, reason = "killed", f"pruned: {exc}"
+        raise
     except BaseException as exc:  # record why, then let it propagate
         reason = f"{type(exc).__name__}: {exc}"
         raise
@@ -511,6 +531,10 @@ def cli(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
+    except TrainingPruned:
+        from .sweep import EXIT_PRUNED
+
+        return EXIT_PRUNED
     except UserError as exc:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank not in (None, "0") else ""

@@ -1,0 +1,202 @@
+"""Turn daily K-line CSV files into a Qlib provider directory.
+
+    kronos-mlflow import-csv prices/*.csv --out ./my_qlib                  # one file per symbol
+    kronos-mlflow import-csv all_prices.csv --out ./my_qlib --instrument mine  # long file, `symbol` column
+    kronos-mlflow prepare --qlib-data-path ./my_qlib --instrument mine
+
+Accepted columns (names case-insensitive): a date column named ``timestamps`` (upstream's
+``finetune_csv`` format), ``date`` or ``datetime``; ``open, high, low, close, volume``; optional
+``amount`` (missing: ``mean(open, high, low, close) * volume`` as upstream computes it); optional
+``symbol`` (otherwise the file name without ``.csv`` is the symbol). Other columns are ignored.
+One row per symbol and day: intraday files must be resampled to daily bars first. Empty cells
+are kept as missing days (NaN), which ``prepare`` drops.
+
+The output holds ``calendars/day.txt`` (the union of all dates), ``instruments/all.txt`` (each
+symbol's first and last date) and, with ``--instrument NAME``, ``instruments/NAME.txt``;
+``features/<symbol>/{open,high,low,close,volume,amount,vwap,factor}.day.bin``. It is written to a
+temporary directory and renamed, and a non-empty ``--out`` is refused unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..features import amount_from_ohlcv
+from . import provider as pv
+
+DATE_COLUMNS = ("timestamps", "date", "datetime")
+PRICE_COLUMNS = ("open", "high", "low", "close", "volume")
+EXPECTED = "timestamps (or date), open, high, low, close, volume, optional amount and symbol"
+
+
+def _expand(files: Iterable) -> list[Path]:
+    out: list[Path] = []
+    for f in files:
+        p = Path(f).expanduser()
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.suffix.lower() == ".csv" and q.is_file())
+            if not found:
+                raise DataError(f"directory '{p}' holds no .csv files; expected K-line CSV files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise DataError(f"CSV file '{p}' does not exist; expected K-line CSV files ({EXPECTED})")
+    if not out:
+        raise DataError(f"no CSV files given; expected K-line CSV files ({EXPECTED})")
+    return out
+
+
+def _read_one(path: Path):
+    """-> list of (symbol, dates datetime64[D] sorted, {column: float64 array})."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"'{path}' is empty; expected a CSV file with columns {EXPECTED}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"'{path}' is not a readable CSV file ({first}); expected columns {EXPECTED}") from None
+    df.columns = [str(c).strip().lower() for c in df.columns]
+    date_col = next((c for c in DATE_COLUMNS if c in df.columns), None)
+    missing = ([] if date_col else ["timestamps (or date)"]) + [c for c in PRICE_COLUMNS if c not in df.columns]
+    if missing:
+        have = ", ".join(df.columns) or "none"
+        raise DataError(f"'{path}' lacks column(s) {', '.join(missing)}; it has {have}; expected {EXPECTED}")
+    if len(df) == 0:
+        raise DataError(f"'{path}' has a header but no rows; expected one row per symbol and day")
+
+    raw_dates = df[date_col].astype(str).str.strip()
+    dates = pd.to_datetime(raw_dates, errors="coerce")
+    if dates.isna().any():
+        try:
+            dates = pd.to_datetime(raw_dates, errors="coerce", format="mixed")
+        except (ValueError, TypeError):
+            pass
+    bad = dates.isna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"'{path}' row {i + 2}: '{raw_dates.iloc[i]}' in column {date_col} is not a date; "
+                        "expected dates such as 2024-01-31")
+    if getattr(dates.dt, "tz", None) is not None:
+        dates = dates.dt.tz_localize(None)
+    days = dates.dt.normalize().to_numpy().astype("datetime64[D]")
+
+    values: dict[str, np.ndarray] = {}
+    for col in PRICE_COLUMNS + (("amount",) if "amount" in df.columns else ()):
+        text = df[col].astype(str).str.strip()
+        num = pd.to_numeric(text.where(text != "", None), errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.isnan(num) & (text != "").to_numpy() & ~text.str.lower().isin(["nan", "na", "null", "none"]).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"'{path}' row {i + 2}: '{text.iloc[i]}' in column {col} is not a number; expected numbers")
+        values[col] = num
+    if "amount" not in values:
+        values["amount"] = amount_from_ohlcv(values["open"], values["high"], values["low"], values["close"],
+                                             values["volume"])
+
+    if "symbol" in df.columns:
+        syms = df["symbol"].astype(str).str.strip().to_numpy()
+        if (syms == "").any():
+            i = int(np.flatnonzero(syms == "")[0])
+            raise DataError(f"'{path}' row {i + 2}: the symbol column is empty; expected a symbol on every row")
+        names = list(dict.fromkeys(syms))
+        groups = [(s, np.flatnonzero(syms == s)) for s in names]
+        kind = f"symbol in '{path}'"
+    else:
+        name = path.name[:-4] if path.name.lower().endswith(".csv") else path.stem
+        groups = [(name, np.arange(len(df)))]
+        kind = f"symbol (from file name '{path.name}')"
+    out = []
+    for sym, rows in groups:
+        pv.check_name(kind, sym)
+        order = rows[np.argsort(days[rows], kind="stable")]
+        d = days[order]
+        dup = np.flatnonzero(d[1:] == d[:-1])
+        if dup.size:
+            raise DataError(f"'{path}': symbol {sym} has several rows on {d[dup[0]]}; import-csv writes daily bars "
+                            "(one row per symbol and day): resample intraday data to daily first")
+        out.append((sym, d, {k: v[order] for k, v in values.items()}))
+    return out
+
+
+def import_csv(files, out, *, instrument: str | None = None, force: bool = False, progress: bool = False) -> Path:
+    """Write the CSV files' K-lines as a Qlib directory at ``out``; return its absolute path."""
+    paths = _expand([files] if isinstance(files, (str, Path)) else files)
+    if instrument is not None:
+        pv.check_name("--instrument", instrument)
+    it = paths
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(paths, desc="reading CSV", unit="file", leave=False)
+    series: dict[str, tuple[Path, np.ndarray, dict]] = {}
+    seen: dict[str, str] = {}
+    for path in it:
+        for sym, d, vals in _read_one(path):
+            low = sym.lower()
+            if low in seen:
+                prev = series[seen[low]][0]
+                raise DataError(f"symbol {sym} appears twice ('{prev}' and '{path}', case-insensitively); "
+                                "give each symbol in one place only")
+            seen[low] = sym
+            series[sym] = (path, d, vals)
+
+    calendar = np.unique(np.concatenate([d for _, d, _ in series.values()]))
+    cal_text = [str(x) for x in calendar]
+    symbols = sorted(series)
+    spans = []
+    final = Path(out).expanduser().absolute()
+    with pv.atomic_output_dir(final, force=force) as tmp:
+        pv.write_calendar(tmp, cal_text)
+        for sym in symbols:
+            _, d, vals = series[sym]
+            pos = np.searchsorted(calendar, d)
+            a, b = int(pos[0]), int(pos[-1])
+            n = b - a + 1
+            fields = {}
+            for name in ("open", "high", "low", "close", "volume", "amount"):
+                col = np.full(n, np.nan, dtype=np.float32)
+                col[pos - a] = vals[name]
+                fields[name] = col
+            with np.errstate(divide="ignore", invalid="ignore"):
+                vwap = np.where(fields["volume"] > 0, fields["amount"] / fields["volume"], np.nan)
+            fields["vwap"] = vwap.astype(np.float32)
+            factor = np.full(n, np.nan, dtype=np.float32)
+            factor[pos - a] = 1.0
+            fields["factor"] = factor
+            pv.write_series(tmp, pv.SymbolSeries(sym, a, fields))
+            spans.append((sym, cal_text[a], cal_text[b]))
+        pv.write_instruments(tmp, "all", spans)
+        if instrument is not None and instrument.lower() != "all":
+            pv.write_instruments(tmp, instrument, spans)
+    return final
+
+
+# ----------------------------------------------------------------------------------------------
+# kronos-mlflow import-csv
+# ----------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="CSV files (or directories of .csv files): one per symbol, or long files with a "
+                             "symbol column; columns timestamps|date, open, high, low, close, volume[, amount]")
+    parser.add_argument("--out", required=True, help="Qlib directory to write (must be missing or empty)")
+    parser.add_argument("--instrument", default=None,
+                        help="also write instruments/NAME.txt listing every imported symbol")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = import_csv(args.files, args.out, instrument=args.instrument, force=args.force, progress=True)
+    syms = pv.read_instrument_file(out, "all")
+    cal = (out / pv.CALENDAR_FILE).read_text(encoding="utf-8").split()
+    names = "all" + (f", {args.instrument}" if args.instrument and args.instrument.lower() != "all" else "")
+    print(f"imported {len(syms)} symbol(s), {len(cal)} days ({cal[0]}..{cal[-1]}) into {out}; instruments: {names}")
+    return 0

@@ -1,0 +1,211 @@
+"""Training windows: ``QlibDataset`` and ``make_loader``.
+
+How the training loop should build and use its loaders::
+
+    train_ds = QlibDataset("train", config)            # prepares the cache on first use
+    val_ds = QlibDataset("val", config)                # len(val_ds) == 0: no validation split
+    train_loader = make_loader(train_ds, config["batch_size"], rank, world_size, config["num_workers"])
+    for epoch in range(config["epochs"]):
+        train_ds.set_epoch_seed(epoch * 10000)         # BEFORE iterating (workers copy the dataset)
+        for x, x_stamp in train_loader: ...            # (B, window, 6), (B, window, 5) float32
+        val_ds.set_epoch_seed(0)                       # the same validation windows every epoch
+        ...
+
+Sampling. An epoch is a deterministic permutation of all windows of the split, drawn by
+``numpy.random.default_rng((seed, epoch_seed, split))``; ``ds[i]`` is its i-th window and
+``len(ds) = min(n_train_iter | n_val_iter, windows available)``. So an epoch never repeats a
+window, is the same whatever ``num_workers``, and ``DistributedSampler(shuffle=False,
+drop_last=True)`` gives each rank a disjoint slice (``make_loader`` does that when
+``world_size > 1``). Upstream's dataset ignored the index and drew from a random generator each
+worker copied, repeating samples across workers.
+
+Speed. ``__getitems__`` (called by ``DataLoader`` with a whole batch of indices) gathers the
+batch with one fancy index and normalises it in one vectorised call, returning a lazy
+:class:`WindowBatch`; ``collate_windows`` (used by ``make_loader``) turns it into the two batch
+tensors without copying. ``default_collate`` also accepts it (it stacks per-sample views).
+
+Empty splits. ``QlibDataset("train", ...)`` with no windows raises ``DataError`` (from the
+preparation step). An empty ``val``/``test`` split gives a dataset of length 0 and a
+``DataWarning``; callers check ``len(ds) == 0`` and skip validation.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+
+from ..errors import DataError
+from ..features import normalize_windows
+from .prepare import SPLITS, DataWarning, _cfg, prepare_splits, read_manifest
+
+_SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
+
+
+class WindowBatch(Sequence):
+    """A batch from ``QlibDataset.__getitems__``: ``.x`` (B, T, 6) and ``.x_stamp`` (B, T, 5).
+
+    It is also a sequence of per-sample ``(x, x_stamp)`` views, so ``default_collate`` works too.
+    """
+
+    __slots__ = ("x", "x_stamp")
+
+    def __init__(self, x: torch.Tensor, x_stamp: torch.Tensor):
+        self.x = x
+        self.x_stamp = x_stamp
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return WindowBatch(self.x[i], self.x_stamp[i])
+        return self.x[i], self.x_stamp[i]
+
+
+def collate_windows(batch):
+    """Collate for ``QlibDataset`` loaders: a ``WindowBatch`` becomes ``(x, x_stamp)`` as is;
+    anything else goes to ``default_collate``."""
+    if isinstance(batch, WindowBatch):
+        return batch.x, batch.x_stamp
+    return default_collate(batch)
+
+
+class QlibDataset(Dataset):
+    """Windows of one split (``train``, ``val`` or ``test``) of the prepared Qlib data.
+
+    ``ds[i]`` -> ``(x, x_stamp)``: float32 tensors of shapes ``(window, len(feature_list))`` and
+    ``(window, len(time_feature_list))``, window = lookback_window + predict_window + 1. ``x`` is
+    z-scored with its lookback part's mean and std (+1e-5) and clipped to +-clip; ``x_stamp`` is
+    the raw calendar features. See the module docstring for the sampling contract.
+    """
+
+    def __init__(self, split: str, config: Mapping[str, Any], *, progress: bool = True):
+        if split not in SPLITS:
+            raise DataError(f"split '{split}' is not one of {', '.join(SPLITS)}")
+        cfg = _cfg(config)
+        self.split = split
+        self.lookback = int(cfg["lookback_window"])
+        self.window = self.lookback + int(cfg["predict_window"]) + 1
+        self.clip = float(cfg["clip"])
+        self.seed = int(cfg["seed"])
+        self.cache_dir: Path = prepare_splits(cfg, progress=progress)
+        self.manifest = read_manifest(self.cache_dir)
+        info = self.manifest["splits"][split]
+        self.time_range = tuple(info["time_range"])
+        self.symbols: list[str] = list(info["symbols"])
+        try:
+            self.x = self._load("x")  # (rows, 6) float32, raw features
+            self.x_stamp = self._load("stamp")  # (rows, 5) float32, calendar features
+            self.starts = self._load("starts")  # (windows,) int64 row index of each window's first row
+            self.offsets = self._load("offsets")  # (symbols + 1,) row offsets of each symbol
+        except (OSError, ValueError):
+            raise DataError(f"prepared splits at '{self.cache_dir}' are damaged; delete that directory and "
+                            "run `kronos-mlflow prepare` again") from None
+        self.n_windows = int(len(self.starts))
+        limit = int(cfg["n_train_iter"] if split == "train" else cfg["n_val_iter"])
+        self.n_samples = min(limit, self.n_windows)
+        self._steps = np.arange(self.window, dtype=np.int64)
+        # The epoch seed lives in shared memory so that persistent DataLoader workers (which copy
+        # the dataset once) still see set_epoch_seed calls made in the main process.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._order: np.ndarray | None = None
+        self._order_seed = -1
+        if self.n_windows == 0:
+            if split == "train":  # prepare_splits refuses this; kept for hand-made caches
+                raise DataError(f"no training windows in '{self.cache_dir}'")
+            a, b = self.time_range
+            warnings.warn(f"no {split} windows for {split}_time_range {a}:{b} with instrument "
+                          f"'{cfg['instrument']}': this {split} split is empty (len 0)", DataWarning, stacklevel=2)
+
+    def _load(self, name: str) -> np.ndarray:
+        arr = np.load(self.cache_dir / f"{self.split}_{name}.npy", allow_pickle=False)
+        return np.ascontiguousarray(arr)
+
+    # The collate function DataLoaders should use (``make_loader`` does).
+    collate_fn = staticmethod(collate_windows)
+
+    # ---- sampling ----
+    @property
+    def epoch_seed(self) -> int:
+        return int(self._epoch[0])
+
+    def set_epoch_seed(self, epoch_seed: int) -> None:
+        """Choose the epoch: a new seed draws a new order of windows. Call it before iterating."""
+        epoch_seed = int(epoch_seed)
+        if epoch_seed < 0:
+            raise ValueError(f"epoch seed {epoch_seed} must be >= 0")
+        self._epoch[0] = epoch_seed
+
+    def order(self) -> np.ndarray:
+        """This epoch's window start rows, in order (length ``len(self)``)."""
+        seed = int(self._epoch[0])
+        if self._order is None or seed != self._order_seed:
+            rng = np.random.default_rng([self.seed, seed, _SPLIT_CODE[self.split]])
+            perm = rng.permutation(self.n_windows)[: self.n_samples]
+            self._order = np.ascontiguousarray(self.starts[perm])
+            self._order_seed = seed
+        return self._order
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    def _rows(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64)
+        n = self.n_samples
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"index {bad} is out of range for a {self.split} epoch of {n} windows")
+        return self.order()[idx]
+
+    # ---- fetching ----
+    def __getitem__(self, i: int):
+        start = int(self._rows(i))
+        x = normalize_windows(self.x[start : start + self.window], self.lookback, self.clip)
+        return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].copy())
+
+    def __getitems__(self, indices) -> WindowBatch:
+        rows = self._rows(indices)[:, None] + self._steps  # (B, T)
+        x = normalize_windows(self.x[rows], self.lookback, self.clip)
+        return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows]))
+
+    def raw_windows(self, indices) -> np.ndarray:
+        """The epoch's windows before normalisation, float32 ``(len(indices), window, features)``
+        (what the MLflow model takes as input)."""
+        rows = self._rows(indices)[:, None] + self._steps
+        return self.x[rows]
+
+    def window_info(self, i: int) -> dict[str, Any]:
+        """Where the epoch's i-th window comes from: symbol and first/last date (for checks)."""
+        start = int(self._rows(i))
+        sym = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        dates = np.load(self.cache_dir / f"{self.split}_dates.npy", mmap_mode="r", allow_pickle=False)
+        return {"symbol": self.symbols[sym], "start_row": start, "first": str(dates[start]),
+                "last": str(dates[start + self.window - 1]),
+                "same_symbol": bool(start + self.window <= self.offsets[sym + 1])}
+
+    def __repr__(self) -> str:
+        return (f"QlibDataset(split={self.split!r}, windows={self.n_windows}, len={len(self)}, "
+                f"window={self.window}, epoch_seed={self.epoch_seed})")
+
+
+def make_loader(ds: Dataset, batch_size: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, *,
+                drop_last: bool = False, pin_memory: bool = False, **kwargs) -> DataLoader:
+    """A DataLoader over ``ds`` that keeps the dataset's epoch order.
+
+    With ``world_size > 1`` it uses ``DistributedSampler(shuffle=False, drop_last=True)``, so
+    ranks take disjoint, equal slices of the epoch. ``persistent_workers=True`` is fine: the
+    epoch seed is shared with the workers. Extra ``kwargs`` go to ``DataLoader``.
+    """
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    sampler = None
+    if world_size > 1:
+        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)
+    return DataLoader(ds, batch_size=int(batch_size), sampler=sampler, shuffle=False, num_workers=int(num_workers),
+                      collate_fn=collate_windows, drop_last=drop_last, pin_memory=pin_memory, **kwargs)

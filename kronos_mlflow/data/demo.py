@@ -1,0 +1,268 @@
+"""The built-in demo market: deterministic synthetic daily K-lines as a real Qlib directory.
+
+    kronos-mlflow demo-data --out ./demo_market          # 80 symbols, 2010-01-04 .. 2025-06-30
+    kronos-mlflow demo-data --out ./small --symbols 8 --start 2020-01-01 --end 2021-12-31
+
+With ``qlib_data_path: ""`` the data layer generates the default market once into
+``$KRONOS_MLFLOW_HOME/demo_market/<version-size-seed>/`` (default home ``~/.cache/kronos_mlflow``),
+atomically and under a lock, so concurrent torchrun ranks share one copy.
+
+The market is built to look like daily A-share data to a model, not to be tradeable:
+
+- log returns = beta x market factor + idiosyncratic part, each a GARCH(1,1) process driven by
+  unit-variance Student-t shocks (volatility clustering, fat tails);
+- opens gap from the previous close; highs/lows extend beyond max/min(open, close);
+- volume rises with the day's absolute return (plus an AR(1) liquidity factor);
+- amount = vwap x volume with vwap inside [low, high]; factor = 1.0 (prices are "adjusted");
+- about a quarter of the symbols list late (one only 60 days before the end), about one in
+  eight is delisted before the end, and suspension spells leave NaN days inside a series
+  (as Qlib stores them);
+- ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from . import provider as pv
+
+GENERATOR_VERSION = 1
+DEFAULT_SYMBOLS = 80
+DEFAULT_SEED = 0
+DEFAULT_START = "2010-01-04"
+DEFAULT_END = "2025-06-30"
+MAX_SYMBOLS = 5000
+FIELDS = ("open", "high", "low", "close", "volume", "amount", "vwap", "factor")
+UNIVERSE = "csi300"
+
+
+@dataclass
+class DemoMarket:
+    calendar: list[str]  # YYYY-MM-DD
+    series: list[pv.SymbolSeries]  # each over [start, end] of the calendar, NaN on suspension days
+    universes: dict[str, list[str]]  # name -> symbols
+
+    def spans(self, name: str) -> list[tuple[str, str, str]]:
+        members = set(self.universes[name])
+        return [(s.symbol, self.calendar[s.start], self.calendar[s.end]) for s in self.series if s.symbol in members]
+
+
+def kronos_home() -> Path:
+    """``$KRONOS_MLFLOW_HOME`` or ``~/.cache/kronos_mlflow``."""
+    return Path(os.environ.get("KRONOS_MLFLOW_HOME") or "~/.cache/kronos_mlflow").expanduser()
+
+
+def _business_days(start: str, end: str) -> list[str]:
+    import pandas as pd
+
+    try:
+        a, b = pd.Timestamp(start), pd.Timestamp(end)
+    except (ValueError, TypeError):
+        raise DataError(f"demo market dates '{start}'..'{end}' are not dates; expected YYYY-MM-DD") from None
+    if a > b:
+        raise DataError(f"demo market start {start} is after end {end}; expected START <= END")
+    days = pd.bdate_range(a, b)
+    return [d.strftime("%Y-%m-%d") for d in days]
+
+
+def _garch(rng: np.random.Generator, n_days: int, n: int, sigma: np.ndarray, alpha: np.ndarray,
+           beta: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GARCH(1,1) returns with unit-variance Student-t shocks: (returns, conditional vols), (T, n)."""
+    shocks = rng.standard_t(dof, size=(n_days, n)) / np.sqrt(dof / (dof - 2.0))
+    omega = sigma**2 * (1.0 - alpha - beta)
+    var = sigma**2 * np.ones(n)
+    ret = np.empty((n_days, n))
+    vol = np.empty((n_days, n))
+    for t in range(n_days):
+        s = np.sqrt(var)
+        vol[t] = s
+        ret[t] = s * shocks[t]
+        var = omega + alpha * ret[t] ** 2 + beta * var
+    return ret, vol
+
+
+def _check_size(n_symbols: int, seed: int) -> None:
+    if int(n_symbols) < 1 or int(n_symbols) > MAX_SYMBOLS:
+        raise DataError(f"--symbols {n_symbols} is out of range; expected 1 to {MAX_SYMBOLS}")
+    if int(seed) < 0:
+        raise DataError(f"--seed {seed} is negative; expected an integer >= 0")
+
+
+def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
+                         start: str = DEFAULT_START, end: str = DEFAULT_END) -> DemoMarket:
+    """The market as arrays (deterministic in its arguments); see the module docstring."""
+    _check_size(n_symbols, seed)
+    n = int(n_symbols)
+    calendar = _business_days(start, end)
+    T = len(calendar)
+    if T < 30:
+        raise DataError(f"demo market {start}..{end} has {T} business days; expected at least 30")
+    rng = np.random.default_rng([GENERATOR_VERSION, int(seed), n])
+
+    # Market factor and idiosyncratic parts: GARCH(1,1) with Student-t shocks.
+    m_ret, _ = _garch(rng, T, 1, np.array([0.011]), np.array([0.08]), np.array([0.90]), np.array([5.0]))
+    sigma = rng.uniform(0.012, 0.026, n)
+    alpha = rng.uniform(0.05, 0.11, n)
+    beta_g = rng.uniform(0.85, 0.93, n).clip(max=0.985 - alpha)
+    dof = rng.uniform(3.5, 7.0, n)
+    i_ret, i_vol = _garch(rng, T, n, sigma, alpha, beta_g, dof)
+    mkt_beta = rng.uniform(0.6, 1.3, n)
+    drift = rng.normal(0.0002, 0.0003, n)
+    ret = drift + mkt_beta * m_ret + i_ret  # (T, n) close-to-close log return
+    cond_vol = np.sqrt((mkt_beta * 0.011) ** 2 + i_vol**2)
+
+    # Prices: open gaps from the previous close, the rest of the day moves to the close.
+    close = np.exp(np.log(rng.lognormal(np.log(15.0), 0.7, n)) + np.cumsum(ret, axis=0))
+    prev_close = np.vstack([close[:1] / np.exp(ret[:1]), close[:-1]])
+    gap = 0.3 * cond_vol * rng.standard_t(5, size=(T, n)) / np.sqrt(5 / 3)
+    open_ = prev_close * np.exp(gap)
+    wick = cond_vol * 0.5
+    high = np.maximum(open_, close) * np.exp(wick * np.abs(rng.standard_normal((T, n))))
+    low = np.minimum(open_, close) * np.exp(-wick * np.abs(rng.standard_normal((T, n))))
+    w = rng.uniform(0.2, 0.8, (T, n))
+    vwap = np.clip(w * (high + low) / 2 + (1 - w) * (open_ + close) / 2, low, high)
+
+    # Volume: a per-symbol base, an AR(1) liquidity factor, and a response to |return|.
+    liq = np.empty((T, n))
+    noise = rng.normal(0.0, 0.2, (T, n))
+    liq[0] = noise[0]
+    for t in range(1, T):
+        liq[t] = 0.8 * liq[t - 1] + noise[t]
+    base = rng.lognormal(np.log(2e6), 1.0, n)
+    volume = np.round(base * np.exp(liq + 0.45 * np.abs(ret - drift) / sigma)).clip(min=100.0)
+    amount = vwap * volume
+
+    # Listing spans: late listings, delistings; symbol 1 is always late, 2 always delisted,
+    # so even a tiny market has both (and both are in csi300).
+    starts = np.zeros(n, dtype=int)
+    ends = np.full(n, T - 1, dtype=int)
+    late = rng.random(n) < 0.25
+    dead = rng.random(n) < 0.12
+    if n > 1:
+        late[1] = True
+    if n > 2:
+        dead[2] = True
+    starts[late] = (rng.uniform(0.05, 0.6, late.sum()) * T).astype(int)
+    dead_end = (rng.uniform(0.55, 0.95, n) * T).astype(int)
+    ends[dead] = np.maximum(dead_end[dead], np.minimum(starts[dead] + T // 4, T - 1))
+    ends = np.minimum(ends, T - 1)
+    if n > 3:  # a recent listing: shorter than a default window (101 days), so prepare drops it
+        starts[3], ends[3] = max(0, T - 60), T - 1
+
+    fields_all = {"open": open_, "high": high, "low": low, "close": close, "volume": volume,
+                  "amount": amount, "vwap": vwap}
+    width = max(3, len(str(n)))
+    names = [f"DEMO{i:0{width}d}" for i in range(n)]
+    series: list[pv.SymbolSeries] = []
+    for i in range(n):
+        a, b = int(starts[i]), int(ends[i])
+        length = b - a + 1
+        # Suspension spells: interior days with no trade (NaN in every field).
+        suspended = np.zeros(length, dtype=bool)
+        k = rng.poisson(length / 500.0) + (1 if i == 0 else 0)
+        for _ in range(k):
+            if length < 10:
+                break
+            d0 = int(rng.integers(1, length - 2))
+            d1 = min(length - 1, d0 + int(rng.geometric(0.25)))
+            suspended[d0:d1] = True
+        fields = {}
+        for name, arr in fields_all.items():
+            col = arr[a : b + 1, i].astype(np.float32)
+            col[suspended] = np.nan
+            fields[name] = col
+        factor = np.ones(length, dtype=np.float32)
+        factor[suspended] = np.nan
+        fields["factor"] = factor
+        series.append(pv.SymbolSeries(names[i], a, fields))
+
+    k = max(1, round(0.75 * n)) if n > 1 else 1
+    members = sorted(names[:k])
+    return DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: members})
+
+
+def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> None:
+    pv.write_calendar(root, market.calendar)
+    for name in market.universes:
+        pv.write_instruments(root, name, market.spans(name))
+    items = market.series
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="demo market", unit="symbol", leave=False)
+    for s in items:
+        pv.write_series(root, s)
+
+
+def write_demo_market(out, n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, *,
+                      start: str = DEFAULT_START, end: str = DEFAULT_END, force: bool = False,
+                      progress: bool = False) -> Path:
+    """Write the demo market as a Qlib directory at ``out`` (atomically); return its path.
+
+    ``out`` must be missing or empty unless ``force``.
+    """
+    market = generate_demo_market(n_symbols, seed, start, end)
+    final = Path(out).expanduser().absolute()
+    with pv.atomic_output_dir(final, force=force) as tmp:
+        _write_market(tmp, market, progress)
+    return final
+
+
+def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED) -> Path:
+    return kronos_home() / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}"
+
+
+def ensure_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, progress: bool = False) -> Path:
+    """The cached default demo market, generated on first use (safe under concurrent ranks)."""
+    _check_size(n_symbols, seed)
+    final = demo_market_path(n_symbols, seed)
+
+    def build(tmp: Path) -> None:
+        _write_market(tmp, generate_demo_market(n_symbols, seed), progress)
+
+    try:
+        pv.build_once(final, build, lambda p: (p / pv.CALENDAR_FILE).is_file())
+    except OSError as exc:
+        raise DataError(
+            f"cannot write the demo market under '{final.parent}' ({exc.strerror or exc}); "
+            "set KRONOS_MLFLOW_HOME to a writable directory"
+        ) from None
+    return final
+
+
+# ----------------------------------------------------------------------------------------------
+# kronos-mlflow demo-data
+# ----------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None,
+                        help="directory to write (must be missing or empty); default: the shared cache "
+                             "used when qlib_data_path is empty")
+    parser.add_argument("--symbols", type=int, default=DEFAULT_SYMBOLS, help=f"number of symbols (default {DEFAULT_SYMBOLS})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED})")
+    parser.add_argument("--start", default=DEFAULT_START, help=f"first calendar day (default {DEFAULT_START})")
+    parser.add_argument("--end", default=DEFAULT_END, help=f"last calendar day (default {DEFAULT_END})")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    if args.out is None:
+        if (args.start, args.end) != (DEFAULT_START, DEFAULT_END):
+            raise DataError("--start/--end need --out; the shared demo cache always uses the default dates")
+        _check_size(args.symbols, args.seed)
+        path = ensure_demo_market(args.symbols, args.seed, progress=True)
+    else:
+        path = write_demo_market(args.out, args.symbols, args.seed, start=args.start, end=args.end,
+                                 force=args.force, progress=True)
+    print(f"demo market ({args.symbols} symbols, seed {args.seed}) at {path} "
+          f"[{time.perf_counter() - t0:.1f}s]; instruments: all, {UNIVERSE}")
+    return 0

@@ -1,0 +1,300 @@
+"""Qlib provider directories on disk: layout, checks, atomic writes, fingerprints.
+
+A Qlib provider directory (what ``qlib.init(provider_uri=...)`` reads) holds
+
+- ``calendars/day.txt``: one trading date a line (``YYYY-MM-DD``);
+- ``instruments/<name>.txt``: ``SYMBOL<TAB>START<TAB>END`` lines, one per listing span;
+- ``features/<symbol lowercase>/<field>.day.bin``: little-endian float32; the first value is the
+  calendar index of the series' first day, then one value per calendar day (NaN = no trade).
+
+This module writes such directories (demo market, CSV import) without Qlib's ``dump_bin.py``,
+checks a user's directory before Qlib sees it, and computes the fingerprint that keys the
+prepared-split cache. Nothing here imports qlib, torch or pandas at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+
+CALENDAR_FILE = Path("calendars") / "day.txt"
+INSTRUMENTS_DIR = Path("instruments")
+FEATURES_DIR = Path("features")
+FREQ = "day"
+
+# Symbols and universe names become file names: keep them to a portable set.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass
+class SymbolSeries:
+    """One symbol's stored series: calendar index of the first value, then one value a day."""
+
+    symbol: str
+    start: int  # calendar index of values[0]
+    fields: dict[str, np.ndarray] = field(default_factory=dict)  # field -> float32 (n_days,)
+
+    @property
+    def end(self) -> int:
+        n = len(next(iter(self.fields.values()))) if self.fields else 0
+        return self.start + n - 1
+
+
+def check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise DataError(
+            f"{kind} '{name}' is not a valid name; expected letters, digits, '_', '.' or '-' "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+def write_calendar(root: Path, dates: Sequence[str]) -> None:
+    path = root / CALENDAR_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{d}\n" for d in dates), encoding="utf-8")
+
+
+def write_instruments(root: Path, name: str, spans: Iterable[tuple[str, str, str]]) -> None:
+    """``spans``: (symbol, first date, last date) triples, written in the order given."""
+    check_name("instrument", name)
+    path = root / INSTRUMENTS_DIR / f"{name.lower()}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{s}\t{a}\t{b}\n" for s, a, b in spans), encoding="utf-8")
+
+
+def write_series(root: Path, series: SymbolSeries) -> None:
+    """One ``<field>.day.bin`` per field, in Qlib's format (start index, then the values)."""
+    folder = root / FEATURES_DIR / series.symbol.lower()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, values in series.fields.items():
+        out = np.empty(len(values) + 1, dtype="<f4")
+        out[0] = series.start
+        out[1:] = values
+        out.tofile(folder / f"{name.lower()}.{FREQ}.bin")
+
+
+def read_series(root: Path, symbol: str, name: str) -> tuple[int, np.ndarray]:
+    """Read back one bin file: (start calendar index, float32 values)."""
+    raw = np.fromfile(Path(root) / FEATURES_DIR / symbol.lower() / f"{name}.{FREQ}.bin", dtype="<f4")
+    return int(raw[0]), raw[1:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic directories and locks
+# ----------------------------------------------------------------------------------------------
+
+def _is_nonempty_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(path.iterdir())
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def atomic_output_dir(final: Path, force: bool = False, what: str = "--out") -> Iterator[Path]:
+    """Yield a fresh temporary directory next to ``final``; on success it becomes ``final``.
+
+    ``final`` must be missing or empty unless ``force``; with ``force`` the old content is moved
+    aside, replaced, then deleted. On any error the temporary directory is removed, so a failed
+    run leaves nothing half-written.
+    """
+    final = Path(final).expanduser().absolute()
+    if final.exists() and not final.is_dir():
+        raise DataError(f"{what} '{final}' exists and is not a directory; choose a directory path")
+    if _is_nonempty_dir(final) and not force:
+        raise DataError(f"{what} '{final}' is not empty; choose a new directory or pass --force to replace it")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as exc:
+        raise DataError(f"{what} '{final}' cannot be created ({exc.strerror or exc}); choose a writable directory") from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if final.exists():
+            if _is_nonempty_dir(final):
+                old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                final.rmdir()
+                os.rename(tmp, final)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[bool]:
+    """An exclusive advisory lock (``fcntl.flock``) held for the ``with`` block; yields True.
+
+    Where ``fcntl`` is missing (Windows) this yields False and locks nothing: callers still
+    publish with an atomic rename, so concurrent builders only duplicate work, never corrupt it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield False
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def build_once(final: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool],
+               force: bool = False) -> bool:
+    """Make ``final`` by ``build(tmp_dir)`` unless a complete one exists (or ``force``).
+
+    Safe across processes: concurrent callers (torchrun ranks, parallel jobs) serialise on a
+    lock file next to ``final``; the builder writes into a private temporary directory that is
+    renamed into place, so a reader never sees a half-written ``final``. Returns True when this
+    call built it.
+    """
+    final = Path(final)
+    if not force and is_complete(final):
+        return False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(final.parent / f".{final.name}.lock") as locked:
+        if not force and is_complete(final):
+            return False  # another process built it while we waited
+        if locked:  # holding the lock, any temp dir for this name is a crashed builder's leftover
+            for stale in final.parent.glob(f".{final.name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            os.chmod(tmp, 0o755)
+            if final.exists():  # forced rebuild, or an incomplete leftover: swap it out
+                old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                try:
+                    os.rename(tmp, final)
+                except OSError:
+                    # Someone without the lock (no fcntl) published first: keep theirs.
+                    if not is_complete(final):
+                        raise
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    return False
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking a user's directory
+# ----------------------------------------------------------------------------------------------
+
+_PROVIDER_HINT = (
+    "expected a Qlib provider directory (calendars/day.txt, instruments/<name>.txt, features/), "
+    "'' for the built-in demo market, or one made by `kronos-mlflow import-csv`"
+)
+
+
+def check_provider(path: Path, key: str = "qlib_data_path") -> Path:
+    """Raise DataError unless ``path`` looks like a daily Qlib provider directory."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{key} '{path}' does not exist; {_PROVIDER_HINT}")
+    if not path.is_dir():
+        raise DataError(f"{key} '{path}' is not a directory; {_PROVIDER_HINT}")
+    if not _is_nonempty_dir(path):
+        raise DataError(f"{key} '{path}' is an empty directory; {_PROVIDER_HINT}")
+    cal = path / CALENDAR_FILE
+    if not cal.is_file():
+        raise DataError(f"{key} '{path}' is not a Qlib provider directory ({CALENDAR_FILE} is missing); {_PROVIDER_HINT}")
+    if cal.stat().st_size == 0:
+        raise DataError(f"{key} '{path}': {CALENDAR_FILE} is empty; {_PROVIDER_HINT}")
+    if not (path / INSTRUMENTS_DIR).is_dir() or not list_instruments(path):
+        raise DataError(f"{key} '{path}' is not a Qlib provider directory (no instruments/*.txt); {_PROVIDER_HINT}")
+    if not (path / FEATURES_DIR).is_dir():
+        raise DataError(f"{key} '{path}' is not a Qlib provider directory (features/ is missing); {_PROVIDER_HINT}")
+    return path
+
+
+def list_instruments(path: Path) -> list[str]:
+    folder = Path(path) / INSTRUMENTS_DIR
+    try:
+        return sorted(p.stem for p in folder.glob("*.txt") if p.is_file())
+    except OSError:
+        return []
+
+
+def check_instrument(path: Path, instrument: str) -> str:
+    available = list_instruments(path)
+    # Qlib opens instruments/<name lowercased>.txt, whatever case the name is given in.
+    if not (Path(path) / INSTRUMENTS_DIR / f"{str(instrument).lower()}.txt").is_file():
+        raise DataError(
+            f"instrument '{instrument}' is not in '{path / INSTRUMENTS_DIR}'; available: {', '.join(available)}"
+        )
+    return instrument
+
+
+def read_instrument_file(path: Path, instrument: str) -> dict[str, list[tuple[str, str]]]:
+    """``{symbol: [(start, end), ...]}`` from ``instruments/<instrument>.txt`` (no Qlib needed)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    text = (Path(path) / INSTRUMENTS_DIR / f"{instrument.lower()}.txt").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3 and parts[0].strip():
+            out.setdefault(parts[0].strip(), []).append((parts[1].strip(), parts[2].strip()))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Fingerprint (what keys the prepared-split cache)
+# ----------------------------------------------------------------------------------------------
+
+def provider_fingerprint(path: Path) -> str:
+    """sha256 over the calendar and instrument files' contents and every feature file's
+    name, size and mtime: any re-import, regeneration or edit changes it, while reading
+    tens of thousands of bins is avoided (a stat each)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    h.update((root / CALENDAR_FILE).read_bytes())
+    for name in list_instruments(root):
+        h.update(b"\0inst\0" + name.encode())
+        h.update((root / INSTRUMENTS_DIR / f"{name}.txt").read_bytes())
+    features = root / FEATURES_DIR
+    with os.scandir(features) as it:
+        symbols = sorted((e.name for e in it if e.is_dir()))
+    for sym in symbols:
+        with os.scandir(features / sym) as it:
+            entries = sorted((e.name, e.stat()) for e in it if e.name.endswith(f".{FREQ}.bin"))
+        for name, st in entries:
+            h.update(f"\0{sym}/{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def digest_of(items: Mapping[str, object]) -> str:
+    """A stable sha256 of a JSON-able mapping."""
+    import json
+
+    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()

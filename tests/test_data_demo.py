@@ -1,0 +1,195 @@
+"""The demo market: a real Qlib directory, deterministic, realistic, cached atomically."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from data_helpers import SMALL, isolated_home, qlib_features, small_market  # noqa: F401
+
+from kronos_mlflow.cli import main
+from kronos_mlflow.data import provider as pv
+from kronos_mlflow.data.demo import (
+    DEFAULT_SYMBOLS,
+    FIELDS,
+    demo_market_path,
+    ensure_demo_market,
+    generate_demo_market,
+    write_demo_market,
+)
+from kronos_mlflow.data.prepare import resolve_qlib_path
+from kronos_mlflow.errors import DataError
+
+
+def test_qlib_reads_back_the_generated_numbers(small_market):
+    market = generate_demo_market(SMALL["n_symbols"], SMALL["seed"], SMALL["start"], SMALL["end"])
+    fields = [f"${f}" for f in FIELDS]
+    df = qlib_features(small_market, "all", fields)
+    assert sorted(df.index.get_level_values(0).unique()) == sorted(s.symbol for s in market.series)
+    cal = pd.DatetimeIndex(market.calendar)
+    for s in market.series:
+        got = df.loc[s.symbol]
+        assert got.index[0] == cal[s.start] and got.index[-1] == cal[s.end]
+        for f in FIELDS:
+            np.testing.assert_array_equal(got[f"${f}"].to_numpy(), s.fields[f])  # NaN == NaN here
+    # csi300 is a proper subset of all, with the same listing spans
+    sub = qlib_features(small_market, "csi300", ["$close"])
+    members = set(sub.index.get_level_values(0))
+    assert members == set(market.universes["csi300"]) and members < set(market.universes["all"])
+
+
+def test_qlib_instrument_spans_match(small_market):
+    from qlib.data import D
+
+    qlib_features(small_market, "all", ["$close"])  # initialises qlib on the market
+    spans = D.list_instruments(D.instruments("all"), as_list=False)
+    market = generate_demo_market(SMALL["n_symbols"], SMALL["seed"], SMALL["start"], SMALL["end"])
+    for s in market.series:
+        ((a, b),) = spans[s.symbol]
+        assert (a.strftime("%Y-%m-%d"), b.strftime("%Y-%m-%d")) == (market.calendar[s.start], market.calendar[s.end])
+
+
+@pytest.fixture(scope="module")
+def default_market():
+    return generate_demo_market()  # default size, in memory (~0.4 s)
+
+
+def _returns(s):
+    c = s.fields["close"].astype(np.float64)
+    r = np.diff(np.log(c))
+    return r[np.isfinite(r)]
+
+
+def test_default_market_is_realistic(default_market):
+    m = default_market
+    assert len(m.series) == DEFAULT_SYMBOLS
+    T = len(m.calendar)
+    assert m.calendar[0] <= "2010-12-31" and m.calendar[-1] >= "2025-06-05"  # covers the default ranges
+    for s in m.series:
+        o, h, lo, c, v, amt, vw = (s.fields[k] for k in ("open", "high", "low", "close", "volume", "amount", "vwap"))
+        ok = np.isfinite(c)
+        assert ok[0] and ok[-1], "a series starts and ends on a trading day"
+        assert (o[ok] > 0).all() and (lo[ok] > 0).all() and (v[ok] > 0).all() and (amt[ok] > 0).all()
+        assert (h[ok] >= np.maximum(o[ok], c[ok])).all()
+        assert (lo[ok] <= np.minimum(o[ok], c[ok])).all()
+        assert ((vw[ok] >= lo[ok]) & (vw[ok] <= h[ok])).all()
+        # suspended days are NaN in every field at once
+        for k in FIELDS:
+            assert (np.isfinite(s.fields[k]) == ok).all()
+    assert any(s.start > 0 for s in m.series), "late listings"
+    assert any(s.end < T - 1 for s in m.series), "delistings"
+    assert any((~np.isfinite(s.fields["close"])).any() for s in m.series), "suspension gaps"
+    kurt = [pd.Series(_returns(s)).kurt() + 3.0 for s in m.series if len(_returns(s)) > 250]
+    assert np.median(kurt) > 3.0, "fat tails (Pearson kurtosis > 3)"
+    acf = [pd.Series(np.abs(_returns(s))).autocorr(1) for s in m.series if len(_returns(s)) > 250]
+    assert np.median(acf) > 0.05, "volatility clustering (|r| autocorrelated)"
+    corr = []
+    for s in m.series:
+        c, v = s.fields["close"].astype(np.float64), s.fields["volume"].astype(np.float64)
+        r = np.abs(np.diff(np.log(c)))
+        ok = np.isfinite(r) & np.isfinite(v[1:])
+        if ok.sum() > 250:
+            corr.append(np.corrcoef(r[ok], np.log(v[1:][ok]))[0, 1])
+    assert np.median(corr) > 0.1, "volume rises with |return|"
+
+
+def test_small_markets_still_have_special_symbols():
+    m = generate_demo_market(4, 0, "2020-01-01", "2021-12-31")
+    T = len(m.calendar)
+    members = set(m.universes["csi300"])
+    assert any(s.start > 0 and s.symbol in members for s in m.series)
+    assert any(s.end < T - 1 and s.symbol in members for s in m.series)
+
+
+def test_deterministic_in_seed(tmp_path):
+    a = write_demo_market(tmp_path / "a", 5, 11, start="2021-01-01", end="2021-12-31")
+    b = write_demo_market(tmp_path / "b", 5, 11, start="2021-01-01", end="2021-12-31")
+    c = write_demo_market(tmp_path / "c", 5, 12, start="2021-01-01", end="2021-12-31")
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    assert (a / "features/demo000/close.day.bin").read_bytes() != (c / "features/demo000/close.day.bin").read_bytes()
+
+
+def test_bin_format_is_qlibs(small_market):
+    raw = np.fromfile(small_market / "features/demo001/close.day.bin", dtype="<f4")
+    start, values = pv.read_series(small_market, "DEMO001", "close")
+    assert raw[0] == start > 0 and len(raw) == len(values) + 1
+    cal = (small_market / "calendars/day.txt").read_text().split()
+    first = (small_market / "instruments/all.txt").read_text().splitlines()[1].split("\t")
+    assert first[0] == "DEMO001" and first[1] == cal[start]
+
+
+def test_cli_demo_data(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["demo-data", "--out", str(out), "--symbols", "5", "--seed", "2",
+                 "--start", "2021-01-01", "--end", "2021-06-30"]) == 0
+    assert (out / "calendars/day.txt").is_file() and (out / "instruments/csi300.txt").is_file()
+    assert len(list((out / "features").iterdir())) == 5
+    capsys.readouterr()
+    # a non-empty --out is refused (exit 2, one line), and left as it was
+    before = (out / "features/demo000/close.day.bin").read_bytes()
+    assert main(["demo-data", "--out", str(out), "--symbols", "5", "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--force" in err and str(out) in err
+    assert (out / "features/demo000/close.day.bin").read_bytes() == before
+    assert main(["demo-data", "--out", str(out), "--symbols", "5", "--seed", "3", "--force",
+                 "--start", "2021-01-01", "--end", "2021-06-30"]) == 0
+    assert (out / "features/demo000/close.day.bin").read_bytes() != before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp or old dirs left"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--symbols", "0"], "--symbols 0"),
+    (["--seed", "-1"], "--seed -1"),
+    (["--start", "2022-01-01", "--end", "2021-01-01"], "after end"),
+    (["--start", "yesterday"], "not dates"),
+])
+def test_cli_demo_data_bad_input(tmp_path, capsys, argv, needle):
+    out = tmp_path / "m"
+    assert main(["demo-data", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+    assert not out.exists()
+
+
+def test_empty_qlib_data_path_uses_cached_demo(isolated_home):
+    p = resolve_qlib_path({"qlib_data_path": ""})
+    assert p == demo_market_path() and str(p).startswith(str(isolated_home))
+    assert len(pv.read_instrument_file(p, "all")) == DEFAULT_SYMBOLS
+    stamp = (p / "calendars/day.txt").stat().st_mtime_ns
+    assert resolve_qlib_path({"qlib_data_path": "  "}) == p
+    assert (p / "calendars/day.txt").stat().st_mtime_ns == stamp, "generated once, then reused"
+    assert [x.name for x in p.parent.iterdir() if ".tmp-" in x.name] == []
+
+
+def test_cli_demo_data_without_out_fills_the_cache(isolated_home, capsys):
+    assert main(["demo-data", "--symbols", "6", "--seed", "4"]) == 0
+    path = demo_market_path(6, 4)
+    assert str(path) in capsys.readouterr().out and (path / "instruments/csi300.txt").is_file()
+
+
+def _ensure(args):
+    return str(ensure_demo_market(*args))
+
+
+def test_concurrent_generation_is_safe(isolated_home):
+    ctx = mp.get_context("fork")
+    with cf.ProcessPoolExecutor(4, mp_context=ctx) as ex:
+        paths = list(ex.map(_ensure, [(6, 1)] * 4))
+    assert len(set(paths)) == 1
+    parent = os.path.dirname(paths[0])
+    assert [n for n in os.listdir(parent) if ".tmp-" in n] == []
+    assert len(pv.read_instrument_file(paths[0], "all")) == 6
+
+
+def test_unwritable_home_is_a_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(blocker))
+    with pytest.raises(DataError, match="KRONOS_MLFLOW_HOME"):
+        ensure_demo_market(5, 0)
