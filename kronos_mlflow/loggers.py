@@ -32,6 +32,7 @@ import numbers
 import os
 import posixpath
 import re
+import shlex
 import time
 import urllib.error
 import urllib.parse
@@ -92,6 +93,17 @@ class ExperimentLogger(Protocol):
 def _one_line(text: Any, limit: int) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: max(0, limit - 3)] + "..."
+
+
+def _same_param(old: str, new: str) -> bool:
+    """Equal, or equal once MLflow Projects' shell quoting (``''``) or number spelling
+    (``2e-4`` / ``0.0002``) is undone: then the param is already there, nothing to say."""
+    if old == new or old == shlex.quote(new):
+        return True
+    try:
+        return float(old) == float(new)
+    except ValueError:
+        return False
 
 
 def _check_status(status: str) -> None:
@@ -485,7 +497,7 @@ class MLflowLogger:
             if old is None:
                 self._params[name] = text
                 new.append(Param(name, text))
-            elif old != text:
+            elif not _same_param(old, text):
                 log.warning(
                     "MLflow: param '%s' is already %r on run %s; the new value %r is not logged "
                     "(MLflow params cannot change; start a new run to change it)",

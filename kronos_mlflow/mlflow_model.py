@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -147,7 +148,9 @@ def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step:
     code_file = os.path.join(os.path.dirname(__file__), "pyfunc_model.py")
     package_dir = os.path.dirname(os.path.abspath(__file__))
     mlflow.set_tracking_uri(mlflow_logger.tracking_uri)
-    with mlflow.start_run(run_id=mlflow_logger.run_id):
+    with mlflow.start_run(run_id=mlflow_logger.run_id), warnings.catch_warnings():
+        # The signature is given explicitly; MLflow's advice to add type hints does not apply.
+        warnings.filterwarnings("ignore", message=".*type hint.*")
         info = mlflow.pyfunc.log_model(
             name=MODEL_NAME,
             python_model=code_file,
@@ -183,7 +186,10 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
     from .data import resolve_qlib_path
 
     path = str(resolve_qlib_path(config))
-    source = resolve_dataset_source(path)
+    with warnings.catch_warnings():
+        # Two registered sources both read local paths; either is right.
+        warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
+        source = resolve_dataset_source(path)
     name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
     dataset = MetaDataset(source=source, name=name, digest=digest[:32])
     tags = [

@@ -27,6 +27,7 @@ averaged over every validation sample of every rank, best checkpoint saved by ra
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -429,7 +430,12 @@ def main(config: Mapping[str, Any]) -> dict:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ddp_kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
-            model = DDP(model, broadcast_buffers=False, **ddp_kwargs)
+            # The buffers (rotary frequencies, code bases) are constants: no per-forward sync.
+            if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+                ddp_kwargs["forward_sync_buffers"] = False
+            else:
+                ddp_kwargs["broadcast_buffers"] = False
+            model = DDP(model, **ddp_kwargs)
 
         reporter = None
         if info.is_main:

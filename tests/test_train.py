@@ -1,0 +1,317 @@
+"""Training: the loss, distributed validation, bad input, failure marking, and the whole
+job end to end through ``mlflow run`` with one and two torchrun processes (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kronos_mlflow import train
+from kronos_mlflow.config import load_config
+from kronos_mlflow.distributed import resolve_device
+from kronos_mlflow.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
+    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
+    "epochs": 2, "log_interval": 1000,
+}
+SECRETS = {
+    "COMET_API_KEY": "cometkey-SHOULD-NOT-LEAK-1234",
+    "MLFLOW_TRACKING_TOKEN": "mlflowtoken-SHOULD-NOT-LEAK-5678",
+    "MLFLOW_TRACKING_PASSWORD": "mlflowpass-SHOULD-NOT-LEAK-9012",
+}
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch):
+    """A clean cwd with MLflow, the demo cache, Comet and outputs all inside tmp_path."""
+    home = tmp_path / "home"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    # `mlflow run` runs in the project directory: keep its outputs and caches in tmp_path.
+    paths = {"save_path": str(tmp_path / "outputs" / "models"), "dataset_path": str(tmp_path / "cache")}
+    (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in {**TINY, **paths}.items()))
+    return tmp_path
+
+
+def _tiny_config(workdir, **extra):
+    return load_config({**TINY, "qlib_data_path": "", "comet": "off", "dataset_path": str(workdir / "cache"),
+                        "save_path": str(workdir / "outputs" / "models"), **extra})
+
+
+# ----------------------------------------------------------------------------- the objective
+
+
+def test_loss_formula_on_a_fixed_batch():
+    from kronos_mlflow.model import KronosTokenizer
+
+    torch.manual_seed(0)
+    config = load_config(TINY)
+    from kronos_mlflow.config import model_kwargs
+
+    model = KronosTokenizer(**model_kwargs(config))
+    x = torch.randn(4, 25, 6)
+    loss, parts = train.compute_loss(model, x)
+    (z_pre, z), bsq, _, _ = model(x)
+    expected = (F.mse_loss(z_pre, x) + F.mse_loss(z, x) + bsq) / 2
+    assert torch.allclose(loss, expected, rtol=1e-6, atol=0)
+    assert torch.allclose(parts["recon_pre"], F.mse_loss(z_pre, x))
+    assert torch.allclose(parts["recon_all"], F.mse_loss(z, x))
+    assert torch.allclose(parts["bsq"], bsq)
+    loss.backward()
+    assert model.embed.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
+
+
+def test_optimizer_groups():
+    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.model import KronosTokenizer
+
+    model = KronosTokenizer(**model_kwargs(load_config(TINY)))
+    opt = train.build_optimizer(model, load_config(TINY))
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 0.1
+    assert opt.param_groups[0]["betas"] == (0.9, 0.95)
+    opt = train.build_optimizer(model, load_config({**TINY, "weight_decay_scope": "matrices"}))
+    decayed, plain = opt.param_groups
+    assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() < 2 for p in plain["params"])
+    assert plain["weight_decay"] == 0.0
+
+
+def test_run_params_hold_mlproject_names_and_config():
+    params = train.run_params(load_config({"learning_rate": 1e-3}))
+    assert params["learning_rate"] == params["tokenizer_learning_rate"] == "0.001"
+    assert params["train_time_range"] == "2011-01-01:2022-12-31"
+    assert set(train.MLPROJECT_PARAMS) <= set(params)
+
+
+# ----------------------------------------------------------------------------- distributed validation
+
+
+def _val_worker(rank, world_size, init_file, config, out_dir):
+    import torch.distributed as dist
+
+    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.data import QlibDataset
+    from kronos_mlflow.model import KronosTokenizer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = KronosTokenizer(**model_kwargs(config))
+    ds = QlibDataset("val", config)
+    ds.set_epoch_seed(0)
+    loss = train._global_val_loss(model, train.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"loss": loss, "n": len(ds)}))
+    dist.destroy_process_group()
+
+
+def test_validation_over_two_ranks_equals_one_process(workdir):
+    import torch.multiprocessing as mp
+
+    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.data import QlibDataset, prepare_splits
+    from kronos_mlflow.model import KronosTokenizer
+
+    config = _tiny_config(workdir, n_val_iter=37, batch_size=5)  # odd count: uneven shards
+    prepare_splits(config, progress=False)
+    torch.manual_seed(0)
+    model = KronosTokenizer(**model_kwargs(config))
+    ds = QlibDataset("val", config)
+    ds.set_epoch_seed(0)
+    single = train._global_val_loss(model, train.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
+    mp.spawn(_val_worker, args=(2, str(workdir / "init"), config, str(workdir)), nprocs=2, join=True)
+    results = [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-12)
+    assert results[0]["loss"] == pytest.approx(single, rel=1e-6)
+    # every validation sample counted exactly once across the ranks
+    shards = [list(range(r, len(ds), 2)) for r in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(len(ds)))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _check(*args):
+    return subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--check", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--no-such-key", "1"], "--no-such-key"),
+        (["--learning-rate", "fast"], "tokenizer_learning_rate"),
+        (["--learning-rate", "-0.001"], "tokenizer_learning_rate"),
+        (["--epochs", "0"], "epochs"),
+        (["--batch-size", "-5"], "batch_size"),
+        (["--weight-decay", "-0.1"], "adam_weight_decay"),
+        (["--batch-size", "50", "--accumulation-steps", "3"], "accumulation_steps"),
+        (["--train-time-range", "2020-01-01"], "train_time_range"),
+        (["--config", "/nonexistent/config.yaml"], "config.yaml"),
+    ],
+)
+def test_bad_flags_one_line_exit_2(args, needle):
+    from kronos_mlflow.cli import main as cli_main
+
+    proc = subprocess.run([sys.executable, "-c", "import sys; from kronos_mlflow.train import cli; sys.exit(cli())",
+                           "--check", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    del cli_main
+
+
+def test_bad_pretrained_path_and_data_dir(workdir):
+    proc = _check("--pretrained-tokenizer-path", str(workdir / "missing_ckpt"))
+    assert proc.returncode == 2 and "missing_ckpt" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = _check("--qlib-data-path", str(workdir / "no_such_qlib_dir"))
+    assert proc.returncode == 2 and "no_such_qlib_dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_tracking_server_is_one_line(workdir, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    proc = _check("--config", str(workdir / "tiny.yaml"), "--qlib-data-path", "")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "127.0.0.1:9" in lines[0] and "unreachable" in lines[0]
+
+
+def test_nproc_above_visible_gpus_is_refused(monkeypatch):
+    # No GPU here: pretend CUDA shows one device to exercise the check.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="nproc_per_node 2 exceeds the 1 visible GPU"):
+        resolve_device("cuda", local_rank=0, local_world_size=2)
+
+
+def test_a_run_that_fails_after_creation_is_failed_with_reason(workdir):
+    from mlflow import MlflowClient
+
+    config = _tiny_config(workdir, train_time_range="2030-01-01:2030-12-31")
+    with pytest.raises(Exception):
+        train.main(config)
+    runs = MlflowClient().search_runs(["0"])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FAILED"
+    assert "2030-01-01" in run.data.tags["failure_reason"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _scan_for_secrets(paths, texts=()):
+    found = []
+    for base in paths:
+        for path in Path(base).rglob("*"):
+            if not path.is_file():
+                continue
+            blobs = [path.read_bytes()]
+            if path.suffix == ".zip":
+                with zipfile.ZipFile(path) as zf:
+                    blobs += [zf.read(n) for n in zf.namelist()]
+            for blob in blobs:
+                for value in SECRETS.values():
+                    if value.encode() in blob:
+                        found.append((str(path), value))
+    for text in texts:
+        for value in SECRETS.values():
+            if value in text:
+                found.append(("<output>", value))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
+    import numpy as np
+    from mlflow import MlflowClient
+
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    cmd = ["mlflow", "run", str(ROOT), "--env-manager", "local", "-P", f"nproc_per_node={nproc}",
+           "-P", f"config_file={workdir / 'tiny.yaml'}", "-P", "comet=offline", "-P", "epochs=2",
+           "-P", "batch_size=8", "-P", "n_train_iter=64", "-P", "n_val_iter=36"]
+    proc = subprocess.run([sys.executable, "-m", "mlflow", *cmd[1:]], cwd=workdir, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    client = MlflowClient()
+    runs = client.search_runs(["0"])
+    assert len(runs) == 1
+    run = runs[0]
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    for name in ("learning_rate", "weight_decay", "epochs", "batch_size", "nproc_per_node",
+                 "tokenizer_learning_rate", "adam_weight_decay", "train_time_range"):
+        assert name in params
+    assert params["learning_rate"] == "0.0002" and params["nproc_per_node"] == str(nproc)
+
+    # one point per optimizer step, one per epoch
+    steps_per_epoch = 64 // nproc // 8
+    for name in train.STEP_METRICS:
+        history = client.get_metric_history(run_id, name)
+        assert sorted(m.step for m in history) == list(range(2 * steps_per_epoch)), name
+    val = client.get_metric_history(run_id, train.VAL_METRIC)
+    assert sorted(m.step for m in val) == [0, 1]
+    best = client.get_metric_history(run_id, "best_val_loss")
+    assert len(best) == 1 and best[0].value == pytest.approx(min(m.value for m in val))
+    assert len(client.get_metric_history(run_id, train.INITIAL_VAL_METRIC)) == 1
+    assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "qlib-csi300-demo"
+
+    # summary.json: on disk and as an artifact
+    save_dir = workdir / "outputs" / "models" / "finetune_tokenizer_demo"
+    summary = json.loads((save_dir / "summary.json").read_text())
+    assert summary["final_result"]["best_val_loss"] == pytest.approx(best[0].value)
+    assert summary["world_size"] == nproc
+    assert "summary.json" in [a.path for a in client.list_artifacts(run_id)]
+
+    # the checkpoint on disk loads with from_pretrained
+    from kronos_mlflow.model import KronosTokenizer
+
+    tok = KronosTokenizer.from_pretrained(save_dir / "checkpoints" / "best_model")
+    assert tok.config["d_model"] == 16
+
+    # the MLflow model loads in a new process and predicts
+    model_uri = run.data.tags["best_model_uri"]
+    code = (
+        "import sys, json, numpy as np, mlflow\n"
+        "m = mlflow.pyfunc.load_model(sys.argv[1])\n"
+        "x = np.asarray(m.input_example, dtype=np.float32)\n"
+        "out = m.predict(x)\n"
+        "print(json.dumps({k: list(v.shape) for k, v in out.items()}))\n"
+    )
+    pred = subprocess.run([sys.executable, "-c", code, model_uri], cwd=workdir, capture_output=True, text=True,
+                          timeout=300)
+    assert pred.returncode == 0, pred.stderr[-2000:]
+    shapes = json.loads(pred.stdout.strip().splitlines()[-1])
+    assert shapes["reconstruction"][1:] == [26, 6] and len(shapes["tokens"]) == 2
+
+    # Comet's offline archive holds the same metric names
+    archives = list((workdir / "comet").glob("*.zip"))
+    assert len(archives) == 1
+    names = set()
+    with zipfile.ZipFile(archives[0]) as zf:
+        for line in zf.read("messages.json").decode().splitlines():
+            msg = json.loads(line)
+            if msg.get("type") == "metric_msg":
+                names.add(msg["payload"]["metric"]["metricName"])
+    assert set(train.STEP_METRICS) | {train.VAL_METRIC, "best_val_loss"} <= names
+
+    # no secret anywhere: DB, artifacts, outputs, Comet archive, console
+    assert _scan_for_secrets([workdir], [proc.stdout, proc.stderr]) == []
