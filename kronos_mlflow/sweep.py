@@ -299,7 +299,11 @@ class SweepWorker:
         epochs_done = len(self.client.get_metric_history(run_id, "val_tokenizer_loss_epoch"))
         self.trial_epochs += epochs_done
         trial.set_user_attr("epochs_trained", epochs_done)
-        if proc.returncode == EXIT_PRUNED:
+        # torchrun turns any worker's non-zero exit into its own code 1, so the run's status
+        # (KILLED with a "pruned" stop reason, set by rank 0) is what tells a pruned trial.
+        pruned = proc.returncode == EXIT_PRUNED or (
+            run.info.status == "KILLED" and run.data.tags.get("stop_reason", "").startswith("pruned"))
+        if pruned:
             self._end(run_id, "KILLED", "PRUNED")
             raise optuna.TrialPruned(f"pruned after {epochs_done} epoch(s)")
         best = run.data.metrics.get("best_val_loss")

@@ -175,6 +175,7 @@ def evaluate(model, loader, device) -> tuple[float, int]:
 def _progress(iterable, total, desc, enabled):
     from tqdm.auto import tqdm
 
+    enabled = enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
@@ -540,7 +541,9 @@ def cli(argv: Sequence[str] | None = None) -> int:
     except TrainingPruned:
         from .sweep import EXIT_PRUNED
 
-        return EXIT_PRUNED
+        # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's
+        # KILLED status and stop_reason already tell the sweep, so workers exit cleanly there.
+        return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else EXIT_PRUNED
     except UserError as exc:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
