@@ -164,12 +164,21 @@ def open_storage(url: str, heartbeat: bool = True, max_retry: int = 1):
             "grace_period": 60,
             "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
         }
-    try:
-        return optuna.storages.RDBStorage(url, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"storage '{_redact_url(url)}' cannot be opened ({first}); "
-                        "pass a writable sqlite:///PATH or a reachable SQLAlchemy URL") from None
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
+            text = str(exc)
+            # Workers starting together on a fresh database race to create Optuna's tables;
+            # the loser sees a duplicate-object error and simply opens what the winner made.
+            racing = any(w in text.lower() for w in ("duplicate", "already exists", "uniqueviolation"))
+            if racing and attempt < 5:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            raise UserError(f"storage '{_redact_url(url)}' cannot be opened ({first}); "
+                            "pass a writable sqlite:///PATH or a reachable SQLAlchemy URL") from None
+    raise AssertionError("unreachable")
 
 
 def _redact_url(url: str) -> str:

@@ -1,0 +1,195 @@
+"""Team scale on real engines: an MLflow tracking server on PostgreSQL, two sweep workers on
+one PostgreSQL-backed Optuna study, and a two-node torchrun rendezvous on one machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
+    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
+    "log_interval": 1000,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    """A PostgreSQL server URL: the one .ci/run started, or a throwaway cluster of our own."""
+    url = os.environ.get("KRONOS_TEST_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); .ci/run installs them")
+    base = tmp_path_factory.mktemp("pg")
+    port = _free_port()
+    script = ROOT / "scripts" / "pg_throwaway.sh"
+    out = subprocess.run([str(script), "start", str(base / "cluster"), str(port)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    try:
+        yield out.stdout.strip()
+    finally:
+        subprocess.run([str(script), "stop", str(base / "cluster")], timeout=60)
+
+
+def _create_db(server_url: str) -> str:
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture()
+def mlflow_server(postgres, tmp_path):
+    port = _free_port()
+    backend = _create_db(postgres)
+    log = open(tmp_path / "mlflow-server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise AssertionError((tmp_path / "mlflow-server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _env(tmp_path, tracking_uri):
+    env = dict(os.environ)
+    env.update({"MLFLOW_TRACKING_URI": tracking_uri, "KRONOS_MLFLOW_HOME": str(tmp_path / "home"),
+                "TQDM_DISABLE": "1"})
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        env.pop(name, None)
+    return env
+
+
+def _write_config(tmp_path, **extra) -> Path:
+    path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.yaml"
+    config = {**TINY, "dataset_path": str(tmp_path / "cache"), **extra}
+    path.write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
+    return path
+
+
+def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    storage = _create_db(postgres)
+    env = _env(tmp_path, mlflow_server)
+    config = _write_config(tmp_path)
+    cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--config", str(config), "--storage", storage,
+           "--study-name", "team", "--n-trials", "3", "--pruner", "none", "--qlib-data-path", "", "--comet", "off",
+           "--epochs", "1", "--registered-model-name", "team-tokenizer", "--output-dir", str(tmp_path / "out")]
+    # prepare the demo data once so both workers start training at once
+    subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(config),
+                    "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
+    t0 = time.time()
+    workers = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    errs = []
+    for w in workers:
+        _, err = w.communicate(timeout=900)
+        assert w.returncode == 0, err[-3000:]
+        errs.append(err)
+    elapsed = time.time() - t0
+
+    import optuna
+
+    study = optuna.load_study(study_name="team", storage=storage)
+    assert sorted(t.number for t in study.trials) == list(range(6))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials), errs[0][-2000:] + errs[1][-2000:]
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs(["0"])
+    parents = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 2 and len(children) == 6
+    assert len({c.info.run_id for c in children}) == 6
+    assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == list(range(6))
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {p.info.run_id for p in parents}
+    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
+    # one champion, on the best trial's model
+    versions = client.search_model_versions("name='team-tokenizer'")
+    champion = client.get_model_version_by_alias("team-tokenizer", "champion")
+    assert champion.run_id == study.best_trial.user_attrs["mlflow_run_id"]
+    assert client.get_registered_model("team-tokenizer").aliases == {"champion": champion.version}
+    print(f"\n2 workers x 3 trials on PostgreSQL + tracking server: {elapsed:.1f} s, {len(versions)} version(s)")
+
+
+def _launch(tmp_path, env, nnodes, nproc, save, port, node_rank=None):
+    config = _write_config(tmp_path, save_path=str(tmp_path / save), epochs=1)
+    rdzv = (["--standalone"] if nnodes == 1 else
+            ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", f"job-{port}"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc),
+           "-m", "kronos_mlflow.train", "--config", str(config), "--qlib-data-path", "", "--comet", "off"]
+    return subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_node_rendezvous_matches_one_launcher(tmp_path):
+    env = _env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
+    from mlflow import MlflowClient
+
+    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # create the store once
+    subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(_write_config(tmp_path)),
+                    "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
+    port = _free_port()
+    nodes = [_launch(tmp_path, env, 2, 1, "two_nodes", port) for _ in range(2)]
+    for n in nodes:
+        _, err = n.communicate(timeout=600)
+        assert n.returncode == 0, err[-3000:]
+    single = _launch(tmp_path, env, 1, 2, "one_node", None)
+    _, err = single.communicate(timeout=600)
+    assert single.returncode == 0, err[-3000:]
+
+    def summary(save):
+        path = tmp_path / save / "finetune_tokenizer_demo" / "summary.json"
+        return json.loads(path.read_text())
+
+    two, one = summary("two_nodes"), summary("one_node")
+    assert two["world_size"] == one["world_size"] == 2
+    assert two["final_result"]["best_val_loss"] == pytest.approx(one["final_result"]["best_val_loss"], rel=1e-6)
+    assert two["final_result"]["val_loss_initial"] == pytest.approx(one["final_result"]["val_loss_initial"], rel=1e-9)
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs(["0"])
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)  # one run per job, not per node
