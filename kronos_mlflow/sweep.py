@@ -518,8 +518,8 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
-                       "search_space": Path(args.search_space).name}.items():
-        client.log_param(parent_id, key, str(value))
+                       "search_space": args.search_space}.items():
+        _log_param_once(client, parent_id, key, value)
 
     worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id)
     status = "FAILED"
@@ -569,11 +569,14 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
 
 
 def _log_param_once(client, run_id, key, value) -> None:
-    """Params cannot change; a resumed sweep's new best goes to a tag instead."""
+    """Params cannot change: one already there (``mlflow run`` logs its -P values, spelled its
+    own way) stays; a different value goes to a tag of the same name instead."""
+    from .loggers import _same_param
+
     existing = client.get_run(run_id).data.params.get(key)
     if existing is None:
         client.log_param(run_id, key, str(value))
-    elif existing != str(value):
+    elif not _same_param(existing, str(value)):
         client.set_tag(run_id, key, str(value))
 
 

@@ -23,7 +23,8 @@ TINY = {
 
 
 @pytest.fixture()
-def sweep_env(tmp_path):
+def sweep_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow puts a new store's artifact root under the cwd
     config = {**TINY, "dataset_path": str(tmp_path / "cache")}
     (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
     env = dict(os.environ)

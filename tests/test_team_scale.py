@@ -166,7 +166,8 @@ def _launch(tmp_path, env, nnodes, nproc, save, port, node_rank=None):
     return subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_two_node_rendezvous_matches_one_launcher(tmp_path):
+def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow puts a new store's artifact root under the cwd
     env = _env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
     from mlflow import MlflowClient
 
