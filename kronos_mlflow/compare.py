@@ -1,0 +1,438 @@
+"""``kronos-mlflow compare``: the fine-tunes of an experiment (or one sweep's trials), best first.
+
+    kronos-mlflow compare                                  # experiment from MLFLOW_EXPERIMENT_NAME/ID, else Default
+    kronos-mlflow compare --experiment lr-sweep --top 5
+    kronos-mlflow compare --parent <sweep parent run id>   # the trials of one sweep
+    kronos-mlflow compare --top 3 --url                    # the MLflow UI page comparing them
+    kronos-mlflow compare --json                           # everything, machine-readable
+
+Runs are read through MLflow's API (``MlflowClient.search_runs``; ``--parent`` filters on
+``tags.mlflow.parentRunId``) and sorted by ``best_val_loss`` ascending; runs without it (failed,
+still running, pruned before an epoch ended) come last, newest first. A sweep's parent run is
+not a fine-tune and is left out of an experiment listing (``--parent`` lists its trials).
+
+Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss, the s1
+and full codebook usage at the best epoch (``val_codebook_usage_*``; ``used/2^s1_bits`` for s1),
+duration, status, a sweep trial's number and Optuna state when there are trials, and the run id.
+
+``--url`` prints the MLflow UI's run-comparison address for the listed runs:
+``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
+For a tracking URI that is not an http(s) server (sqlite, a directory) the address is for
+``mlflow ui --backend-store-uri <uri>`` at http://127.0.0.1:5000, and that command is printed on
+stderr. Bad input (unknown experiment or parent run, ``--top`` below 1, an unreachable server,
+a missing database file) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import UserError
+
+LOCAL_UI = "http://127.0.0.1:5000"
+BEST_METRIC = "best_val_loss"
+VAL_METRIC = "val_tokenizer_loss_epoch"  # as train.VAL_METRIC (not imported: train pulls torch)
+USAGE_FULL = "val_codebook_usage_full"  # as quality.USAGE_FULL
+USAGE_S1 = "val_codebook_usage_s1"
+PARENT_TAG = "mlflow.parentRunId"
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number; expected 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; expected the number of runs to show (1 or more)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (parser.description or "") + (
+        ". Reads MLflow through its API; the columns and sorting are described in kronos_mlflow/compare.py."
+    )
+    parser.add_argument("--experiment", metavar="NAME",
+                        help="experiment name (or id); default: MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, "
+                             "the --parent run's experiment, else 'Default'")
+    parser.add_argument("--parent", metavar="RUN_ID", help="list only the child runs (sweep trials) of this run")
+    parser.add_argument("--top", metavar="N", type=_positive_int, help="show only the N best runs")
+    parser.add_argument("--url", action="store_true",
+                        help="print the MLflow UI address comparing the listed runs instead of the table")
+    parser.add_argument("--json", action="store_true", help="print the runs (and the UI address) as JSON")
+    parser.add_argument("--tracking-uri", metavar="URI",
+                        help="MLflow tracking URI; default: MLFLOW_TRACKING_URI, else MLflow's default "
+                             "(sqlite:///mlflow.db in the current directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    uri = resolve_tracking_uri(getattr(args, "tracking_uri", None))
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    rows, experiment_ids, skipped = collect(client, experiment=args.experiment, parent=args.parent, top=args.top)
+    url = compare_url(uri, [r.run_id for r in rows], experiment_ids=_unique(r.experiment_id for r in rows))
+    if args.json:
+        from .secrets import redact_uri
+
+        json.dump({"tracking_uri": redact_uri(uri), "experiment_ids": experiment_ids,
+                   "runs": [r.as_json() for r in rows], "compare_url": url if rows else None},
+                  sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    if skipped and not args.url:
+        print(f"({skipped} sweep parent run{'s' if skipped > 1 else ''} not listed; "
+              "`kronos-mlflow compare --parent RUN_ID` lists a sweep's trials)", file=sys.stderr)
+    if not rows:
+        where = f"child runs of {args.parent}" if args.parent else f"runs in experiment(s) {', '.join(experiment_ids)}"
+        print(f"no {where} at {_shown_uri(uri)}", file=sys.stderr)
+        return 0
+    if args.url:
+        if not _is_http(uri):
+            print(f"(start the UI with: mlflow ui --backend-store-uri {_shown_uri(uri)} --port 5000)", file=sys.stderr)
+        print(url)
+        return 0
+    print(format_table(rows))
+    return 0
+
+
+# --------------------------------------------------------------------------- tracking URI
+
+
+def _is_http(uri: str) -> bool:
+    return urllib.parse.urlsplit(uri).scheme.lower() in ("http", "https")
+
+
+def _shown_uri(uri: str) -> str:
+    from .secrets import redact_uri
+
+    return redact_uri(uri)
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """The URI to read, checked: an http(s) server must answer, a sqlite file or directory exist.
+
+    Without the check, MLflow would retry an unreachable server for minutes, and would quietly
+    create an empty database where none was meant to be.
+    """
+    import mlflow
+
+    uri = (uri or "").strip() or mlflow.get_tracking_uri()
+    uri = str(uri)
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if scheme in ("http", "https"):
+        from .loggers import check_tracking_server
+
+        check_tracking_server(uri, timeout=5.0)
+    elif scheme.startswith("sqlite"):
+        path = uri.split(":///", 1)[1] if ":///" in uri else ""
+        path = path.split("?", 1)[0]
+        if path and path != ":memory:" and not os.path.isfile(path):
+            raise UserError(
+                f"no MLflow database at {path} (tracking URI {_shown_uri(uri)}); pass --tracking-uri or set "
+                "MLFLOW_TRACKING_URI to the database or server your runs were logged to"
+            )
+    elif scheme in ("", "file"):
+        path = urllib.parse.urlsplit(uri).path if scheme == "file" else uri
+        if not os.path.isdir(path):
+            raise UserError(
+                f"no MLflow run directory at {path}; pass --tracking-uri or set MLFLOW_TRACKING_URI "
+                "to where your runs were logged"
+            )
+    return uri
+
+
+def compare_url(tracking_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
+    """The MLflow UI run-comparison address (hash router) for ``run_ids``.
+
+    ``<base>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``,
+    where base is the tracking server (credentials removed) or http://127.0.0.1:5000 (``mlflow
+    ui``) for a database or directory.
+    """
+    if _is_http(tracking_uri):
+        parts = urllib.parse.urlsplit(tracking_uri)
+        netloc = parts.netloc.rpartition("@")[2]
+        base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    else:
+        base = LOCAL_UI
+
+    def encoded(values: Sequence[str]) -> str:
+        return urllib.parse.quote(json.dumps([str(v) for v in values], separators=(",", ":")), safe="")
+
+    return f"{base}/#/compare-runs?runs={encoded(run_ids)}&experiments={encoded(experiment_ids)}"
+
+
+# --------------------------------------------------------------------------- reading runs
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    run_name: str
+    experiment_id: str
+    status: str
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    epochs_planned: int | None = None
+    epochs_done: int | None = None
+    best_val_loss: float | None = None
+    best_epoch: int | None = None
+    codebook_usage_s1: int | None = None
+    codebook_usage_full: int | None = None
+    codebook_bits: str | None = None
+    duration_s: float | None = None
+    start_time: int = 0
+    trial_number: int | None = None
+    trial_state: str | None = None
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for v in values:
+        seen.setdefault(v, None)
+    return list(seen)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _integer(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def resolve_experiments(client, experiment: str | None, parent_run=None) -> list[str]:
+    """Experiment ids to search: ``--experiment``, the parent's, the environment's, or Default."""
+    from mlflow.exceptions import MlflowException
+
+    name = (experiment or "").strip()
+    if not name and parent_run is not None:
+        return [parent_run.info.experiment_id]
+    if not name:
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+    if not name and os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip():
+        env_id = os.environ["MLFLOW_EXPERIMENT_ID"].strip()
+        return [_experiment_by_id(client, env_id, "MLFLOW_EXPERIMENT_ID").experiment_id]
+    name = name or "Default"
+    exp = client.get_experiment_by_name(name)
+    if exp is None and name.isdigit():
+        try:
+            exp = client.get_experiment(name)
+        except MlflowException:
+            exp = None
+    if exp is None:
+        known = [e.name for e in client.search_experiments(max_results=20)]
+        shown = ", ".join(f"'{n}'" for n in known[:8]) + (" ..." if len(known) > 8 else "")
+        raise UserError(f"experiment '{name}' does not exist; expected one of {shown or '(none)'}")
+    if exp.lifecycle_stage == "deleted":
+        raise UserError(f"experiment '{name}' is deleted; restore it or choose another experiment")
+    return [exp.experiment_id]
+
+
+def _experiment_by_id(client, experiment_id: str, source: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        exp = client.get_experiment(experiment_id)
+    except MlflowException:
+        raise UserError(f"experiment id '{experiment_id}' ({source}) does not exist; set an existing id") from None
+    if exp.lifecycle_stage == "deleted":
+        raise UserError(f"experiment id '{experiment_id}' ({source}) is deleted; restore it or choose another")
+    return exp
+
+
+def _get_parent(client, parent: str):
+    from mlflow.exceptions import MlflowException
+
+    if not _RUN_ID.match(parent):
+        raise UserError(f"--parent '{parent}' is not a run id; expected the 32-character id MLflow shows for a run")
+    try:
+        return client.get_run(parent)
+    except MlflowException:
+        raise UserError(
+            f"--parent run '{parent}' does not exist; expected the run id of a sweep's parent run"
+        ) from None
+
+
+def search_all(client, experiment_ids: Sequence[str], filter_string: str = "") -> list:
+    """Every active run matching ``filter_string`` (all pages)."""
+    from mlflow.entities import ViewType
+
+    runs, token = [], None
+    while True:
+        page = client.search_runs(list(experiment_ids), filter_string=filter_string,
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _row(run, now_ms: int) -> RunRow:
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+    info = run.info
+    end = info.end_time or (now_ms if info.status == "RUNNING" else None)
+    return RunRow(
+        run_id=info.run_id,
+        run_name=info.run_name or tags.get("mlflow.runName", "") or info.run_id[:8],
+        experiment_id=info.experiment_id,
+        status=info.status,
+        learning_rate=_number(params.get("learning_rate", params.get("tokenizer_learning_rate"))),
+        weight_decay=_number(params.get("weight_decay", params.get("adam_weight_decay"))),
+        epochs_planned=_integer(params.get("epochs")),
+        best_val_loss=_number(metrics.get(BEST_METRIC)),
+        codebook_usage_s1=_integer(metrics.get(USAGE_S1)),
+        codebook_usage_full=_integer(metrics.get(USAGE_FULL)),
+        codebook_bits=tags.get("codebook_bits"),
+        duration_s=(end - info.start_time) / 1000.0 if end and info.start_time else None,
+        start_time=int(info.start_time or 0),
+        trial_number=_integer(tags.get("optuna.trial_number")),
+        trial_state=tags.get("optuna.trial_state"),
+        parent_run_id=tags.get(PARENT_TAG),
+        tags={k: v for k, v in tags.items() if k in (
+            "instrument", "model_size", "codebook_bits", "data_digest", "mlflow.source.git.commit",
+            "optuna.study_name", "optuna.trial_number", "optuna.trial_state", "best_model_uri")},
+    )
+
+
+def _at_best_epoch(client, row: RunRow) -> None:
+    """Epochs done, best epoch, and the codebook usage at that epoch (the latest value is the last epoch's)."""
+    history = client.get_metric_history(row.run_id, VAL_METRIC)
+    if not history:
+        return
+    by_step = {m.step: m.value for m in history}
+    row.epochs_done = len(by_step)
+    best_step = min(sorted(by_step), key=lambda s: by_step[s])  # the first minimum, as training keeps it
+    row.best_epoch = best_step
+    for key, attr in ((USAGE_S1, "codebook_usage_s1"), (USAGE_FULL, "codebook_usage_full")):
+        values = {m.step: m.value for m in client.get_metric_history(row.run_id, key)}
+        if best_step in values:
+            setattr(row, attr, _integer(values[best_step]))
+
+
+def sort_rows(rows: list[RunRow]) -> list[RunRow]:
+    """Lowest best_val_loss first; runs without one last, newest first."""
+    return sorted(rows, key=lambda r: (r.best_val_loss is None,
+                                       r.best_val_loss if r.best_val_loss is not None else 0.0, -r.start_time))
+
+
+def collect(client, experiment: str | None = None, parent: str | None = None,
+            top: int | None = None) -> tuple[list[RunRow], list[str], int]:
+    """Rows (sorted, the best epoch's details filled in), the experiment ids searched, and the
+    number of sweep parent runs left out."""
+    parent_run = _get_parent(client, parent.strip()) if parent else None
+    experiment_ids = resolve_experiments(client, experiment, parent_run)
+    filter_string = f"tags.`{PARENT_TAG}` = '{parent_run.info.run_id}'" if parent_run is not None else ""
+    runs = search_all(client, experiment_ids, filter_string)
+    now_ms = int(time.time() * 1000)
+    skipped = 0
+    rows = []
+    for r in runs:
+        if parent_run is None and r.data.tags.get("sweep.role") == "parent":
+            skipped += 1
+            continue
+        rows.append(_row(r, now_ms))
+    rows = sort_rows(rows)
+    if top:
+        rows = rows[:top]
+    for row in rows:
+        _at_best_epoch(client, row)
+    return rows, experiment_ids, skipped
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _usage(used: int | None, bits: int | None) -> str:
+    if used is None:
+        return "-"
+    return f"{used}/{1 << bits}" if bits is not None and bits <= 40 else str(used)
+
+
+def _s1_bits(row: RunRow) -> int | None:
+    if row.codebook_bits and "+" in row.codebook_bits:
+        return _integer(row.codebook_bits.split("+", 1)[0])
+    return None
+
+
+def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
+    with_trials = any(r.trial_number is not None for r in rows)
+    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "codes_s1", "codes_full",
+              "duration", "status"] + (["trial"] if with_trials else []) + ["run_id"]
+    body = []
+    for r in rows:
+        epochs = "-" if r.epochs_planned is None else str(r.epochs_planned)
+        if r.epochs_done is not None and r.epochs_done != r.epochs_planned:
+            epochs = f"{r.epochs_done}/{epochs}"
+        line = [
+            r.run_name,
+            "-" if r.learning_rate is None else f"{r.learning_rate:.2e}",
+            "-" if r.weight_decay is None else f"{r.weight_decay:g}",
+            epochs,
+            "-" if r.best_val_loss is None else f"{r.best_val_loss:.6f}",
+            _usage(r.codebook_usage_s1, _s1_bits(r)),
+            _usage(r.codebook_usage_full, None),
+            _duration(r.duration_s),
+            r.status,
+        ]
+        if with_trials:
+            line.append("-" if r.trial_number is None else f"#{r.trial_number} {r.trial_state or ''}".strip())
+        line.append(r.run_id)
+        body.append(line)
+    return header, body
+
+
+def format_table(rows: Sequence[RunRow]) -> str:
+    header, body = table_rows(rows)
+    numeric = {"learning_rate", "weight_decay", "epochs", "best_val_loss", "codes_s1", "codes_full", "duration"}
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        padded = (c.rjust(w) if h in numeric else c.ljust(w) for c, w, h in zip(cells, widths, header, strict=True))
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["compare", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
