@@ -1,0 +1,403 @@
+"""Training-step benchmark: matmul ceiling, FLOPs per sample, step and epoch samples/s.
+
+    python benchmarks/bench_train.py                        # CPU (or CUDA when present), batch 50
+    python benchmarks/bench_train.py --baseline --json      # fast path and plain path, one run
+    python benchmarks/bench_train.py --plain --steps 5      # the plain fp32 path only
+
+What it measures, all in one process:
+
+- ``matmul``: fp32 ``(N x N) @ (N x N)`` GFLOP/s on the device (N = 2048): the ceiling the
+  training step is compared with (measured before and after the runs; the median is reported).
+- ``flops/sample``: forward + loss + backward of the configured tokenizer at window length
+  ``lookback + predict + 1``, counted with ``torch.utils.flop_counter.FlopCounterMode``.
+- ``step``: samples/s of one full optimizer step (forward, loss, backward, clip, AdamW step,
+  zero_grad) on a fixed batch, median over ``--steps`` timed steps (after ``--warmup`` ones).
+  With ``--baseline`` the plain fp32 path (no fusions, for-loop AdamW, no compile: the code path
+  before the speed work) is timed in the same run, interleaved with the fast path round by
+  round (``--rounds``; each round starts with one untimed step, since switching models evicts
+  caches), so both see the same machine noise; their ratio is reported.
+- ``epoch``: samples/s of a whole (short) training epoch as ``train.py`` runs it: ``QlibDataset``
+  on the demo market (or ``--qlib-data-path``), the loader ``train.py`` builds for the device, the
+  same step, the one-cycle scheduler and the per-step loss read-back, timed from the first batch
+  request to the last step. ``--epoch-steps`` batches per epoch (n_train_iter = batch x steps);
+  ``--epochs`` epochs per path, interleaved between the paths, median reported.
+- ``other processes' CPU share``: how much of the machine other processes used while timing
+  (Linux ``/proc/stat``); above a few percent the figures are noise, whatever the spread says.
+
+The fast path is whatever the config (defaults, or ``--config FILE.yaml`` / ``--set key=value``)
+gives: ``compile``, ``precision``, ``adamw_impl``, ``fused_layers``, ``num_threads``. Everything
+is written under a temporary directory (or ``--home``), never into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# The config keys that select the plain fp32 path (see kronos_mlflow/config.py).
+PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off"}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(device, n: int = 2048, reps: int = 10) -> list[float]:
+    """GFLOP/s of fp32 n x n matmuls, one figure per repetition (after two warm-up calls)."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    out = torch.empty(n, n, device=device)
+    for _ in range(2):
+        torch.mm(a, b, out=out)
+    _sync(device)
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        _sync(device)
+        rates.append(2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return rates
+
+
+def flops_per_sample(model, x, compute_loss) -> float:
+    """Forward + loss + backward FLOPs of one batch, per sample (FlopCounterMode)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        loss, _ = compute_loss(model, x)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / x.shape[0]
+
+
+class TrainPath:
+    """A model + optimizer set up as ``train.py`` sets them up for ``config``, and its step."""
+
+    def __init__(self, name: str, config: dict, state: dict, device, world_size: int = 1):
+        import torch
+
+        from kronos_mlflow import train
+        from kronos_mlflow.config import model_kwargs
+        from kronos_mlflow.model import KronosTokenizer
+
+        self.name = name
+        self.config = config
+        self.device = device
+        self.train = train
+        model = KronosTokenizer(**model_kwargs(config))
+        model.load_state_dict(state)
+        model = model.to(device)
+        model.train()
+        self.raw_model = model
+        self.model = train.prepare_model(model, config, device) if hasattr(train, "prepare_model") else model
+        self.optimizer = train.build_optimizer(model, config)
+        self.scheduler = None
+        self.step_times: list[float] = []
+        self._torch = torch
+
+    def step(self, x) -> float:
+        """One optimizer step on ``x`` (already on the device); returns the loss as a float."""
+        train, config = self.train, self.config
+        if hasattr(train, "train_step"):
+            loss, parts = train.train_step(self.model, self.optimizer, x, config)
+            # what train_model does with them: one read of the four numbers for the logger
+            avg = self._torch.stack([loss.float(), parts["bsq"].float(), parts["recon_pre"].float(),
+                                     parts["recon_all"].float()]).tolist()[0]
+        else:  # the training loop of train.py before train_step existed
+            loss, _ = train.compute_loss(self.model, x)
+            loss.backward()
+            avg = loss.item()
+            self._torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=config["grad_clip_norm"])
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return avg
+
+    def timed_steps(self, x, n: int, rewarm: bool = True) -> None:
+        if rewarm:  # the other path just ran: one untimed step brings this one's memory back
+            self.step(x)
+            _sync(self.device)
+        for _ in range(n):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self.step(x)
+            _sync(self.device)
+            self.step_times.append(time.perf_counter() - t0)
+
+    def epoch(self, config: dict, epoch_seed: int = 0, rank: int = 0, world_size: int = 1) -> tuple[float, int]:
+        """One training epoch as train_model runs it (no validation): (seconds, samples)."""
+        import torch
+
+        from kronos_mlflow.data import QlibDataset
+
+        train = self.train
+        ds = QlibDataset("train", config, progress=False)
+        if "device" in train.train_loader_for.__code__.co_varnames:
+            loader = train.train_loader_for(ds, config, rank, world_size, device=self.device)
+        else:
+            loader = train.train_loader_for(ds, config, rank, world_size)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer=self.optimizer, max_lr=config["tokenizer_learning_rate"], steps_per_epoch=len(loader),
+            epochs=1, pct_start=0.03, div_factor=10)
+        ds.set_epoch_seed(epoch_seed)
+        samples = 0
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for batch_x, _ in loader:
+            batch_x = batch_x.to(self.device, non_blocking=True)
+            self.step(batch_x)
+            samples += batch_x.shape[0]
+        _sync(self.device)
+        seconds = time.perf_counter() - t0
+        self.scheduler = None
+        return seconds, samples
+
+
+class OtherLoad:
+    """Share of the machine's CPU time used by other processes during a with-block (Linux;
+    ``share`` stays None elsewhere). A noisy neighbour shows here, not only in the spread."""
+
+    share: float | None = None
+
+    @staticmethod
+    def _read():
+        try:
+            with open("/proc/stat", encoding="ascii") as fh:
+                v = [int(n) for n in fh.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        t = os.times()
+        return v[0] + v[1] + v[2] + v[5] + v[6] + v[7], v[3] + v[4], t.user + t.system
+
+    def __enter__(self):
+        self._start = self._read()
+        return self
+
+    def __exit__(self, *exc):
+        end = self._read()
+        if self._start is None or end is None:
+            return False
+        tick = os.sysconf("SC_CLK_TCK")
+        busy, idle = (end[0] - self._start[0]) / tick, (end[1] - self._start[1]) / tick
+        own = end[2] - self._start[2]
+        self.share = max(0.0, min(1.0, (busy - own) / max(busy + idle, 1e-9)))
+        return False
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, or cuda")
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--steps", type=int, default=12, help="timed optimizer steps per path (median reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per path first (compile happens here)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds the timed steps are split into")
+    p.add_argument("--epoch-steps", type=int, default=20, help="batches in each timed epoch (0: skip the epochs)")
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs per path, interleaved (median reported)")
+    p.add_argument("--baseline", action="store_true", help="also time the plain fp32 path and report the ratio")
+    p.add_argument("--plain", action="store_true", help="time only the plain fp32 path")
+    p.add_argument("--matmul-size", type=int, default=2048)
+    p.add_argument("--config", default=None, metavar="FILE.yaml", help="config file for the fast path")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--qlib-data-path", default="", help="Qlib directory for the epoch (default: the demo market)")
+    p.add_argument("--home", default=None, help="KRONOS_MLFLOW_HOME and dataset_path root (default: a temp dir)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    args = p.parse_args(argv)
+    if args.home:
+        return _bench(args, Path(args.home).expanduser())
+    with tempfile.TemporaryDirectory(prefix="kronos-bench-train-") as tmp:
+        return _bench(args, Path(tmp))
+
+
+def _bench(args, home: Path) -> int:
+    os.environ["KRONOS_MLFLOW_HOME"] = str(home)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+    import torch
+
+    from kronos_mlflow import config as cfg
+    from kronos_mlflow import train
+    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.distributed import resolve_device
+    from kronos_mlflow.model import KronosTokenizer
+
+    device = resolve_device(args.device)
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    overrides.update({"qlib_data_path": args.qlib_data_path, "dataset_path": str(home / "processed"),
+                      "batch_size": args.batch_size, "device": device.type,
+                      "n_train_iter": args.batch_size * max(args.epoch_steps, 1)})
+    fast_cfg = load_config(overrides, path=args.config)
+    has_fast = all(k in cfg.DEFAULTS for k in PLAIN)
+    plain_cfg = load_config({**overrides, **(PLAIN if has_fast else {})}, path=args.config)
+    if has_fast and hasattr(train, "configure_process"):
+        settings = train.configure_process(fast_cfg, device, local_world_size=1)
+        threads = {k: settings[k] for k in ("num_threads", "interop_threads")}
+    else:
+        threads = {"num_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+
+    paths: list[str] = []
+    if not args.plain and has_fast:
+        paths.append("fast")
+    if args.plain or args.baseline or not has_fast:
+        paths.append("plain")
+
+    torch.manual_seed(args.seed)
+    state = KronosTokenizer(**model_kwargs(fast_cfg)).state_dict()
+    window = fast_cfg["lookback_window"] + fast_cfg["predict_window"] + 1
+    x = torch.randn(args.batch_size, window, 6, generator=torch.Generator().manual_seed(args.seed)).clamp_(-5, 5)
+    x = x.to(device)
+
+    results: dict = {
+        "python": platform.python_version(), "torch": torch.__version__, "device": str(device),
+        "cpus": os.cpu_count(), **threads, "batch_size": args.batch_size, "window": window,
+        "model": {k: fast_cfg[k] for k in ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers",
+                                           "s1_bits", "s2_bits")},
+        "paths": paths,
+    }
+    mm = matmul_gflops(device, args.matmul_size)
+
+    counter_model = KronosTokenizer(**model_kwargs(fast_cfg)).to(device)
+    counter_model.load_state_dict(state)
+    counter_model.train()
+    results["flops_per_sample"] = flops_per_sample(counter_model, x, train.compute_loss)
+    del counter_model
+
+    built: dict[str, TrainPath] = {}
+    setup_s: dict[str, float] = {}
+    for name in paths:
+        t0 = time.perf_counter()
+        built[name] = TrainPath(name, fast_cfg if name == "fast" else plain_cfg, state, device)
+        for _ in range(args.warmup):  # compile (when on) happens in the first step
+            built[name].step(x)
+        _sync(device)
+        setup_s[name] = time.perf_counter() - t0
+    results["setup_and_warmup_s"] = setup_s
+    results["settings"] = {name: {k: str(built[name].config.get(k)) for k in PLAIN if k in built[name].config}
+                           for name in paths}
+    if hasattr(train, "describe_speed_settings"):
+        results["resolved"] = {name: train.describe_speed_settings(built[name].config, device) for name in paths}
+
+    # Timed steps, interleaved round by round so both paths see the same machine.
+    per_round = max(1, -(-args.steps // max(args.rounds, 1)))
+    done = 0
+    with OtherLoad() as load:
+        while done < args.steps:
+            n = min(per_round, args.steps - done)
+            for name in paths:
+                built[name].timed_steps(x, n, rewarm=len(paths) > 1)
+            done += n
+    results["other_processes_cpu_share"] = load.share
+    mm += matmul_gflops(device, args.matmul_size)
+    results["matmul_gflops"] = _median(mm)
+    results["matmul_gflops_min_max"] = [min(mm), max(mm)]
+
+    flops_step = results["flops_per_sample"] * args.batch_size
+    per_path = {}
+    for name in paths:
+        med = _median(built[name].step_times)
+        per_path[name] = {
+            "step_s_median": med,
+            "step_s_min_max": [min(built[name].step_times), max(built[name].step_times)],
+            "step_samples_per_s": args.batch_size / med,
+            "achieved_gflops": flops_step / med / 1e9,
+            "fraction_of_matmul": flops_step / med / 1e9 / results["matmul_gflops"],
+        }
+
+    # Whole epochs, through the data pipeline, interleaved too.
+    if args.epoch_steps > 0:
+        from kronos_mlflow.data import prepare_splits
+
+        prepare_splits(fast_cfg, progress=False)
+        rates: dict[str, list[float]] = {name: [] for name in paths}
+        shares: dict[str, list[float]] = {name: [] for name in paths}
+        for e in range(max(1, args.epochs)):  # interleaved too: fast, plain, fast, plain, ...
+            for name in paths:
+                with OtherLoad() as load:
+                    seconds, samples = built[name].epoch(built[name].config, epoch_seed=e)
+                rates[name].append(samples / seconds)
+                if load.share is not None:
+                    shares[name].append(load.share)
+                per_path[name]["epoch_samples"] = samples
+        for name in paths:
+            per_path[name]["epoch_samples_per_s"] = _median(rates[name])
+            per_path[name]["epoch_samples_per_s_all"] = rates[name]
+            per_path[name]["epoch_other_processes_cpu_share"] = max(shares[name]) if shares[name] else None
+            per_path[name]["epoch_vs_step"] = per_path[name]["epoch_samples_per_s"] / per_path[name]["step_samples_per_s"]
+    results["per_path"] = per_path
+
+    main_path = paths[0]
+    results["step_samples_per_s"] = per_path[main_path]["step_samples_per_s"]
+    results["epoch_samples_per_s"] = per_path[main_path].get("epoch_samples_per_s", float("nan"))
+    results["fraction_of_matmul"] = per_path[main_path]["fraction_of_matmul"]
+    if "fast" in per_path and "plain" in per_path:
+        results["step_speedup_vs_plain"] = per_path["fast"]["step_samples_per_s"] / per_path["plain"]["step_samples_per_s"]
+        if args.epoch_steps > 0:
+            results["epoch_speedup_vs_plain"] = (per_path["fast"]["epoch_samples_per_s"]
+                                                 / per_path["plain"]["epoch_samples_per_s"])
+
+    _print_table(results, args)
+    if args.json:
+        print(json.dumps(results, default=str))
+    return 0
+
+
+def _print_table(r: dict, args) -> None:
+    print(f"kronos_mlflow training benchmark: {r['device']}, batch {r['batch_size']} x window {r['window']}, "
+          f"model {r['model']}, torch {r['torch']}, {r['cpus']} CPUs, {r['num_threads']} threads "
+          f"(interop {r['interop_threads']})")
+    for name, s in r.get("settings", {}).items():
+        resolved = r.get("resolved", {}).get(name, "")
+        print(f"  {name}: {s}{'  -> ' + str(resolved) if resolved else ''}")
+    print(f"{'measure':46s} " + " ".join(f"{n:>14s}" for n in r["paths"]))
+    print("-" * (47 + 15 * len(r["paths"])))
+
+    def row(label, key, fmt):
+        vals = [r["per_path"][n].get(key) for n in r["paths"]]
+        print(f"{label:46s} " + " ".join(f"{format(v, fmt) if v is not None else '-':>14s}" for v in vals))
+
+    row("step time, median (s)", "step_s_median", ".3f")
+    print(f"{'  min .. max (s)':46s} " + " ".join(
+        f"{'%.3f..%.3f' % tuple(r['per_path'][n]['step_s_min_max']):>14s}" for n in r["paths"]))
+    row("step samples/s (median)", "step_samples_per_s", ".2f")
+    row("achieved GFLOP/s", "achieved_gflops", ".1f")
+    row("fraction of the matmul figure", "fraction_of_matmul", ".3f")
+    if args.epoch_steps > 0:
+        row(f"epoch samples/s (data + steps), median of {args.epochs}", "epoch_samples_per_s", ".2f")
+        row("epoch / step", "epoch_vs_step", ".3f")
+        row("  other processes' CPU share, worst epoch", "epoch_other_processes_cpu_share", ".3f")
+    row_s = r["setup_and_warmup_s"]
+    print(f"{'setup + warm-up steps (s)':46s} " + " ".join(f"{row_s[n]:14.1f}" for n in r["paths"]))
+    print(f"{'fp32 matmul %d^3 GFLOP/s (median)' % args.matmul_size:46s} {r['matmul_gflops']:14.1f}"
+          f"   (min {r['matmul_gflops_min_max'][0]:.1f}, max {r['matmul_gflops_min_max'][1]:.1f})")
+    print(f"{'FLOPs per sample (fwd + bwd, counted)':46s} {r['flops_per_sample'] / 1e9:13.3f}G")
+    if r.get("other_processes_cpu_share") is not None:
+        print(f"{'other processes CPU share while timing steps':46s} {r['other_processes_cpu_share']:14.3f}"
+              "   (noise: above ~0.05 the machine was shared)")
+    if "step_speedup_vs_plain" in r:
+        print(f"{'fast / plain, step samples/s':46s} {r['step_speedup_vs_plain']:14.3f}")
+    if "epoch_speedup_vs_plain" in r:
+        print(f"{'fast / plain, epoch samples/s':46s} {r['epoch_speedup_vs_plain']:14.3f}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
