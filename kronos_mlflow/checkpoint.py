@@ -1,0 +1,728 @@
+"""The training state of a run, saved every epoch so that a crash costs at most one epoch.
+
+Layout (``{save_dir}`` is ``save_path/tokenizer_save_folder_name``)::
+
+    {save_dir}/checkpoints/last/state.json            counters, run ids, scheduler, RNG, digest
+    {save_dir}/checkpoints/last/model.safetensors     model.state_dict(), names as in the model
+    {save_dir}/checkpoints/last/optimizer.safetensors optimizer state tensors, e.g. "state.3.exp_avg"
+
+Nothing is pickled and nothing goes through ``torch.load``: tensors are safetensors, everything
+else (optimizer param groups, the scheduler's ``state_dict``, python/numpy/torch/CUDA RNG states,
+epoch, global step, best validation loss, MLflow run id, Comet experiment key, the config digest)
+is JSON. ``state.json`` also holds the SHA-256 and size of both tensor files, so a truncated or
+damaged file is caught before anything is loaded.
+
+Atomicity. :func:`save_training_state` writes a complete new directory next to ``last``
+(``.last.tmp-*``: every file fsynced), then swaps: ``last -> last.old``, ``tmp -> last``,
+removes ``last.old``. A kill at any moment leaves either ``last`` complete, or ``last`` missing and
+``last.old`` complete (the loaders rename it back), plus possibly a stale temp directory that
+is ignored and removed by the next save.
+
+Typical use (rank 0 saves; every rank loads)::
+
+    rng = gather_rng_states()                       # a collective: every rank calls it
+    if is_main:
+        save_training_state(state_dir(save_dir), model=raw_model, optimizer=opt, scheduler=sched,
+                            epoch=epoch, global_step=step, best_val_loss=best,
+                            run_ids={"mlflow_run_id": ..., "comet_experiment_key": ...},
+                            config_digest=config_digest(config, world_size=world_size),
+                            rng_states=rng)
+    ...
+    found = find_resumable(save_dir, config, world_size=world_size)    # None: start fresh
+    if found:
+        state = load_training_state(found["directory"], model=raw_model, optimizer=opt,
+                                    scheduler=sched, map_location=device, rank=rank)
+        start_epoch, global_step = state["next_epoch"], state["global_step"]
+
+Every problem with a saved state is a one-line :class:`~kronos_mlflow.errors.CheckpointError`
+(a :class:`~kronos_mlflow.errors.UserError`) naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+__all__ = [
+    "STATE_NAME",
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "RESULT_NEUTRAL_KEYS",
+    "state_dir",
+    "config_digest",
+    "digest_config",
+    "save_training_state",
+    "load_training_state",
+    "read_training_state",
+    "find_resumable",
+    "capture_rng_state",
+    "restore_rng_state",
+    "gather_rng_states",
+]
+
+FORMAT = "kronos-mlflow-training-state"
+FORMAT_VERSION = 1
+STATE_NAME = "state.json"
+MODEL_NAME = "model.safetensors"
+OPTIMIZER_NAME = "optimizer.safetensors"
+LAST_DIR = "last"
+OLD_SUFFIX = ".old"
+TMP_PREFIX = ".last.tmp-"
+
+# state.json is small (counters, param groups, RNG states): a huge one is not ours.
+_MAX_STATE_BYTES = 64 << 20
+
+#: Config keys that do not change the numbers a run produces: where things are written, how
+#: they are named or tracked, how fast they are computed (threads, compile, kernel choice,
+#: fused layers: same numbers up to float rounding), how often the console prints, and the
+#: resume switch itself. Everything else (data, sizes, optimizer, schedule, epochs, seed,
+#: precision, world size) is in the digest: resuming with another value would continue a
+#: schedule or data order the checkpoint was not made for.
+RESULT_NEUTRAL_KEYS = frozenset({
+    # tracking and naming
+    "experiment_name", "run_name", "registered_model_name",
+    "comet", "comet_project_name", "comet_workspace", "comet_offline_directory", "comet_tag", "comet_name",
+    # console and locations (the save directory itself is where the state lives)
+    "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
+    # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers
+    "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "device",
+    # recorded from the launcher; the real process count is passed as world_size
+    "nproc_per_node",
+    # the switch that decides whether to resume
+    "resume",
+})
+
+
+def state_dir(save_dir: str | os.PathLike) -> Path:
+    """``{save_dir}/checkpoints/last``: where a run's training state lives."""
+    return Path(os.path.expanduser(os.fspath(save_dir))) / "checkpoints" / LAST_DIR
+
+
+# --------------------------------------------------------------------------------------------
+# config digest
+
+
+def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
+    """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
+    credential-looking keys removed, ``world_size`` added when given. JSON types only."""
+    from .config import is_secret_key
+
+    out: dict[str, Any] = {}
+    for key in sorted(config):
+        if key in RESULT_NEUTRAL_KEYS or is_secret_key(str(key)):
+            continue
+        out[str(key)] = _plain(config[key])
+    if world_size is not None:
+        out["world_size"] = int(world_size)
+    return out
+
+
+def config_digest(config: Mapping[str, Any], *, world_size: int | None = None) -> str:
+    """SHA-256 (hex) of the canonical JSON of :func:`digest_config`.
+
+    Canonical: keys sorted, no whitespace, ASCII, floats as Python's shortest repr (so
+    ``2e-4`` and ``0.0002`` in a YAML file give the same digest once the config is validated).
+    """
+    text = json.dumps(digest_config(config, world_size=world_size), sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# JSON encoding of state dicts: tensors go to a side table, the rest stays JSON
+
+
+def _encode(value: Any, path: str, tensors: dict[str, Any]) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        name = path
+        tensors[name] = value.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": name}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {"__float__": repr(value)}  # 'inf', '-inf', 'nan'
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value):
+            return {"__dict__": {k: _encode(v, f"{path}.{k}", tensors) for k, v in value.items()}}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+            return {"__intdict__": [[k, _encode(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
+        raise CheckpointError(f"cannot save the training state: {path} has keys of mixed types")
+    try:  # numpy scalars
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return _encode(value.item(), path, tensors)
+    except ImportError:  # pragma: no cover
+        pass
+    raise CheckpointError(
+        f"cannot save the training state: {path} is a {type(value).__name__}, which is neither a tensor nor JSON"
+    )
+
+
+def _decode(value: Any, tensors: Mapping[str, Any], where: str) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, tensors, where) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise CheckpointError(f"{where}: an object with keys {sorted(value)[:3]} is not a saved value")
+    (tag, inner), = value.items()
+    if tag == "__tensor__":
+        if not isinstance(inner, str) or inner not in tensors:
+            raise CheckpointError(f"{where}: it refers to tensor '{inner}', which the tensor file does not hold")
+        return tensors[inner]
+    if tag == "__float__":
+        if inner not in ("inf", "-inf", "nan"):
+            raise CheckpointError(f"{where}: '{inner}' is not a saved float")
+        return float(inner)
+    if tag == "__tuple__" and isinstance(inner, list):
+        return tuple(_decode(v, tensors, where) for v in inner)
+    if tag == "__dict__" and isinstance(inner, dict):
+        return {k: _decode(v, tensors, where) for k, v in inner.items()}
+    if tag == "__intdict__" and isinstance(inner, list):
+        out = {}
+        for item in inner:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
+                raise CheckpointError(f"{where}: a malformed integer-keyed entry")
+            out[item[0]] = _decode(item[1], tensors, where)
+        return out
+    raise CheckpointError(f"{where}: '{tag}' is not a saved value type")
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's python, numpy, torch CPU and (if any) CUDA RNG states, as JSON."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+        "cuda": [],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [base64.b64encode(s.cpu().numpy().tobytes()).decode("ascii")
+                         for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any], where: str = "training state") -> None:
+    """Put back what :func:`capture_rng_state` captured (CUDA only when the GPU count matches)."""
+    import numpy as np
+    import torch
+
+    try:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]),
+                         None if py["gauss_next"] is None else float(py["gauss_next"])))
+        npst = state["numpy"]
+        np.random.set_state((str(npst["name"]), np.asarray(npst["keys"], dtype=np.uint32), int(npst["pos"]),
+                             int(npst["has_gauss"]), float(npst["cached_gaussian"])))
+        raw = base64.b64decode(state["torch"], validate=True)
+        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+        cuda = list(state.get("cuda") or [])
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed field is a damaged state
+        raise CheckpointError(f"{where}: the saved random-number-generator state is malformed ({_short(exc)})") from None
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(
+            [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone() for s in cuda]
+        )
+
+
+def gather_rng_states() -> list[dict[str, Any]]:
+    """Every rank's :func:`capture_rng_state`, in rank order (a collective under torchrun;
+    without a process group: a list of one). Call it on every rank, save on rank 0."""
+    import torch.distributed as dist
+
+    mine = capture_rng_state()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)  # our own processes: trusted
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# saving
+
+
+def save_training_state(
+    directory: str | os.PathLike,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    epoch: int,
+    global_step: int,
+    best_val_loss: float | None,
+    run_ids: Mapping[str, str | None],
+    config_digest: str,
+    extra: Mapping[str, Any] | None = None,
+    rng_states: list[Mapping[str, Any]] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the training state after ``epoch`` (0-based, just completed; -1 = before the first
+    epoch, so that a crash in it still resumes into the same run) atomically into ``directory``
+    (normally :func:`state_dir` of the save directory). Returns ``directory``.
+
+    ``model`` is the plain module (unwrap DDP / torch.compile first). ``rng_states`` is one
+    entry per rank (:func:`gather_rng_states`); default: this process's state as rank 0's.
+    ``config`` (optional) is stored as :func:`digest_config` so that a refused resume can name
+    the keys that changed. ``extra`` is any JSON-able dict (history, best epoch...).
+    """
+    import safetensors.torch
+
+    final = Path(os.path.expanduser(os.fspath(directory)))
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(parent, final.name)
+
+    model_tensors: dict[str, Any] = {}
+    for name, tensor in model.state_dict().items():
+        model_tensors[name] = tensor.detach().to("cpu").contiguous().clone()
+    opt_tensors: dict[str, Any] = {}
+    opt_json = _encode(optimizer.state_dict(), "optimizer", opt_tensors)
+    sched_tensors: dict[str, Any] = {}
+    sched_json = _encode(scheduler.state_dict(), "scheduler", sched_tensors) if scheduler is not None else None
+    if sched_tensors:  # no scheduler of ours holds tensors; keep them with the optimizer's
+        opt_tensors.update(sched_tensors)
+    extra_tensors: dict[str, Any] = {}
+    extra_json = _encode(dict(extra or {}), "extra", extra_tensors)
+    if extra_tensors:
+        raise CheckpointError("cannot save the training state: 'extra' must hold JSON values, not tensors")
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=parent))
+    try:
+        files = {}
+        for fname, tensors in ((MODEL_NAME, model_tensors), (OPTIMIZER_NAME, opt_tensors)):
+            path = tmp / fname
+            safetensors.torch.save_file(tensors, str(path), metadata={"format": "pt", "kind": fname})
+            _fsync_file(path)
+            files[fname] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        state = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "saved_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "epoch": int(epoch),
+            "next_epoch": int(epoch) + 1,
+            "global_step": int(global_step),
+            "best_val_loss": _encode(None if best_val_loss is None else float(best_val_loss), "best_val_loss", {}),
+            # The data order of an epoch is a pure function of (seed, epoch): the sampler's
+            # state is the epoch to draw next.
+            "sampler": {"epoch": int(epoch) + 1},
+            "run_ids": {str(k): (None if v is None else str(v)) for k, v in dict(run_ids or {}).items()},
+            "config_digest": str(config_digest),
+            "config": digest_config(config) if config is not None else None,
+            "optimizer": opt_json,
+            "scheduler": sched_json,
+            "rng": [dict(s) for s in (rng_states if rng_states is not None else [capture_rng_state()])],
+            "extra": extra_json,
+            "files": files,
+            "torch_version": _torch_version(),
+        }
+        text = json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        with open(tmp / STATE_NAME, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        _swap_in(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """``final -> final.old``, ``tmp -> final``, remove ``final.old``; fsync the parent between."""
+    old = final.with_name(final.name + OLD_SUFFIX)
+    parent = final.parent
+    if final.exists():
+        if old.exists():
+            # A previous swap was interrupted after ``final`` came back: ``old`` is stale.
+            shutil.rmtree(old)
+        os.rename(final, old)
+        _fsync_dir(parent)
+    elif old.exists():
+        pass  # ``final`` was lost mid-swap; ``old`` stays until the new state is in place
+    os.rename(tmp, final)
+    _fsync_dir(parent)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(parent)
+
+
+def _remove_stale_temps(parent: Path, name: str) -> None:
+    """Temp directories of saves that were killed (by this or a dead process)."""
+    prefix = f".{name}.tmp-"
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+def _recover(directory: Path) -> Path:
+    """``directory`` when it exists; else rename ``directory.old`` back (a save killed mid-swap)."""
+    if directory.is_dir():
+        return directory
+    old = directory.with_name(directory.name + OLD_SUFFIX)
+    if old.is_dir():
+        try:
+            os.rename(old, directory)
+            _fsync_dir(directory.parent)
+        except FileNotFoundError:  # another rank recovered it first
+            pass
+        except OSError:
+            return old  # read-only location: read it where it is
+        if directory.is_dir():
+            return directory
+    return directory
+
+
+def read_training_state(directory: str | os.PathLike, *, verify: bool = True) -> dict[str, Any]:
+    """``state.json`` of ``directory`` checked (format, fields, file sizes and SHA-256 of both
+    tensor files when ``verify``), without loading any tensor. Recovers ``last.old``."""
+    directory = _recover(Path(os.path.expanduser(os.fspath(directory))))
+    state_path = directory / STATE_NAME
+    if not directory.is_dir():
+        raise CheckpointError(f"training state directory '{directory}' does not exist")
+    try:
+        size = state_path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"training state '{directory}' has no {STATE_NAME} (an interrupted or foreign save); "
+            "delete that directory to start over, or set resume to never"
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"training state file '{state_path}' cannot be read ({_short(exc)})") from None
+    if size > _MAX_STATE_BYTES:
+        raise CheckpointError(f"training state file '{state_path}' is {size:,} bytes, too large to be ours; "
+                              "delete that directory to start over")
+    try:
+        raw = state_path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"training state file '{state_path}' cannot be read ({_short(exc)})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(
+            f"training state file '{state_path}' is not UTF-8 text (bad byte at offset {exc.start}); "
+            "it is damaged: delete that directory to start over"
+        ) from None
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(
+            f"training state file '{state_path}' is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
+            "it is truncated or damaged: delete that directory to start over"
+        ) from None
+    except RecursionError:
+        raise CheckpointError(f"training state file '{state_path}' is not valid JSON (nested too deeply)") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"'{state_path}' is not a kronos-mlflow training state; delete that directory to start over")
+    if state.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"training state '{state_path}' has format version {state.get('version')!r}; this kronos-mlflow reads "
+            f"version {FORMAT_VERSION}: resume with the version that wrote it, or delete that directory"
+        )
+    for key, kind in (("epoch", int), ("next_epoch", int), ("global_step", int), ("config_digest", str),
+                      ("run_ids", dict), ("optimizer", dict), ("rng", list), ("files", dict)):
+        value = state.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"training state '{state_path}': field '{key}' is missing or not a {kind.__name__}; "
+                                  "delete that directory to start over")
+    if state["epoch"] < -1 or state["global_step"] < 0 or state["next_epoch"] != state["epoch"] + 1:
+        raise CheckpointError(f"training state '{state_path}': epoch {state['epoch']} / global_step "
+                              f"{state['global_step']} are inconsistent; delete that directory to start over")
+    where = f"training state '{state_path}'"
+    state["best_val_loss"] = _decode(state.get("best_val_loss"), {}, where)
+    if state["best_val_loss"] is not None and not isinstance(state["best_val_loss"], (int, float)):
+        raise CheckpointError(f"{where}: best_val_loss is not a number")
+    state["extra"] = _decode(state.get("extra") or {"__dict__": {}}, {}, where)
+    for fname in (MODEL_NAME, OPTIMIZER_NAME):
+        meta = state["files"].get(fname)
+        path = directory / fname
+        if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str) or not isinstance(meta.get("bytes"), int):
+            raise CheckpointError(f"{where}: no size and checksum recorded for {fname}; delete that directory to start over")
+        if not path.is_file():
+            raise CheckpointError(f"training state '{directory}' has no {fname}; it is incomplete: "
+                                  "delete that directory to start over")
+        if verify:
+            actual = path.stat().st_size
+            if actual != meta["bytes"]:
+                raise CheckpointError(
+                    f"tensor file '{path}' is {actual:,} bytes, {meta['bytes']:,} were saved; it is truncated or "
+                    "damaged: delete that directory to start over"
+                )
+            if _sha256(path) != meta["sha256"]:
+                raise CheckpointError(f"tensor file '{path}' does not match its saved checksum; it is damaged: "
+                                      "delete that directory to start over")
+    state["directory"] = str(directory)
+    return state
+
+
+def _read_tensors(path: Path, map_location) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=str(map_location) if map_location is not None else "cpu")
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError...: a bad file
+        raise CheckpointError(f"tensor file '{path}' cannot be read ({_short(exc)}); it is truncated or damaged: "
+                              "delete that directory to start over") from None
+
+
+def load_training_state(
+    directory: str | os.PathLike,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    map_location="cpu",
+    rank: int | None = None,
+    restore_rng: bool = True,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Load a saved state into ``model`` (plain module), ``optimizer`` and ``scheduler`` (built
+    exactly as for a fresh run), and restore this rank's RNG states (``rank``: default env
+    ``RANK`` or 0). ``verify`` checks both tensor files' sizes and checksums first.
+
+    Returns ``state.json``'s content, decoded: ``epoch`` (last completed), ``next_epoch``,
+    ``global_step``, ``best_val_loss``, ``run_ids``, ``config_digest``, ``config``, ``sampler``,
+    ``extra``, ``directory``. Shapes and names are checked before anything is copied, so a state
+    from another model is refused with one line and the objects are left as they were.
+    """
+    import torch
+
+    state = read_training_state(directory, verify=verify)
+    directory = Path(state["directory"])
+    where = f"training state '{directory}'"
+
+    # Read on the CPU; load_state_dict copies onto the model's device, and the optimizer moves
+    # its state next to each parameter. ``map_location`` is accepted for symmetry with torch.
+    del map_location
+    weights = _read_tensors(directory / MODEL_NAME, "cpu")
+    expected = model.state_dict()
+    missing = [n for n in expected if n not in weights]
+    unexpected = [n for n in weights if n not in expected]
+    if missing or unexpected:
+        names = (missing or unexpected)[:3]
+        raise CheckpointError(f"{where}: the model does not match the saved one ({'missing' if missing else 'unexpected'} "
+                              f"tensors {names}); resume with the config that made it, or delete that directory")
+    for name, tensor in expected.items():
+        if tuple(weights[name].shape) != tuple(tensor.shape) or weights[name].dtype != tensor.dtype:
+            raise CheckpointError(
+                f"{where}: tensor '{name}' was saved as {weights[name].dtype} {list(weights[name].shape)}, the model has "
+                f"{tensor.dtype} {list(tensor.shape)}; resume with the config that made it, or delete that directory"
+            )
+
+    opt_tensors = _read_tensors(directory / OPTIMIZER_NAME, "cpu")
+    opt_state = _decode(state["optimizer"], opt_tensors, where)
+    if not isinstance(opt_state, dict) or "state" not in opt_state or "param_groups" not in opt_state:
+        raise CheckpointError(f"{where}: the optimizer state is malformed; delete that directory to start over")
+    _check_optimizer_state(opt_state, optimizer, where)
+    sched_state = _decode(state.get("scheduler"), opt_tensors, where) if state.get("scheduler") is not None else None
+    if scheduler is not None and not isinstance(sched_state, dict):
+        raise CheckpointError(f"{where}: no learning-rate scheduler state was saved; delete that directory to start over")
+
+    with torch.no_grad():
+        model.load_state_dict(weights, strict=True)
+    try:
+        optimizer.load_state_dict(opt_state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: the optimizer state does not fit this optimizer ({_short(exc)})") from None
+    if scheduler is not None:
+        unknown = sorted(set(sched_state) - set(scheduler.state_dict()))
+        if unknown:
+            raise CheckpointError(f"{where}: the scheduler state has unknown field '{unknown[0]}' "
+                                  f"(saved by {type(scheduler).__name__}?); delete that directory to start over")
+        scheduler.load_state_dict(sched_state)
+
+    if restore_rng:
+        if rank is None:
+            try:
+                rank = int(os.environ.get("RANK", "0"))
+            except ValueError:
+                rank = 0
+        rngs = state["rng"]
+        if 0 <= rank < len(rngs) and isinstance(rngs[rank], dict):
+            restore_rng_state(rngs[rank], where)
+    state["optimizer"] = None  # the tensors now live in the optimizer; do not keep a second copy
+    state["scheduler"] = sched_state
+    return state
+
+
+def _check_optimizer_state(opt_state: Mapping[str, Any], optimizer, where: str) -> None:
+    """Group count, parameter count per group, and every state tensor's shape against the params."""
+    groups = opt_state["param_groups"]
+    live = optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) != len(live):
+        raise CheckpointError(f"{where}: {len(groups) if isinstance(groups, list) else '?'} optimizer parameter group(s) "
+                              f"were saved, this optimizer has {len(live)} (weight_decay_scope changed?)")
+    params = []
+    for saved, group in zip(groups, live):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(group["params"]):
+            raise CheckpointError(f"{where}: an optimizer group holds {len(ids) if isinstance(ids, list) else '?'} "
+                                  f"parameters, this optimizer's holds {len(group['params'])}")
+        params.extend(zip(ids, group["params"]))
+    by_id = dict(params)
+    states = opt_state["state"]
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{where}: the optimizer state is malformed")
+    import torch
+
+    for pid, entry in states.items():
+        if pid not in by_id or not isinstance(entry, dict):
+            raise CheckpointError(f"{where}: optimizer state for parameter {pid!r}, which the optimizer does not have")
+        shape = tuple(by_id[pid].shape)
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
+                raise CheckpointError(f"{where}: optimizer state '{name}' of parameter {pid} has shape "
+                                      f"{list(value.shape)}, the parameter {list(shape)}")
+
+
+def find_resumable(
+    save_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    *,
+    world_size: int | None = None,
+    mode: str = "auto",
+) -> dict[str, Any] | None:
+    """The saved state to resume from, or None to start fresh.
+
+    ``mode``: ``never`` -> None without looking; ``auto`` -> the state when the save directory
+    holds one whose config digest equals this config's, None when there is none or it was made
+    by another config (a warning names the keys that differ); ``must`` -> as auto, but no state
+    or another config is a :class:`CheckpointError`. A damaged state is a CheckpointError in
+    ``auto`` and ``must``: it is never silently overwritten. The checksums of the tensor files are
+    verified. The returned dict is :func:`read_training_state`'s (``directory``, ``epoch``,
+    ``next_epoch``, ``global_step``, ``run_ids``...).
+    """
+    if mode not in ("auto", "never", "must"):
+        raise CheckpointError(f"resume: '{mode}' is not one of auto, never, must")
+    if mode == "never":
+        return None
+    directory = state_dir(save_dir)
+    old = directory.with_name(directory.name + OLD_SUFFIX)
+    if not directory.exists() and not old.exists():
+        if mode == "must":
+            raise CheckpointError(f"resume is must but '{directory}' holds no training state; "
+                                  "check save_path and tokenizer_save_folder_name, or set resume to auto")
+        return None
+    state = read_training_state(directory)
+    wanted = config_digest(config, world_size=world_size)
+    if state["config_digest"] != wanted:
+        changed = _changed_keys(state.get("config"), digest_config(config, world_size=world_size))
+        detail = f" (changed: {', '.join(changed[:5])}{'...' if len(changed) > 5 else ''})" if changed else ""
+        message = (f"the training state in '{state['directory']}' was saved with another config{detail}")
+        if mode == "must":
+            raise CheckpointError(f"resume is must but {message}; use the same config, or set resume to never "
+                                  "to start over (it is then overwritten)")
+        import warnings
+
+        warnings.warn(f"{message}; starting a new run (its state will replace that one); "
+                      "use another tokenizer_save_folder_name to keep it", stacklevel=2)
+        return None
+    return state
+
+
+def _changed_keys(saved: Any, now: Mapping[str, Any]) -> list[str]:
+    if not isinstance(saved, dict):
+        return []
+    keys = sorted(set(saved) | set(now))
+    return [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return str(torch.__version__)
+    except Exception:  # pragma: no cover
+        return "unknown"
+
