@@ -8,6 +8,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow import-csv prices/*.csv --out ./my_qlib
     kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
+    kronos-mlflow upload-spool outputs/models/NAME/mlflow-spool  # after a tracking outage
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
     "train": ("kronos_mlflow.train", "fine-tune the tokenizer (one process; use torchrun for several)"),
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
+    "upload-spool": ("kronos_mlflow.spool", "upload what a run kept locally while its MLflow server was down"),
 }
 
 
@@ -33,7 +35,19 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are a single line on stderr and exit code 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())}\n")
+        from .secrets import is_secret_name, redact
+
+        text = " ".join(message.split())
+        if text.startswith("unrecognized arguments:"):
+            # argparse would echo the value too: a credential typed as a flag must not be printed.
+            for token in text[len("unrecognized arguments:"):].split():
+                name = token.split("=", 1)[0]
+                if name.startswith("-") and is_secret_name(name.lstrip("-")):
+                    text = (f"argument {name}: credentials are never taken from the command line (its value is "
+                            "not shown); set COMET_API_KEY, MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD "
+                            "in the environment instead")
+                    break
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {redact(text)}\n")
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

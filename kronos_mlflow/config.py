@@ -63,6 +63,14 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "tokenizer_save_folder_name": ("finetune_tokenizer_demo", "Run folder under save_path."),
     "pretrained_tokenizer_path": ("", "Checkpoint directory or hub id; empty = fresh weights, base architecture."),
     "device": ("auto", "auto (CUDA when present, else CPU), cpu, or cuda."),
+    # ---- speed (none of these changes the numbers beyond float rounding, except precision bf16) ----
+    "num_threads": (0, "Intra-op CPU threads per process; 0 = the CPUs this process may use / processes per node."),
+    "compile": ("auto", "torch.compile the training model: auto (on for CUDA; on CPU for runs of 1000+ optimizer "
+                        "steps, when a C++ compiler is present), on, or off."),
+    "precision": ("auto", "auto (bf16 autocast and TF32 matmuls on CUDA, fp32 on CPU), fp32, or bf16 (autocast)."),
+    "adamw_impl": ("auto", "AdamW kernel: auto (fused where torch has it, else foreach), fused, foreach, or for-loop."),
+    "fused_layers": ("auto", "Stacked q/k/v and w1/w3 matmuls, one-pass rotary, one batched decoder pass (same numbers "
+                             "to 1e-6): auto (on for CUDA, off on CPU, where it measured slower), on, or off."),
     # ---- fresh-model architecture (used only when pretrained_tokenizer_path is empty) ----
     "d_model": (256, "Fresh model: hidden size."),
     "n_heads": (4, "Fresh model: attention heads."),
@@ -100,6 +108,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "comet": ("auto", "online", "offline", "off"),
     "device": ("auto", "cpu", "cuda"),
     "weight_decay_scope": ("all", "matrices"),
+    "compile": ("auto", "on", "off"),
+    "fused_layers": ("auto", "on", "off"),
+    "precision": ("auto", "fp32", "bf16"),
+    "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -107,12 +119,13 @@ _POSITIVE = (
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node",
 )
-_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed")
+_ON_OFF_KEYS = ("compile", "fused_layers")
+_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Sizes that would allocate absurd amounts of memory are refused up front.
 _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
         "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
-        "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000}
+        "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000, "num_threads": 4096}
 
 _SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secrets", "credential",
                  "credentials", "apikey", "auth"}
@@ -175,6 +188,12 @@ def _coerce(key: str, value: Any) -> Any:
         return parse_time_range(key, value)
     if key in DATE_KEYS:
         return parse_date(key, value)
+    if key in _ON_OFF_KEYS:
+        # YAML reads a bare on/off/true/false as a boolean; the key takes them as on/off.
+        text = str(value).strip().lower()
+        if isinstance(value, bool) or text in ("true", "false", "yes", "no", "1", "0"):
+            return "on" if (value if isinstance(value, bool) else text in ("true", "yes", "1")) else "off"
+        return text
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -255,7 +274,33 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
         )
+    if not out["pretrained_tokenizer_path"]:
+        # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
+        # is allocated (a checkpoint's config.json gets the same check in model.py).
+        n = fresh_parameter_count(out)
+        if n > MAX_FRESH_PARAMETERS:
+            raise ConfigError(
+                f"d_model {out['d_model']}, ff_dim {out['ff_dim']}, n_enc_layers {out['n_enc_layers']} and "
+                f"n_dec_layers {out['n_dec_layers']} give {n:,} parameters (about {n * 16 / 1e9:,.0f} GB to train "
+                f"with AdamW); expected at most {MAX_FRESH_PARAMETERS:,}: lower them"
+            )
     return out
+
+
+#: The most parameters a fresh model may have (``kronos_mlflow.model.MAX_PARAMETERS``, kept
+#: here so that validating a config does not import torch; a test keeps them equal).
+MAX_FRESH_PARAMETERS = 2_000_000_000
+
+
+def fresh_parameter_count(config: Mapping[str, Any]) -> int:
+    """Trainable parameters of a fresh tokenizer built from ``config`` (what
+    ``kronos_mlflow.model.count_parameters(model_kwargs(config))`` returns, without torch)."""
+    d_in, d, f = 6, int(config["d_model"]), int(config["ff_dim"])
+    s1 = int(config["s1_bits"])
+    c = s1 + int(config["s2_bits"])
+    block = 2 * d + 4 * (d * d + d) + 3 * f * d
+    blocks = (int(config["n_enc_layers"]) - 1) + (int(config["n_dec_layers"]) - 1)
+    return (d * d_in + d) + (d_in * d + d_in) + blocks * block + (c * d + c) + (s1 * d + d) + (c * d + d)
 
 
 def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:

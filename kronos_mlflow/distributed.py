@@ -105,6 +105,47 @@ def dist_sum(values, device: torch.device | None = None) -> list[float]:
     return [float(v) for v in t.cpu()]
 
 
+def _collective_device(tensor: torch.Tensor) -> torch.device:
+    """Where a collective must run: NCCL needs CUDA tensors, gloo takes CPU ones."""
+    if dist.get_backend() == "nccl":
+        return tensor.device if tensor.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place (any dtype gloo/NCCL sum); returns it."""
+    if not _active():
+        return tensor
+    device = _collective_device(tensor)
+    work = tensor if tensor.device == device else tensor.to(device)
+    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def all_gather_varlen(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's 1-D ``tensor`` (lengths may differ), in rank order, on ``tensor``'s device.
+
+    Lengths are gathered first, then each tensor is padded to the longest and gathered.
+    """
+    if not _active():
+        return [tensor]
+    device = _collective_device(tensor)
+    flat = tensor.reshape(-1).to(device)
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([flat.numel()], dtype=torch.long, device=device))
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    if longest == 0:
+        return [tensor.reshape(-1)[:0] for _ in lengths]
+    padded = torch.zeros(longest, dtype=flat.dtype, device=device)
+    padded[: flat.numel()] = flat
+    parts = [torch.empty(longest, dtype=flat.dtype, device=device) for _ in lengths]
+    dist.all_gather(parts, padded)
+    return [p[:n].to(tensor.device) for p, n in zip(parts, lengths, strict=True)]
+
+
 def broadcast_object(obj, src: int = 0):
     """Send a picklable Python object from ``src`` to every rank (trusted: our own processes)."""
     if not _active():

@@ -25,7 +25,9 @@ file) itself, MLflow reads ``MLFLOW_TRACKING_*``; params, tags and failure reaso
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
+import inspect
 import logging
 import math
 import numbers
@@ -33,6 +35,8 @@ import os
 import posixpath
 import re
 import shlex
+import shutil
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -186,6 +190,12 @@ class NullLogger:
     def finalize(self, status: Status, reason: str | None = None) -> None:
         return None
 
+    def skip_logged_steps(self, keys: Iterable[str] | None = None, min_step: int = 0) -> int:
+        return 0
+
+    def persist(self) -> None:
+        return None
+
 
 class MultiLogger:
     """Fans each call out to ``loggers`` in list order.
@@ -200,6 +210,9 @@ class MultiLogger:
         self.loggers: list[ExperimentLogger] = list(loggers)
         self._cleaner = _MetricCleaner("metrics")
         self._finalized = False
+        # Steps MLflow already holds (a resumed run): not logged again to any backend.
+        mlflow_logger = self.mlflow
+        self._skip_steps: dict[str, set[int]] = mlflow_logger._skip_steps if mlflow_logger is not None else {}
 
     @property
     def mlflow(self) -> MLflowLogger | None:
@@ -231,7 +244,29 @@ class MultiLogger:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         # Cleaned once here, so a bad value is warned about once, not once per backend.
-        self._fan_out("log_metrics", self._cleaner.clean(metrics), step)
+        clean = self._cleaner.clean(metrics)
+        if self._skip_steps:
+            step = int(step)
+            clean = {k: v for k, v in clean.items() if step not in self._skip_steps.get(k, ())}
+            if not clean:
+                return
+        self._fan_out("log_metrics", clean, step)
+
+    def skip_logged_steps(self, keys: Iterable[str] | None = None, min_step: int = 0) -> int:
+        """Resuming a run: the ``(key, step)`` pairs MLflow (the source of truth) already holds
+        are not logged again, to any backend. Returns how many pairs were found."""
+        mlflow_logger = self.mlflow
+        if mlflow_logger is None:
+            return 0
+        found = mlflow_logger.skip_logged_steps(keys, min_step)
+        self._skip_steps = mlflow_logger._skip_steps  # shared: one filter for every backend
+        return found
+
+    def persist(self) -> None:
+        """MLflow's metrics so far: sent, or in its spool file (see :meth:`MLflowLogger.persist`)."""
+        mlflow_logger = self.mlflow
+        if mlflow_logger is not None:
+            mlflow_logger.persist()
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         self._fan_out("log_artifact", local_path, artifact_path)
@@ -289,6 +324,15 @@ def _probe_tracking_server(uri: str, timeout: float) -> None:
     )
 
 
+def hide_uri_printing(uri: str) -> None:
+    """MLflow's client writes "View run NAME at: <tracking URI>/#/..." to stdout when it ends a
+    run on a tracking server, password included when the URI holds one (``user:pw@host``).
+    Turn that off for this process when the URI holds a password (MLflow reads
+    ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` on every call)."""
+    if redact_uri(str(uri)) != str(uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
 def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
     """One-line UserError when the tracking server (``uri`` or MLflow's current one) is down."""
     if uri is None:
@@ -311,6 +355,26 @@ class MLflowLogger:
     buffered and sent with ``log_batch`` every ``flush_every_s`` seconds or ``flush_max_metrics``
     values, and always on :meth:`flush` / :meth:`finalize` (and at interpreter exit).
 
+    Tracking outages (http/https servers). Every request of this logger gets one try and a
+    ``http_timeout_s`` timeout (env ``KRONOS_MLFLOW_HTTP_TIMEOUT_S``, default 10 s) instead of
+    MLflow's minutes of retries, so a server that goes away never blocks training for long.
+    When a send fails with a connection error (refused, timeout, HTTP 5xx), nothing is dropped:
+    metrics stay buffered (at most ``max_buffered_metrics`` in memory; more go to the spool
+    file), params, tags and artifacts (copied into the spool directory) are queued, and the send
+    is retried on later calls with exponential backoff (``retry_backoff_s``: 1 s doubling to
+    60 s). Sending the same metric again is harmless (MLflow drops exact duplicates). At
+    :meth:`finalize` the logger waits up to ``finalize_wait_s`` (env
+    ``KRONOS_MLFLOW_FINALIZE_WAIT_S``, default 30 s) for the server; if it is still down,
+    everything unsent (metrics with steps and timestamps, params, tags, artifacts, the terminal
+    status) goes to ``spool_dir/<run_id>.jsonl`` (default ``$KRONOS_MLFLOW_HOME/spool``) and one
+    line on stderr says how many values were delayed and spooled and gives the ``kronos-mlflow
+    upload-spool`` command. Any other error (a refused value, HTTP 4xx) raises as before.
+    Counters: ``delayed_metrics``, ``spooled_metrics``, ``outages``, ``outage_seconds``,
+    ``spool_file``; :meth:`report` is the end-of-run line.
+
+    Resuming a run (same ``run_id``): :meth:`skip_logged_steps` reads the ``(key, step)`` pairs
+    already on the run, and later values at those steps are not sent again.
+
     Attributes: ``client``, ``run_id``, ``experiment_id``, ``tracking_uri`` (may hold a
     password: print ``redact_uri(tracking_uri)``).
     """
@@ -328,6 +392,11 @@ class MLflowLogger:
         flush_every_s: float = 5.0,
         flush_max_metrics: int = 1000,
         probe_timeout_s: float = 5.0,
+        spool_dir: str | os.PathLike | None = None,
+        max_buffered_metrics: int = 100_000,
+        http_timeout_s: float | None = None,
+        finalize_wait_s: float | None = None,
+        retry_backoff_s: tuple[float, float] = (1.0, 60.0),
     ):
         import mlflow
         from mlflow import MlflowClient
@@ -337,6 +406,7 @@ class MLflowLogger:
             _MLFLOW_LIMITS[name] = int(getattr(validation, name, _MLFLOW_LIMITS[name]))
 
         self.tracking_uri: str = tracking_uri or mlflow.get_tracking_uri()
+        hide_uri_printing(self.tracking_uri)
         _probe_tracking_server(self.tracking_uri, probe_timeout_s)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.flush_every_s = float(flush_every_s)
@@ -346,6 +416,29 @@ class MLflowLogger:
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._finalized = False
+        # ---- outage handling (see "Tracking outages" in the class docstring)
+        self._http = urllib.parse.urlsplit(self.tracking_uri).scheme.lower() in ("http", "https")
+        self.http_timeout_s = float(http_timeout_s if http_timeout_s is not None
+                                    else _env_float("KRONOS_MLFLOW_HTTP_TIMEOUT_S", 10.0))
+        self.finalize_wait_s = float(finalize_wait_s if finalize_wait_s is not None
+                                     else _env_float("KRONOS_MLFLOW_FINALIZE_WAIT_S", 30.0))
+        self.max_buffered_metrics = max(1, int(max_buffered_metrics))
+        self._backoff_min, self._backoff_max = float(retry_backoff_s[0]), float(retry_backoff_s[1])
+        self._backoff = self._backoff_min
+        self._next_retry = 0.0
+        self._outage_since: float | None = None
+        self.outage_seconds = 0.0
+        self.outages = 0
+        self._pending_params: list[Any] = []
+        self._pending_tags: list[Any] = []
+        self._pending_artifacts: list[tuple[str, str | None, bool]] = []  # (path, artifact_path, is_copy)
+        self._artifact_copies = 0
+        self._counted = 0  # buffer[:_counted] are already counted in delayed_metrics
+        self.delayed_metrics = 0  # values that missed their first send and went later or to the spool
+        self.spooled_metrics = 0  # values written to the spool file and not uploaded (yet)
+        self._spool_dir = os.fspath(spool_dir) if spool_dir else None
+        self.spool_file: str | None = None
+        self._skip_steps: dict[str, set[int]] = {}
 
         run_id = run_id or os.environ.get("MLFLOW_RUN_ID", "").strip() or None
         user_tags = {str(k): v for k, v in (tags or {}).items()}
@@ -360,6 +453,7 @@ class MLflowLogger:
         self.experiment_id: str = run.info.experiment_id
         self.run_name: str = run.info.run_name
         self._params: dict[str, str] = dict(run.data.params)
+        self._adopt_spool()
         if user_tags:
             self.set_tags(user_tags)
         atexit.register(_flush_at_exit, weakref.ref(self))
@@ -471,6 +565,7 @@ class MLflowLogger:
         return {self._clean_key(str(k)): redact(str(v), secrets)[:limit] for k, v in tags.items()}
 
     def _log_batch(self, params=(), tags=(), metrics=()) -> None:
+        """Send now, in MLflow-sized chunks, without outage handling."""
         for kind, items, size in (
             ("params", list(params), _MLFLOW_LIMITS["MAX_PARAMS_TAGS_PER_BATCH"]),
             ("tags", list(tags), _MLFLOW_LIMITS["MAX_PARAMS_TAGS_PER_BATCH"]),
@@ -478,6 +573,274 @@ class MLflowLogger:
         ):
             for start in range(0, len(items), size):
                 self.client.log_batch(self.run_id, **{kind: items[start : start + size]})
+
+    # ---- outage handling ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _short_requests(self):
+        """One try and a short timeout for this logger's requests (MLflow reads these variables
+        on every request), restored afterwards: our own backoff replaces MLflow's retries."""
+        if not self._http:
+            yield
+            return
+        saved = {name: os.environ.get(name) for name in _HTTP_ENV}
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, math.ceil(self.http_timeout_s)))
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def _try(self, fn, *args: Any, **kwargs: Any) -> bool:
+        """One request: True when done, False when the server is unreachable (the outage is
+        recorded and a retry scheduled). Any other error raises."""
+        try:
+            with self._short_requests():
+                fn(*args, **kwargs)
+        except Exception as exc:
+            if not (self._http and is_connection_error(exc)):
+                raise
+            self._record_failure(exc)
+            return False
+        self._record_success()
+        return True
+
+    def _record_failure(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+            self.outages += 1
+            self._backoff = self._backoff_min
+            log.warning(
+                "MLflow tracking server %s is unreachable (%s); training continues, metrics are kept and retried",
+                redact_uri(self.tracking_uri), _one_line(redact(str(exc)), 200),
+            )
+        else:
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+        self._next_retry = now + self._backoff
+        self._count_delayed()
+
+    def _record_success(self) -> None:
+        if self._outage_since is None:
+            return
+        took = time.monotonic() - self._outage_since
+        self.outage_seconds += took
+        self._outage_since = None
+        self._backoff = self._backoff_min
+        log.warning("MLflow tracking server %s is reachable again after %.0f s; sending the delayed values",
+                    redact_uri(self.tracking_uri), took)
+
+    def _count_delayed(self) -> None:
+        self.delayed_metrics += len(self._buffer) - self._counted
+        self._counted = len(self._buffer)
+
+    def _send_queued(self, kinds: tuple[str, ...]) -> None:
+        """Normal operation: send ``kinds`` now. During an outage: everything queued, but only
+        once the backoff has passed (so training is not slowed down by a dead server)."""
+        if self._outage_since is not None:
+            if time.monotonic() < self._next_retry:
+                return
+            kinds = _QUEUES
+        self._drain(kinds)
+
+    def _drain(self, kinds: tuple[str, ...]) -> bool:
+        """Send what is queued of ``kinds``, in order; False at the first unreachable-server failure."""
+        for kind in kinds:
+            if not getattr(self, f"_drain_{kind}")():
+                return False
+        return True
+
+    def _drain_params(self) -> bool:
+        return self._drain_list(self._pending_params, "params", _MLFLOW_LIMITS["MAX_PARAMS_TAGS_PER_BATCH"])
+
+    def _drain_tags(self) -> bool:
+        return self._drain_list(self._pending_tags, "tags", _MLFLOW_LIMITS["MAX_PARAMS_TAGS_PER_BATCH"])
+
+    def _drain_list(self, items: list[Any], kind: str, size: int) -> bool:
+        while items:
+            chunk = items[:size]
+            if not self._try(self.client.log_batch, self.run_id, **{kind: chunk}):
+                return False
+            del items[: len(chunk)]
+        return True
+
+    def _drain_metrics(self) -> bool:
+        size = _MLFLOW_LIMITS["MAX_METRICS_PER_BATCH"]
+        while self._buffer:
+            chunk = self._buffer[:size]
+            if not self._try(self.client.log_batch, self.run_id, metrics=chunk):
+                return False
+            del self._buffer[: len(chunk)]
+            self._counted = max(0, self._counted - len(chunk))
+        if self.spool_file and self.spooled_metrics:
+            return self._upload_spill()
+        return True
+
+    def _drain_artifacts(self) -> bool:
+        while self._pending_artifacts:
+            path, artifact_path, is_copy = self._pending_artifacts[0]
+            fn = self.client.log_artifacts if os.path.isdir(path) else self.client.log_artifact
+            if not self._try(fn, self.run_id, path, artifact_path):
+                return False
+            self._pending_artifacts.pop(0)
+            if is_copy:
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        return True
+
+    def _spool_path(self) -> str:
+        from .spool import default_spool_dir, spool_path
+
+        return str(spool_path(self._spool_dir or default_spool_dir(), self.run_id))
+
+    def _spool_header(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id,
+                "tracking_uri": redact_uri(self.tracking_uri),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def _spill(self, why: str) -> None:
+        """During an outage: move the buffered metrics to the spool file (sent when the server is back)."""
+        from .spool import append_records
+
+        path = self._spool_path()
+        self._count_delayed()
+        n = append_records(path, self._spool_header(), (_metric_record(m) for m in self._buffer))
+        self.spooled_metrics += n
+        self.spool_file = path
+        self._buffer, self._counted = [], 0
+        log.warning("MLflow: %d metric values kept during the outage were written to %s (%s); "
+                    "they are sent when the server is back", n, path, why)
+
+    def _adopt_spool(self) -> None:
+        """A spool this run left behind (an attempt killed during an outage, then restarted):
+        send it when the server answers, and do not log its steps again meanwhile."""
+        from .spool import read_spool
+
+        path = self._spool_path()
+        if not os.path.isfile(path):
+            return
+        try:
+            header, records, _ = read_spool(path)
+        except UserError as exc:
+            log.warning("MLflow: %s; it is left alone (fix it, or upload it with kronos-mlflow upload-spool)", exc)
+            return
+        if header.get("run_id") != self.run_id:
+            return
+        metrics = [r for r in records if r["type"] == "metric"]
+        for rec in metrics:
+            self._skip_steps.setdefault(rec["key"], set()).add(int(rec["step"]))
+        self.spool_file, self.spooled_metrics = path, len(metrics)
+        log.warning("MLflow: found %d metric values of run %s in %s (left by an earlier attempt); "
+                    "they are sent with this run's next metrics", len(metrics), self.run_id, path)
+
+    def persist(self) -> None:
+        """Make every metric logged so far durable: sent now or, while the server is
+        unreachable, written to the spool file. Call it before saving a training state, so that
+        a kill right after the save loses no metric of the steps the state says are done."""
+        self.flush()
+        if self._buffer and self._outage_since is not None:
+            self._spill("kept on disk before a checkpoint")
+
+    def _upload_spill(self) -> bool:
+        """The server is back: send what was spilled to the spool file, then delete it."""
+        from .spool import upload_spool
+
+        try:
+            with self._short_requests():
+                upload_spool(self.spool_file, self.client, finish="delete")
+        except Exception as exc:
+            if not (self._http and is_connection_error(exc)):
+                raise
+            self._record_failure(exc)
+            return False
+        self.spooled_metrics = 0
+        self.spool_file = None
+        return True
+
+    def _copy_for_later(self, local_path: str) -> str:
+        """A copy of an artifact that could not be sent (the original may be temporary)."""
+        from .spool import artifacts_dir
+
+        base = artifacts_dir(self._spool_path())
+        slot = base / f"{len(self._pending_artifacts) + self._artifact_copies:04d}"
+        self._artifact_copies += 1
+        slot.mkdir(parents=True, exist_ok=True)
+        target = slot / os.path.basename(os.path.normpath(local_path))
+        if os.path.isdir(local_path):
+            shutil.copytree(local_path, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(local_path, target)
+        return str(target)
+
+    def _write_spool(self, terminal: tuple[str, int] | None) -> str:
+        """Everything not sent (and the terminal status) goes to the spool file."""
+        from .spool import append_records
+
+        path = self._spool_path()
+        base = os.path.dirname(path)
+        records: list[dict[str, Any]] = []
+        records += [{"type": "param", "key": p.key, "value": p.value} for p in self._pending_params]
+        records += [{"type": "tag", "key": t.key, "value": t.value} for t in self._pending_tags]
+        records += [_metric_record(m) for m in self._buffer]
+        for local, artifact_path, _is_copy in self._pending_artifacts:
+            local = os.path.abspath(local)
+            rel = os.path.relpath(local, base) if local.startswith(os.path.abspath(base) + os.sep) else local
+            records.append({"type": "artifact", "local_path": rel, "artifact_path": artifact_path})
+        if terminal is not None:
+            records.append({"type": "terminate", "status": terminal[0], "end_time": terminal[1]})
+        self._count_delayed()
+        append_records(path, self._spool_header(), records)
+        self.spooled_metrics += len(self._buffer)
+        self._pending_params, self._pending_tags, self._pending_artifacts = [], [], []
+        self._buffer, self._counted = [], 0
+        self.spool_file = path
+        return path
+
+    def _clear_queues(self) -> None:
+        self._pending_params, self._pending_tags, self._pending_artifacts = [], [], []
+        self._buffer, self._counted = [], 0
+
+    @property
+    def pending(self) -> int:
+        """Values not sent yet: buffered metrics plus queued params, tags and artifacts."""
+        return len(self._buffer) + len(self._pending_params) + len(self._pending_tags) + len(self._pending_artifacts)
+
+    def report(self) -> str | None:
+        """The one line that tells the user about delayed or spooled values (None when none were)."""
+        uri = redact_uri(self.tracking_uri)
+        if self.spool_file and os.path.exists(self.spool_file):
+            return (
+                f"[kronos] MLflow tracking server {uri} is unreachable: {self.delayed_metrics} metric values were "
+                f"delayed and {self.spooled_metrics} are kept, with the run's unsent params, tags, artifacts and "
+                f"status, in {self.spool_file}; upload them with: kronos-mlflow upload-spool "
+                f"{shlex.quote(self.spool_file)}"
+            )
+        if self.delayed_metrics:
+            return (
+                f"[kronos] MLflow: {self.delayed_metrics} metric values were delayed by {self.outages} tracking-server "
+                f"outage(s) ({self.outage_seconds:.0f} s) and sent once it was back; none lost"
+            )
+        return None
+
+    def skip_logged_steps(self, keys: Iterable[str] | None = None, min_step: int = 0) -> int:
+        """Read the ``(key, step)`` pairs (``step >= min_step``) already on the run, for ``keys``
+        (default: every metric of the run); later values at those steps are not sent again.
+        Returns how many pairs were found. For a resumed run: the steps a killed attempt had
+        already sent are replayed identically and need not be sent twice."""
+        with self._short_requests():
+            if keys is None:
+                keys = list(self.client.get_run(self.run_id).data.metrics)
+            found = 0
+            for key in keys:
+                name = self._clean_key(str(key))
+                steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, name) if m.step >= min_step}
+                if steps:
+                    self._skip_steps.setdefault(name, set()).update(steps)
+                    found += len(steps)
+        return found
 
     # ---- the protocol ---------------------------------------------------------------------
 
@@ -505,7 +868,8 @@ class MLflowLogger:
                 )
         if truncated:
             log.warning("MLflow: params truncated to %d characters: %s", limit, ", ".join(truncated))
-        self._log_batch(params=new)
+        self._pending_params.extend(new)
+        self._send_queued(("params",))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -514,8 +878,16 @@ class MLflowLogger:
         step = int(step)
         for key, value in metrics.items():
             number = self._cleaner.number(str(key), value)
-            if number is not None:
-                self._buffer.append(Metric(self._clean_key(str(key)), number, timestamp, step))
+            if number is None:
+                continue
+            name = self._clean_key(str(key))
+            if step in self._skip_steps.get(name, ()):
+                continue  # already on the run (a resumed run replays the steps a killed attempt sent)
+            self._buffer.append(Metric(name, number, timestamp, step))
+        if self._outage_since is not None:
+            self._count_delayed()
+            if len(self._buffer) > self.max_buffered_metrics:
+                self._spill(f"more than {self.max_buffered_metrics} in memory")
         if (
             len(self._buffer) >= self.flush_max_metrics
             or time.monotonic() - self._last_flush >= self.flush_every_s
@@ -523,26 +895,30 @@ class MLflowLogger:
             self.flush()
 
     def flush(self) -> None:
-        """Send buffered metrics now."""
+        """Send buffered metrics now (during an outage: once the backoff has passed)."""
         self._last_flush = time.monotonic()
-        if not self._buffer:
+        if not self._buffer and self._outage_since is None:
             return
-        pending, self._buffer = self._buffer, []
-        self._log_batch(metrics=pending)
+        self._send_queued(("metrics",))
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         local_path = os.fspath(local_path)
         if os.path.isdir(local_path):
-            self.client.log_artifacts(self.run_id, local_path, artifact_path)
+            fn = self.client.log_artifacts
         elif os.path.isfile(local_path):
-            self.client.log_artifact(self.run_id, local_path, artifact_path)
+            fn = self.client.log_artifact
         else:
             raise FileNotFoundError(f"cannot log artifact '{local_path}': no such file or directory")
+        if self._outage_since is None and self._try(fn, self.run_id, local_path, artifact_path):
+            return
+        self._pending_artifacts.append((self._copy_for_later(local_path), artifact_path, True))
+        self._send_queued(())
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self._log_batch(tags=[RunTag(k, v) for k, v in self._tag_values(tags).items()])
+        self._pending_tags.extend(RunTag(k, v) for k, v in self._tag_values(tags).items())
+        self._send_queued(("tags",))
 
     def log_input(self, dataset: Any, context: str | None = None, tags: Mapping[str, str] | None = None) -> None:
         """Record an ``mlflow.data`` dataset (e.g. ``mlflow.data.from_pandas(df, name=...)``) as a run input."""
@@ -554,41 +930,137 @@ class MLflowLogger:
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=input_tags)])
 
     def finalize(self, status: Status, reason: str | None = None) -> None:
-        """Flush, then mark the run FINISHED (``"success"``) or FAILED with a ``failure_reason`` tag.
+        """Send everything, then mark the run FINISHED (``"success"``), FAILED (with a
+        ``failure_reason`` tag) or KILLED (``stop_reason``). Idempotent.
 
-        Idempotent. If the flush fails the run is marked FAILED and the error re-raised.
+        A server that is down is waited for, with backoff, up to ``finalize_wait_s``; then what
+        is left goes to the spool file and one line on stderr gives the upload command (the run
+        stays RUNNING on the server until it is uploaded). If sending fails for another reason,
+        the run is marked FAILED and the error re-raised.
         """
+        from mlflow.entities import RunTag
+
         _check_status(status)
         if self._finalized:
             return
         self._finalized = True
+        end_time = int(time.time() * 1000)
         error: BaseException | None = None
         try:
-            self.flush()
-        except Exception as exc:
+            self._drain(_QUEUES)
+        except Exception as exc:  # not an outage: a value MLflow refuses, a bug
             error = exc
             status = "failed"
             reason = reason or f"could not send the last metrics to MLflow: {exc}"
+            self._clear_queues()
         if status in ("failed", "killed"):
             tag = "failure_reason" if status == "failed" else "stop_reason"
             text = _one_line(redact(reason or "unknown (no reason given)"), FAILURE_REASON_MAX_CHARS)
+            self._pending_tags.extend(RunTag(k, v) for k, v in self._tag_values({tag: text}).items())
+        terminal = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status]
+        deadline = time.monotonic() + (self.finalize_wait_s if self._http else 0.0)
+        done = False
+        while True:
             try:
-                self.client.set_tag(self.run_id, tag, text)
+                done = self._drain(_QUEUES) and self._try(
+                    self.client.set_terminated, self.run_id, terminal, end_time=end_time
+                )
             except Exception as exc:
                 error = error or exc
-        self.client.set_terminated(self.run_id, {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status])
+                self._clear_queues()
+                try:  # at least end the run
+                    with self._short_requests():
+                        self.client.set_terminated(self.run_id, "FAILED", end_time=end_time)
+                except Exception:
+                    pass
+                done = True
+            if done:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(max(0.05, min(self._next_retry - time.monotonic(), remaining)))
+        if not done:
+            self._write_spool((terminal, end_time))
+        line = self.report()
+        if line:
+            print(line, file=sys.stderr, flush=True)
         if error is not None:
             raise error
 
 
+_QUEUES = ("params", "tags", "metrics", "artifacts")
+_HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+
+
+def _metric_record(metric: Any) -> dict[str, Any]:
+    return {"type": "metric", "key": metric.key, "value": float(metric.value), "step": int(metric.step),
+            "timestamp": int(metric.timestamp)}
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, "").strip() or default)
+    except ValueError:
+        log.warning("%s=%r is not a number; using %s", name, os.environ.get(name), default)
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means "the tracking server could not be reached or failed" (refused,
+    reset, timed out, DNS, HTTP 5xx / too many retries), not "the server refused the request".
+
+    MLflow wraps transport errors in ``MlflowException("API request to ... failed with
+    exception ...")``; the chain (``__cause__`` / ``__context__``) is searched for the cause.
+    """
+    import requests
+
+    try:
+        import urllib3.exceptions as u3
+        transport: tuple[type[BaseException], ...] = (u3.HTTPError,)
+    except ImportError:  # pragma: no cover
+        transport = ()
+    from mlflow.exceptions import MlflowException, RestException
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 10:
+        seen.add(id(current))
+        if isinstance(current, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                                requests.exceptions.RetryError, requests.exceptions.ChunkedEncodingError,
+                                ConnectionError, TimeoutError) + transport):
+            return True
+        if isinstance(current, RestException):
+            try:
+                return int(current.get_http_status_code()) >= 500
+            except Exception:
+                return False
+        if isinstance(current, MlflowException):
+            text = str(current)
+            if text.startswith("API request to") and (
+                "failed with exception" in text or "failed with timeout" in text
+            ):
+                return True
+            match = re.search(r"failed with error code (\d{3})", text)
+            if match and int(match.group(1)) >= 500:
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _flush_at_exit(ref: weakref.ref) -> None:
     logger = ref()
-    if logger is None or logger._finalized or not logger._buffer:
+    if logger is None or logger._finalized or not logger.pending:
         return
     try:
-        logger.flush()
+        if not logger._drain(_QUEUES):
+            logger._write_spool(None)
+            line = logger.report()
+            if line:
+                print(line, file=sys.stderr, flush=True)
     except Exception as exc:  # the interpreter is going away: report, do not raise
-        log.warning("MLflow: could not flush %d metrics at exit: %s", len(logger._buffer), redact(str(exc)))
+        log.warning("MLflow: could not flush %d values at exit: %s", logger.pending, redact(str(exc)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -621,6 +1093,9 @@ class CometLogger:
     blocks ~30 s and returns a dead experiment) is warned about once and this logger becomes a
     no-op. Non-essential: :class:`MultiLogger` drops it when it raises.
 
+    ``experiment_key`` continues an existing experiment (a resumed run): ``ExistingExperiment``
+    online, ``ExistingOfflineExperiment`` offline.
+
     Attributes: ``experiment`` (the comet_ml object), ``experiment_key``, ``mode``,
     ``offline_archive`` (the zip's path once finalized, offline mode; else None).
     """
@@ -635,6 +1110,7 @@ class CometLogger:
         experiment_name: str | None = None,
         offline_directory: str | None = None,
         tags: Iterable[str] = (),
+        experiment_key: str | None = None,
     ):
         if mode not in ("online", "offline"):
             raise ValueError(f"Comet mode must be 'online' or 'offline', not {mode!r}")
@@ -672,7 +1148,15 @@ class CometLogger:
             )
             directory = os.path.abspath(os.path.expanduser(directory))
             os.makedirs(directory, exist_ok=True)
-            self.experiment = comet_ml.OfflineExperiment(offline_directory=directory, **common)
+            if experiment_key:  # a resumed run continues its experiment (merged when uploaded)
+                cls = comet_ml.ExistingOfflineExperiment
+                accepted = inspect.signature(cls.__init__).parameters  # it takes fewer options
+                self.experiment = cls(offline_directory=directory, previous_experiment=experiment_key,
+                                      **{k: v for k, v in common.items() if k in accepted})
+            else:
+                self.experiment = comet_ml.OfflineExperiment(offline_directory=directory, **common)
+        elif experiment_key:
+            self.experiment = comet_ml.ExistingExperiment(previous_experiment=experiment_key, **common)
         else:
             self.experiment = comet_ml.Experiment(**common)
             if not getattr(self.experiment, "alive", True):
@@ -784,6 +1268,9 @@ def build_logger(
     rank: int,
     *,
     mlflow_tags: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    comet_experiment_key: str | None = None,
+    spool_dir: str | os.PathLike | None = None,
 ) -> ExperimentLogger:
     """The logger for this process, decided once.
 
@@ -797,6 +1284,11 @@ def build_logger(
     the root logger's handlers.
 
     ``rank`` may also be an object with a ``rank`` attribute (``DistInfo``).
+
+    Resuming (:mod:`kronos_mlflow.checkpoint`): ``run_id`` reattaches to the saved MLflow run
+    (``MLFLOW_RUN_ID``, when set, names the same run under ``mlflow run``) and
+    ``comet_experiment_key`` continues the saved Comet experiment. MLflow's spool (see
+    :class:`MLflowLogger`) goes to ``spool_dir``, by default ``{save_dir}/mlflow-spool``.
     """
     rank = int(getattr(rank, "rank", rank))
     if rank != 0:
@@ -804,21 +1296,27 @@ def build_logger(
     install_secret_filter()
     mode = comet_mode(config)
     run_name = str(config.get("run_name") or "") or None
+    if spool_dir is None and config.get("save_path") and config.get("tokenizer_save_folder_name"):
+        spool_dir = os.path.join(os.path.expanduser(str(config["save_path"])),
+                                 str(config["tokenizer_save_folder_name"]), "mlflow-spool")
     mlflow_logger = MLflowLogger(
         experiment_name=str(config.get("experiment_name") or "") or None,
         run_name=run_name,
         tags=mlflow_tags,
+        run_id=run_id,
+        spool_dir=spool_dir,
     )
     loggers: list[ExperimentLogger] = [mlflow_logger]
     if mode is not None:
-        comet = _start_comet(config, mode, run_name, mlflow_logger)
+        comet = _start_comet(config, mode, run_name, mlflow_logger, comet_experiment_key)
         if comet is not None:
             loggers.append(comet)
     return MultiLogger(loggers)
 
 
 def _start_comet(
-    config: Mapping[str, Any], mode: Literal["online", "offline"], run_name: str | None, mlflow_logger: MLflowLogger
+    config: Mapping[str, Any], mode: Literal["online", "offline"], run_name: str | None, mlflow_logger: MLflowLogger,
+    experiment_key: str | None = None,
 ) -> CometLogger | None:
     tag = str(config.get("comet_tag") or "")
     try:
@@ -829,6 +1327,7 @@ def _start_comet(
             experiment_name=str(config.get("comet_name") or "") or run_name,
             offline_directory=str(config.get("comet_offline_directory") or "") or None,
             tags=[tag] if tag else [],
+            experiment_key=experiment_key,
         )
     except Exception as exc:
         hint = ""

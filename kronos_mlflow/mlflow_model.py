@@ -15,6 +15,7 @@ normalises each window as training does (lookback statistics, clip), and returns
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import warnings
@@ -123,6 +124,25 @@ def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
     return np.stack([o, h, lo, close, vol, amt], axis=-1).astype(np.float32)
 
 
+@contextlib.contextmanager
+def _tracking_uri(uri: str):
+    """MLflow's fluent API on ``uri`` for a moment, then the process's previous setting back
+    (``set_tracking_uri`` is process-wide and also writes ``MLFLOW_TRACKING_URI``)."""
+    import mlflow
+
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
+
+
 def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0):
     """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` on the logger's MLflow run.
 
@@ -147,8 +167,8 @@ def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step:
     signature = infer_signature(x, expected)
     code_file = os.path.join(os.path.dirname(__file__), "pyfunc_model.py")
     package_dir = os.path.dirname(os.path.abspath(__file__))
-    mlflow.set_tracking_uri(mlflow_logger.tracking_uri)
-    with mlflow.start_run(run_id=mlflow_logger.run_id), warnings.catch_warnings():
+    with _tracking_uri(mlflow_logger.tracking_uri), mlflow.start_run(run_id=mlflow_logger.run_id), \
+            warnings.catch_warnings():
         # The signature is given explicitly; MLflow's advice to add type hints does not apply.
         warnings.filterwarnings("ignore", message=".*type hint.*")
         info = mlflow.pyfunc.log_model(
@@ -162,7 +182,8 @@ def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step:
             pip_requirements=_pip_requirements(),
             step=int(step),
         )
-    loaded = mlflow.pyfunc.load_model(info.model_uri)
+    with _tracking_uri(mlflow_logger.tracking_uri):
+        loaded = mlflow.pyfunc.load_model(info.model_uri)
     got = loaded.predict(x)
     if not np.array_equal(got["tokens"], expected["tokens"]) or not np.allclose(
         got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5
@@ -171,7 +192,8 @@ def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step:
     mlflow_logger.set_tags({"best_model_uri": info.model_uri})
     name = config.get("registered_model_name")
     if name:
-        version = mlflow.register_model(info.model_uri, name)
+        with _tracking_uri(mlflow_logger.tracking_uri):
+            version = mlflow.register_model(info.model_uri, name)
         mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
         info.registered_version = version.version  # type: ignore[attr-defined]
     return info

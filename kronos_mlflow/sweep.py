@@ -60,7 +60,11 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"search space file '{path}' does not exist") from None
-    except (UnicodeDecodeError, yaml.YAMLError):
+    except IsADirectoryError:
+        raise ConfigError(f"search space file '{path}' is a directory; expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"search space file '{path}' is not UTF-8 text; expected a YAML file") from None
+    except yaml.YAMLError:
         raise ConfigError(f"search space file '{path}' is not valid YAML") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"search space file '{path}' must map parameter names to ranges")

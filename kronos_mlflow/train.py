@@ -102,19 +102,112 @@ def build_model(config: Mapping[str, Any]):
     return KronosTokenizer(**cfg.model_kwargs(config))
 
 
-def compute_loss(model, x):
+def compute_loss(model, x, precision: str = "fp32"):
     """Upstream's objective. Returns (loss, parts) with parts as detached tensors.
 
     ``bsq_loss`` (commitment + entropy terms) is weighted like each reconstruction term; the
-    sum is halved so the scale matches upstream's logged numbers.
+    sum is halved so the scale matches upstream's logged numbers. ``precision`` is a resolved
+    one (:func:`kronos_mlflow.perf.resolve_precision`): ``bf16`` runs the forward under autocast;
+    the losses are always computed in float32.
     """
     import torch.nn.functional as F
 
-    (z_pre, z), bsq_loss, _, _ = model(x)
-    recon_pre = F.mse_loss(z_pre, x)
-    recon_all = F.mse_loss(z, x)
-    loss = (recon_pre + recon_all + bsq_loss) / 2
+    from .perf import autocast
+
+    with autocast(precision, x.device):
+        (z_pre, z), bsq_loss, _, _ = model(x)
+    recon_pre = F.mse_loss(z_pre.float(), x)
+    recon_all = F.mse_loss(z.float(), x)
+    loss = (recon_pre + recon_all + bsq_loss.float()) / 2
     return loss, {"bsq": bsq_loss.detach(), "recon_pre": recon_pre.detach(), "recon_all": recon_all.detach()}
+
+
+def train_step(model, optimizer, batch_x, config, precision: str | None = None):
+    """One optimizer step on ``batch_x`` (on the device), as upstream takes it.
+
+    ``accumulation_steps`` sub-batches (under DDP gradients are all-reduced on the last one
+    only), clip to ``grad_clip_norm``, AdamW step, gradients dropped. Returns ``(loss, parts)``:
+    the mean loss over the sub-batches and the last sub-batch's parts, all detached 0-d tensors
+    that are not read here, so a GPU is not synchronised (read them together, once).
+    """
+    import torch
+
+    from .perf import resolve_precision
+
+    if precision is None:
+        precision = resolve_precision(config["precision"], batch_x.device)
+    accum = config["accumulation_steps"]
+    sub = batch_x.shape[0] // accum
+    total = None
+    for j in range(accum):
+        x = batch_x[j * sub:(j + 1) * sub]
+        # Under DDP, gradients are all-reduced only on the last sub-batch.
+        sync = j == accum - 1 or not hasattr(model, "no_sync")
+        ctx = model.no_sync() if not sync else _nullcontext()
+        with ctx:
+            loss, parts = compute_loss(model, x, precision)
+            (loss / accum if accum > 1 else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config["grad_clip_norm"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (total / accum if accum > 1 else total), parts
+
+
+def configure_process(config, device, local_world_size: int | None = None, run_steps: int | None = None) -> dict:
+    """Per-process speed settings: intra-op threads (``num_threads``; 0 = CPUs / local
+    processes), one inter-op thread, and TF32 matmuls for bf16 runs on CUDA. Returns the
+    resolved settings (threads, precision, compile, AdamW kernel, fused layers)."""
+    from . import perf
+
+    threads = perf.configure_threads(config["num_threads"], local_world_size)
+    perf.configure_matmul(perf.resolve_precision(config["precision"], device), device)
+    return {**perf.describe(config, device, run_steps), **threads}
+
+
+def describe_speed_settings(config, device, run_steps: int | None = None) -> dict:
+    """The resolved speed settings of ``config`` on ``device`` (for logs and the benchmark)."""
+    from . import perf
+
+    return perf.describe(config, device, run_steps)
+
+
+def prepare_model(model, config, device, distributed: bool = False, run_steps: int | None = None):
+    """The model as training calls it: the fused path on or off (``fused_layers``), wrapped in
+    DDP when ``distributed``, then ``torch.compile``d when ``compile`` resolves to on (``auto``
+    on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run).
+    :func:`unwrap_model` gives the plain module back (for validation and checkpoints)."""
+    import torch
+
+    from .perf import compile_model, resolve_compile, resolve_fused
+
+    if hasattr(model, "set_fused"):
+        model.set_fused(resolve_fused(config["fused_layers"], device))
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        device = torch.device(device)
+        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        # The buffers (rotary frequencies, code bases) are constants: no per-forward sync.
+        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+            ddp_kwargs["forward_sync_buffers"] = False
+        else:
+            ddp_kwargs["broadcast_buffers"] = False
+        model = DDP(model, **ddp_kwargs)
+    if resolve_compile(config["compile"], device, run_steps):
+        model = compile_model(model, config["compile"])
+    return model
+
+
+def unwrap_model(model):
+    """The plain module under ``torch.compile`` and DDP wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif type(model).__name__ == "DistributedDataParallel" and hasattr(model, "module"):
+            model = model.module
+        else:
+            return model
 
 
 def _loader(ds, batch_size: int, indices=None, drop_last: bool = False, num_workers: int = 0, sampler=None):
@@ -135,12 +228,20 @@ def _loader(ds, batch_size: int, indices=None, drop_last: bool = False, num_work
     )
 
 
-def train_loader_for(ds, config, rank: int, world_size: int):
+def train_loader_for(ds, config, rank: int, world_size: int, device=None):
     """Each rank takes its own share of the epoch (DistributedSampler, no padding repeats).
 
     ``ds[i]`` is the epoch's i-th window, so sampling indices in order is already a shuffle.
+    On a CUDA ``device`` the windows are gathered and normalised on the GPU itself
+    (:class:`~kronos_mlflow.perf.DeviceWindowLoader`: same batches, same order), so the loader
+    never holds the GPU back; elsewhere it is the DataLoader.
     """
     from torch.utils.data.distributed import DistributedSampler
+
+    if device is not None and str(device).startswith("cuda"):
+        from .perf import DeviceWindowLoader
+
+        return DeviceWindowLoader(ds, config["batch_size"], device, rank, world_size, drop_last=True)
 
     sampler = None
     if world_size > 1:
@@ -154,8 +255,12 @@ def val_loader_for(ds, config, rank: int, world_size: int):
                    num_workers=config["num_workers"])
 
 
-def evaluate(model, loader, device) -> tuple[float, int]:
-    """Sum of per-batch MSE x batch size, and the sample count, on this rank."""
+def evaluate(model, loader, device, stats=None) -> tuple[float, int]:
+    """Sum of per-batch MSE x batch size, and the sample count, on this rank.
+
+    ``stats`` (a :class:`~kronos_mlflow.quality.ValidationStats`) also gathers codebook use and
+    per-feature errors from the same forward passes: still one pass over the data.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -165,9 +270,11 @@ def evaluate(model, loader, device) -> tuple[float, int]:
     with torch.no_grad():
         for batch in loader:
             x = batch[0].to(device, non_blocking=True)
-            (_, z), _, _, _ = model(x)
+            (z_pre, z), _, _, codes = model(x)
             total += F.mse_loss(z, x).item() * x.size(0)
             count += x.size(0)
+            if stats is not None:
+                stats.update(x, z_pre, z, codes)
     model.train(was_training)
     return total, count
 
@@ -179,11 +286,14 @@ def _progress(iterable, total, desc, enabled):
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
-def _global_val_loss(model, loader, device) -> float | None:
+def _global_val_loss(model, loader, device, stats=None) -> float | None:
+    """Validation MSE over every rank's samples; ``stats`` (if given) is summed over ranks too."""
     from .distributed import dist_sum
 
-    total, count = evaluate(model, loader, device)
+    total, count = evaluate(model, loader, device, stats)
     total, count = dist_sum([total, count])
+    if stats is not None:
+        stats.all_reduce()
     return total / count if count else None
 
 
@@ -207,10 +317,12 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     from .data import QlibDataset
     from .distributed import barrier, dist_sum
     from .loggers import NullLogger
+    from .quality import ValidationStats
+    from .quality import describe as describe_quality
 
     logger = logger if logger is not None else NullLogger()
     is_main = rank == 0
-    raw_model = model.module if hasattr(model, "module") else model
+    raw_model = unwrap_model(model)
 
     train_ds = QlibDataset("train", config)
     val_ds = QlibDataset("val", config)
@@ -224,7 +336,7 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
             f"no validation windows in {':'.join(config['val_time_range'])}: training runs without validation "
             "and keeps the last epoch as best_model", stacklevel=2
         )
-    train_loader = train_loader_for(train_ds, config, rank, world_size)
+    train_loader = train_loader_for(train_ds, config, rank, world_size, device)
     val_loader = val_loader_for(val_ds, config, rank, world_size)
     steps_per_epoch = len(train_loader)
     if steps_per_epoch == 0:
@@ -242,8 +354,10 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
         pct_start=0.03,
         div_factor=10,
     )
-    accum = config["accumulation_steps"]
     has_val = len(val_ds) > 0
+    from .perf import resolve_precision
+
+    precision = resolve_precision(config["precision"], device)
 
     initial = _global_val_loss(raw_model, val_loader, device) if has_val else None
     if initial is not None:
@@ -253,6 +367,7 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
 
     best_val_loss = math.inf
     best_epoch = -1
+    best_stats = None  # codebook use and per-feature errors at the best epoch (for the plots)
     history: list[float] = []
     global_step = 0
     model.train()
@@ -263,29 +378,19 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
         running = 0.0
         for batch_x, _ in _progress(train_loader, steps_per_epoch, f"epoch {epoch + 1}/{config['epochs']}", is_main):
             batch_x = batch_x.to(device, non_blocking=True)
-            sub = batch_x.shape[0] // accum
-            batch_loss = 0.0
-            for j in range(accum):
-                x = batch_x[j * sub:(j + 1) * sub]
-                # Under DDP, gradients are all-reduced only on the last sub-batch.
-                sync = j == accum - 1 or not hasattr(model, "no_sync")
-                ctx = model.no_sync() if not sync else _nullcontext()
-                with ctx:
-                    loss, parts = compute_loss(model, x)
-                    (loss / accum).backward()
-                batch_loss += loss.item()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config["grad_clip_norm"])
-            optimizer.step()
+            loss, parts = train_step(model, optimizer, batch_x, config, precision)
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            avg = batch_loss / accum
+            # One device read for the four numbers (one GPU sync per step, not four).
+            avg, bsq, recon_pre, recon_all = torch.stack(
+                [loss.float(), parts["bsq"].float(), parts["recon_pre"].float(), parts["recon_all"].float()]
+            ).tolist()
             running += avg
             logger.log_metrics(
                 {
                     "train_tokenizer_loss_batch": avg,
-                    "train_vqvae_vq_loss_each_batch": parts["bsq"].item(),
-                    "train_recon_loss_pre_each_batch": parts["recon_pre"].item(),
-                    "train_recon_loss_each_batch": parts["recon_all"].item(),
+                    "train_vqvae_vq_loss_each_batch": bsq,
+                    "train_recon_loss_pre_each_batch": recon_pre,
+                    "train_recon_loss_each_batch": recon_all,
                     "tokenizer_learning_rate": optimizer.param_groups[0]["lr"],
                 },
                 step=global_step,
@@ -294,13 +399,15 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
             if is_main and global_step % config["log_interval"] == 0:
                 print(f"[kronos] step {global_step}: loss={avg:.6f} lr={optimizer.param_groups[0]['lr']:.3e}", flush=True)
 
-        val_loss = _global_val_loss(raw_model, val_loader, device) if has_val else None
+        stats = ValidationStats.for_model(raw_model, device) if has_val else None
+        val_loss = _global_val_loss(raw_model, val_loader, device, stats) if has_val else None
+        quality_metrics = stats.metrics() if stats is not None else {}
         improved = False
         if val_loss is not None:
             history.append(val_loss)
-            logger.log_metrics({VAL_METRIC: val_loss}, step=epoch)
+            logger.log_metrics({VAL_METRIC: val_loss, **quality_metrics}, step=epoch)
             if val_loss < best_val_loss:
-                best_val_loss, best_epoch, improved = val_loss, epoch, True
+                best_val_loss, best_epoch, improved, best_stats = val_loss, epoch, True, stats
         else:
             best_epoch, improved = epoch, True
         if is_main and improved:
@@ -313,6 +420,8 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
                 + (" *saved*" if improved else ""),
                 flush=True,
             )
+            if quality_metrics:
+                print(f"[kronos]   {describe_quality(quality_metrics, stats.s1_bits, stats.s2_bits)}", flush=True)
         stop = bool(epoch_callback(epoch, val_loss)) if (is_main and epoch_callback) else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
@@ -327,9 +436,14 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
         "val_loss_history": history,
         "val_loss_initial": initial,
         "steps": global_step,
+        "best_val_quality": best_stats.metrics() if best_stats is not None else None,
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({"best_val_loss": best_val_loss}, step=best_epoch)
+    if is_main:  # PNGs under plots/ of the run, drawn from the best checkpoint
+        from .plots import log_validation_plots
+
+        log_validation_plots(logger, config, save_dir, val_ds if has_val else None, best_stats, best_epoch)
     return model, result
 
 
@@ -349,7 +463,10 @@ def build_optimizer(model, config, log: bool = False):
     """
     import torch
 
+    from .perf import adamw_kwargs, resolve_adamw
+
     params = [p for p in model.parameters() if p.requires_grad]
+    impl = resolve_adamw(config["adamw_impl"], params[0].device if params else torch.device("cpu"))
     wd = config["adam_weight_decay"]
     if config["weight_decay_scope"] == "matrices":
         decay = [p for p in params if p.dim() >= 2]
@@ -361,12 +478,13 @@ def build_optimizer(model, config, log: bool = False):
         sizes = ", ".join(
             f"{sum(p.numel() for p in g['params']):,} params at weight_decay {g['weight_decay']:g}" for g in groups
         )
-        print(f"[kronos] AdamW groups: {sizes}", flush=True)
+        print(f"[kronos] AdamW ({impl}) groups: {sizes}", flush=True)
     return torch.optim.AdamW(
         groups,
         lr=config["tokenizer_learning_rate"],
         betas=(config["adam_beta1"], config["adam_beta2"]),
         weight_decay=wd,
+        **adamw_kwargs(impl),
     )
 
 
@@ -426,17 +544,17 @@ def main(config: Mapping[str, Any]) -> dict:
         if info.is_main:
             _log_dataset(logger, config, digest)
 
-        model = build_model(config).to(info.device)
-        if info.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        from .perf import run_steps
 
-            ddp_kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
-            # The buffers (rotary frequencies, code bases) are constants: no per-forward sync.
-            if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
-                ddp_kwargs["forward_sync_buffers"] = False
-            else:
-                ddp_kwargs["broadcast_buffers"] = False
-            model = DDP(model, **ddp_kwargs)
+        steps = run_steps(config, info.world_size)
+        speed = configure_process(config, info.device, run_steps=steps)
+        if info.is_main:
+            print(f"[kronos] speed settings: {speed}", flush=True)
+        model = build_model(config).to(info.device)
+        from .tags import run_tags
+
+        logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit
+        model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
 
         reporter = None
         if info.is_main:

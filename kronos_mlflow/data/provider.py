@@ -236,7 +236,58 @@ def check_provider(path: Path, key: str = "qlib_data_path") -> Path:
         raise DataError(f"{key} '{path}' is not a Qlib provider directory (no instruments/*.txt); {_PROVIDER_HINT}")
     if not (path / FEATURES_DIR).is_dir():
         raise DataError(f"{key} '{path}' is not a Qlib provider directory (features/ is missing); {_PROVIDER_HINT}")
+    _check_calendar(path, key)
+    _check_feature_files(path, key)
     return path
+
+
+_MAX_CALENDAR_BYTES = 16 << 20  # a century of minute bars is far less
+
+
+def _check_calendar(path: Path, key: str) -> None:
+    """``calendars/day.txt`` is UTF-8 text with one date a line (Qlib's own errors name no file)."""
+    cal = path / CALENDAR_FILE
+    size = cal.stat().st_size
+    if size > _MAX_CALENDAR_BYTES:
+        raise DataError(f"{key} '{path}': {CALENDAR_FILE} is {size:,} bytes, too large for a calendar; {_PROVIDER_HINT}")
+    data = cal.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataError(f"{key} '{path}': {CALENDAR_FILE} is not UTF-8 text (line {line}); "
+                        "expected one YYYY-MM-DD date a line") from None
+    import datetime as _dt
+
+    for number, line in enumerate(text.splitlines(), start=1):
+        item = line.strip()
+        if not item:
+            continue
+        try:
+            _dt.date.fromisoformat(item[:10])
+        except ValueError:
+            shown = item if len(item) <= 40 else item[:37] + "..."
+            raise DataError(f"{key} '{path}': {CALENDAR_FILE} line {number} '{shown}' is not a date; "
+                            "expected one YYYY-MM-DD date a line") from None
+
+
+def _check_feature_files(path: Path, key: str) -> None:
+    """Every ``features/*/*.day.bin`` holds whole little-endian float32 values, at least the start
+    index (a stat each; Qlib would fail later with no file name)."""
+    features = path / FEATURES_DIR
+    with os.scandir(features) as it:
+        symbols = sorted(e.name for e in it if e.is_dir())
+    for sym in symbols:
+        with os.scandir(features / sym) as it:
+            for entry in sorted(it, key=lambda e: e.name):
+                if not entry.name.endswith(f".{FREQ}.bin"):
+                    continue
+                size = entry.stat().st_size
+                if size < 4 or size % 4:
+                    raise DataError(
+                        f"{key} '{path}': {FEATURES_DIR / sym / entry.name} is {size} bytes, not whole float32 values "
+                        "(truncated or not in Qlib's format); re-import or re-download that directory"
+                    )
 
 
 def list_instruments(path: Path) -> list[str]:
