@@ -671,6 +671,12 @@ def find_resumable(
         warnings.warn(f"{message}; starting a new run (its state will replace that one); "
                       "use another tokenizer_save_folder_name to keep it", stacklevel=2)
         return None
+    if state["next_epoch"] >= int(config["epochs"]):
+        # A run that finished is not resumed: the same command again trains anew.
+        if mode == "must":
+            raise CheckpointError(f"resume is must but the training state in '{state['directory']}' is complete "
+                                  f"({config['epochs']} epochs); raise epochs or set resume to auto")
+        return None
     return state
 
 

@@ -90,6 +90,9 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "comet_tag": ("finetune_demo", "Tag added to the Comet experiment (upstream's key)."),
     "comet_name": ("finetune_demo", "Comet experiment name (upstream's key)."),
     "nproc_per_node": (1, "Processes per node the launcher started (recorded as a param)."),
+    # ---- fault tolerance ----
+    "resume": ("auto", "Resume from {save_dir}/checkpoints/last: auto (when saved with the same config), "
+                       "never (start over; the state is replaced), or must (refuse to start without one)."),
 }
 
 DEFAULTS: dict[str, Any] = {k: v[0] for k, v in _SPEC.items()}
@@ -112,6 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fused_layers": ("auto", "on", "off"),
     "precision": ("auto", "fp32", "bf16"),
     "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
+    "resume": ("auto", "never", "must"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",

@@ -683,6 +683,10 @@ class MLflowLogger:
     def _drain_artifacts(self) -> bool:
         while self._pending_artifacts:
             path, artifact_path, is_copy = self._pending_artifacts[0]
+            if not os.path.exists(path):
+                log.warning("MLflow: artifact %s vanished before it could be sent; skipped", path)
+                self._pending_artifacts.pop(0)
+                continue
             fn = self.client.log_artifacts if os.path.isdir(path) else self.client.log_artifact
             if not self._try(fn, self.run_id, path, artifact_path):
                 return False
@@ -765,7 +769,7 @@ class MLflowLogger:
         from .spool import artifacts_dir
 
         base = artifacts_dir(self._spool_path())
-        slot = base / f"{len(self._pending_artifacts) + self._artifact_copies:04d}"
+        slot = base / f"{self._artifact_copies:04d}"  # a fresh slot per copy, never reused
         self._artifact_copies += 1
         slot.mkdir(parents=True, exist_ok=True)
         target = slot / os.path.basename(os.path.normpath(local_path))

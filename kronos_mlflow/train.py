@@ -201,11 +201,13 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
 
 def unwrap_model(model):
     """The plain module under ``torch.compile`` and DDP wrappers."""
+    from torch.nn.parallel import DistributedDataParallel
+
     while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif type(model).__name__ == "DistributedDataParallel" and hasattr(model, "module"):
+        if isinstance(model, DistributedDataParallel):
             model = model.module
+        elif "_orig_mod" in getattr(model, "_modules", {}):  # torch.compile's OptimizedModule
+            model = model._orig_mod
         else:
             return model
 
@@ -304,7 +306,8 @@ class TrainingPruned(Exception):
     """The sweep's pruner stopped this trial after an epoch; its metrics stay logged."""
 
 
-def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None):
+def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
+                resume_state=None, run_ids=None):
     """Train ``model`` (DDP-wrapped or plain) and keep the best checkpoint.
 
     Returns ``(model, {"best_val_loss": float})``. ``logger`` is an experiment logger on rank 0
@@ -359,19 +362,53 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
 
     precision = resolve_precision(config["precision"], device)
 
-    initial = _global_val_loss(raw_model, val_loader, device) if has_val else None
-    if initial is not None:
-        logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
-        if is_main:
-            print(f"[kronos] starting weights: val_loss={initial:.6f}", flush=True)
+    from . import checkpoint
 
     best_val_loss = math.inf
     best_epoch = -1
     best_stats = None  # codebook use and per-feature errors at the best epoch (for the plots)
     history: list[float] = []
     global_step = 0
+    start_epoch = 0
+    if resume_state is not None:
+        # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
+        state = checkpoint.load_training_state(resume_state["directory"], model=raw_model, optimizer=optimizer,
+                                               scheduler=scheduler, map_location=device, rank=rank)
+        start_epoch, global_step = state["next_epoch"], state["global_step"]
+        if state["best_val_loss"] is not None:
+            best_val_loss = state["best_val_loss"]
+        extra = state["extra"]
+        best_epoch = int(extra.get("best_epoch", -1))
+        history = list(extra.get("val_loss_history", []))
+        initial = extra.get("val_loss_initial")
+        if is_main:
+            print(f"[kronos] resuming after epoch {start_epoch}/{config['epochs']} (step {global_step}, "
+                  f"best val_loss {best_val_loss:.6f}) from {state['directory']}", flush=True)
+    else:
+        initial = _global_val_loss(raw_model, val_loader, device) if has_val else None
+        if initial is not None:
+            logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
+            if is_main:
+                print(f"[kronos] starting weights: val_loss={initial:.6f}", flush=True)
+    digest = checkpoint.config_digest(config, world_size=world_size)
+
+    def save_state(epoch: int) -> None:
+        rng_states = checkpoint.gather_rng_states()  # a collective: every rank
+        if is_main:
+            logger.persist()  # metrics of the steps this state says are done: sent or on disk
+            checkpoint.save_training_state(
+                checkpoint.state_dir(save_dir), model=raw_model, optimizer=optimizer, scheduler=scheduler,
+                epoch=epoch, global_step=global_step,
+                best_val_loss=best_val_loss if math.isfinite(best_val_loss) else None,
+                run_ids=run_ids or {}, config_digest=digest, config={**config, "world_size": world_size},
+                extra={"best_epoch": best_epoch, "val_loss_history": history, "val_loss_initial": initial},
+                rng_states=rng_states,
+            )
+
+    if resume_state is None:
+        save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
     model.train()
-    for epoch in range(config["epochs"]):
+    for epoch in range(start_epoch, config["epochs"]):
         t0 = time.time()
         train_ds.set_epoch_seed(epoch)
         val_ds.set_epoch_seed(0)
@@ -396,6 +433,13 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
                 step=global_step,
             )
             global_step += 1
+            if (os.environ.get("KRONOS_TEST_KILL_AT_STEP") == str(global_step)
+                    and rank == int(os.environ.get("KRONOS_TEST_KILL_RANK", "0"))
+                    and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+                # Tests only: a preemption mid-epoch, on the first attempt of the group only.
+                if is_main:
+                    logger.persist()  # the worst case: replayed steps already on the server
+                os.kill(os.getpid(), 9)
             if is_main and global_step % config["log_interval"] == 0:
                 print(f"[kronos] step {global_step}: loss={avg:.6f} lr={optimizer.param_groups[0]['lr']:.3e}", flush=True)
 
@@ -422,6 +466,9 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
             )
             if quality_metrics:
                 print(f"[kronos]   {describe_quality(quality_metrics, stats.s1_bits, stats.s2_bits)}", flush=True)
+        # The training state after this epoch (after best_model: a state never points at a best
+        # checkpoint that is not on disk).
+        save_state(epoch)
         stop = bool(epoch_callback(epoch, val_loss)) if (is_main and epoch_callback) else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
@@ -440,6 +487,16 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({"best_val_loss": best_val_loss}, step=best_epoch)
+    if has_val and best_stats is None and best_epoch >= 0:
+        # Resumed after the best epoch: its validation statistics are recomputed from best_model
+        # (every rank takes part: it is a collective).
+        from .model import KronosTokenizer
+
+        best_model = KronosTokenizer.from_pretrained(os.path.join(save_dir, "checkpoints", "best_model"),
+                                                     map_location=device)
+        best_stats = ValidationStats.for_model(best_model, device)
+        _global_val_loss(best_model, val_loader, device, best_stats)
+        result["best_val_quality"] = best_stats.metrics()
     if is_main:  # PNGs under plots/ of the run, drawn from the best checkpoint
         from .plots import log_validation_plots
 
@@ -528,11 +585,17 @@ def main(config: Mapping[str, Any]) -> dict:
     info = init_distributed(config["device"])
     seed_everything(config["seed"], info.rank)
     save_dir = save_dir_of(config)
+    resume_state = _find_resume_state(save_dir, config, info)  # every rank gets rank 0's answer
+    saved_ids = (resume_state or {}).get("run_ids") or {}
     logger = NullLogger()
     status, reason = "failed", None
     started = time.time()
     try:
-        logger = build_logger(config, info.rank)
+        logger = build_logger(config, info.rank, run_id=saved_ids.get("mlflow_run_id"),
+                              comet_experiment_key=saved_ids.get("comet_experiment_key"))
+        if resume_state is not None:
+            # Steps a killed attempt already sent are replayed identically: do not send them twice.
+            logger.skip_logged_steps()
         logger.log_hyperparams(run_params(config))
         if info.is_main:
             os.makedirs(os.path.join(save_dir, "checkpoints"), exist_ok=True)
@@ -561,8 +624,12 @@ def main(config: Mapping[str, Any]) -> dict:
             from .sweep import TrialReporter
 
             reporter = TrialReporter.from_env()
+        mlflow_logger, comet_logger = getattr(logger, "mlflow", None), getattr(logger, "comet", None)
+        run_ids = {"mlflow_run_id": getattr(mlflow_logger, "run_id", None),
+                   "comet_experiment_key": getattr(comet_logger, "experiment_key", None)}
         model, result = train_model(model, info.device, config, save_dir, logger if info.is_main else None,
-                                    info.rank, info.world_size, epoch_callback=reporter)
+                                    info.rank, info.world_size, epoch_callback=reporter,
+                                    resume_state=resume_state, run_ids=run_ids)
         if info.is_main:
             summary = {
                 "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -598,6 +665,27 @@ def main(config: Mapping[str, Any]) -> dict:
             teardown()
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def _find_resume_state(save_dir, config, info):
+    """Rank 0 looks for a training state (recovering ``last.old``); every rank gets its answer,
+    or the same one-line error (a rank that raised alone would leave the others waiting)."""
+    from . import checkpoint
+    from .distributed import broadcast_object
+
+    answer = None
+    if info.is_main:
+        try:
+            found = checkpoint.find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
+            answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
+        except UserError as exc:
+            answer = ("error", str(exc))
+    if info.distributed:
+        answer = broadcast_object(answer)
+    kind, value = answer
+    if kind == "error":
+        raise UserError(value)
+    return value
 
 
 def _log_dataset(logger, config, digest) -> None:

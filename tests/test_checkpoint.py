@@ -152,7 +152,7 @@ def test_saved_files_are_safetensors_and_json_only(tmp_path):
 
 
 def test_every_epoch_replaces_the_last_state(tmp_path):
-    config = _config()
+    config = _config(epochs=5)
     model, opt, sched = _build(config, 0)
     for epoch in range(3):
         _steps(model, opt, sched, config, 1)
@@ -402,9 +402,9 @@ def test_save_over_a_leftover_old_directory(saved):
     stale.mkdir()
     (stale / "junk").write_text("stale")
     model, opt, sched = _build(config, 0)
-    _save(directory, model, opt, sched, config, epoch=1, step=6)
+    _save(directory, model, opt, sched, config, epoch=0, step=3)
     assert sorted(p.name for p in directory.parent.iterdir()) == ["last"]
-    assert ckpt.find_resumable(save_dir, config)["epoch"] == 1
+    assert ckpt.find_resumable(save_dir, config)["epoch"] == 0
 
 
 def test_state_before_the_first_epoch(tmp_path):
@@ -420,3 +420,13 @@ def test_state_before_the_first_epoch(tmp_path):
     state = ckpt.load_training_state(found["directory"], model=m2, optimizer=o2, scheduler=s2, map_location="cpu")
     assert state["global_step"] == 0 and s2.last_epoch == 0
     assert all(torch.equal(a, b) for a, b in zip(m2.state_dict().values(), model.state_dict().values()))
+
+
+def test_a_complete_run_is_not_resumed(tmp_path):
+    """The same command after a finished run trains anew; resume must says why it cannot."""
+    config = _config(epochs=2)
+    model, opt, sched = _build(config, 0)
+    _save(ckpt.state_dir(tmp_path), model, opt, sched, config, epoch=1, step=2)
+    assert ckpt.find_resumable(tmp_path, config) is None
+    with pytest.raises(CheckpointError, match="complete"):
+        ckpt.find_resumable(tmp_path, config, mode="must")

@@ -323,7 +323,7 @@ def test_device_window_loader_equals_the_dataloader(small_market, tmp_path, worl
     """The CUDA loader's gather + normalise, run on CPU tensors, gives the DataLoader's batches."""
     from kronos_mlflow.data import QlibDataset
 
-    config = small_config(small_market, tmp_path / "ds", batch_size=7, n_train_iter=60)
+    config = small_config(small_market, tmp_path / "ds", batch_size=7, n_train_iter=61)  # odd: uneven ranks
     ds = QlibDataset("train", config, progress=False)
     for rank in range(world_size):
         for epoch in (0, 3):

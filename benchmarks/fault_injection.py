@@ -1,0 +1,210 @@
+"""Fault injection, end to end on CPU: preempted workers and a tracking server that goes away.
+
+    python benchmarks/fault_injection.py            # both scenarios, a table, --json for one line
+
+1. SIGKILL: a tiny model trains 3 epochs under ``torchrun --nproc_per_node 2 --max-restarts 2``;
+   one worker is killed with SIGKILL mid-epoch (rank 0 in epoch 2, then rank 1 in epoch 1 in a
+   second run). torchrun restarts the group, training resumes from the last checkpoint into
+   the same MLflow run. Compared with an uninterrupted run of the same seed: epochs, every
+   validation loss, best_val_loss, metric steps logged twice, metric steps missing.
+2. Outage: a tiny training logs to a real ``mlflow server`` on 127.0.0.1 (sqlite) that is
+   stopped (SIGTERM) mid-run and started again on the same port and database. Counted: metric
+   values delayed, lost, and logged twice.
+
+The kill comes from the trainer's test hook ``KRONOS_TEST_KILL_AT_STEP`` / ``KRONOS_TEST_KILL_RANK``
+(first attempt only), so it lands at a chosen step. torchrun needs
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for restarts to rendezvous again (torch 2.13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+STEP_METRICS = ("train_tokenizer_loss_batch", "train_vqvae_vq_loss_each_batch", "train_recon_loss_pre_each_batch",
+                "train_recon_loss_each_batch", "tokenizer_learning_rate")
+TINY = ["--d-model", "16", "--n-heads", "2", "--ff-dim", "32", "--n-enc-layers", "2", "--n-dec-layers", "2",
+        "--s1-bits", "4", "--s2-bits", "4", "--lookback-window", "20", "--predict-window", "5", "--batch-size", "8",
+        "--n-val-iter", "36", "--log-interval", "100000", "--qlib-data-path", "", "--comet", "off"]
+
+
+def _env(workdir: Path, tracking_uri: str, home: Path) -> dict:
+    env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri, KRONOS_MLFLOW_HOME=str(home), TQDM_DISABLE="1",
+               MLFLOW_DISABLE_TELEMETRY="true", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        env.pop(name, None)
+    return env
+
+
+def _run_metrics(tracking_uri: str) -> dict:
+    """The one run in the store: status, and per step metric the steps logged."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs(["0"])
+    out = {"runs": len(runs), "status": [r.info.status for r in runs], "steps": {}}
+    if runs:
+        run = runs[0]
+        for key in (*STEP_METRICS, "val_tokenizer_loss_epoch"):
+            out["steps"][key] = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+    return out
+
+
+def train_torchrun(workdir: Path, home: Path, kill_at_step: int | None = None, kill_rank: int = 0,
+                   epochs: int = 3) -> dict:
+    """One 2-process torchrun job in ``workdir`` (own MLflow store); returns its figures."""
+    from mlflow import MlflowClient
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    env = _env(workdir, uri, home)
+    MlflowClient(uri).search_experiments()  # create the store once, before two ranks race
+    if kill_at_step is not None:
+        env.update(KRONOS_TEST_KILL_AT_STEP=str(kill_at_step), KRONOS_TEST_KILL_RANK=str(kill_rank))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--max-restarts", "2", "-m", "kronos_mlflow.train", *TINY, "--n-train-iter", "64",
+           "--epochs", str(epochs), "--dataset-path", str(home / "cache"), "--save-path", str(workdir / "out")]
+    proc = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=900)
+    summary_path = workdir / "out" / "finetune_tokenizer_demo" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    result = summary.get("final_result", {})
+    return {"rc": proc.returncode, "restarts": proc.stderr.count("Restarting"),
+            "best_val_loss": result.get("best_val_loss"), "val_loss_history": result.get("val_loss_history"),
+            "global_steps": result.get("steps"), **_run_metrics(uri), "stderr_tail": proc.stderr[-1500:]}
+
+
+def _duplicates_and_missing(figures: dict, expected_steps: int, epochs: int) -> tuple[int, int]:
+    dup = missing = 0
+    for key, steps in figures["steps"].items():
+        want = set(range(epochs if key == "val_tokenizer_loss_epoch" else expected_steps))
+        dup += len(steps) - len(set(steps))
+        missing += len(want - set(steps))
+    return dup, missing
+
+
+def sigkill_scenario(base: Path, home: Path) -> dict:
+    epochs = 3
+    reference = train_torchrun(base / "uninterrupted", home, epochs=epochs)
+    if reference["rc"] != 0:
+        raise SystemExit(f"uninterrupted run failed:\n{reference['stderr_tail']}")
+    steps = reference["global_steps"]
+    rows = []
+    for name, step, rank in (("kill rank 0 mid-epoch 2", steps // epochs + 2, 0),
+                             ("kill rank 1 mid-epoch 1", 2, 1)):
+        figures = train_torchrun(base / name.replace(" ", "_"), home, kill_at_step=step, kill_rank=rank,
+                                 epochs=epochs)
+        dup, missing = _duplicates_and_missing(figures, steps, epochs)
+        ok = (figures["rc"] == 0 and figures["runs"] == 1 and figures["status"] == ["FINISHED"]
+              and figures["val_loss_history"] is not None and len(figures["val_loss_history"]) == epochs)
+        rel = (abs(figures["best_val_loss"] - reference["best_val_loss"]) / reference["best_val_loss"]
+               if ok else None)
+        rows.append({"scenario": name, "finished": ok, "mlflow_runs": figures["runs"], "epochs":
+                     len(figures["val_loss_history"] or []), "best_val_loss": figures["best_val_loss"],
+                     "reference_best_val_loss": reference["best_val_loss"], "best_rel_diff": rel,
+                     "val_history_equal": figures["val_loss_history"] == reference["val_loss_history"],
+                     "steps_logged_twice": dup, "steps_missing": missing})
+    return {"reference": {k: reference[k] for k in ("best_val_loss", "val_loss_history", "global_steps")},
+            "rows": rows}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(db: Path, artifacts: Path, port: int, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
+                             "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1"], stdout=open(log, "a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"mlflow server did not start: {log.read_text()[-1500:]}")
+
+
+def _stop_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def outage_scenario(base: Path, home: Path, down_s: float = 6.0) -> dict:
+    base.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    db, artifacts, log = base / "server.db", base / "artifacts", base / "server.log"
+    server = _start_server(db, artifacts, port, log)
+    env = _env(base, uri, home)
+    epochs, n_train = 4, 400
+    cmd = [sys.executable, "-m", "kronos_mlflow.train", *TINY, "--n-train-iter", str(n_train),
+           "--epochs", str(epochs), "--dataset-path", str(home / "cache"), "--save-path", str(base / "out")]
+    trainer = subprocess.Popen(cmd, env=env, cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Let training get going (its first metrics reach the server), then take the server away.
+        time.sleep(8)
+        _stop_server(server)
+        time.sleep(down_s)
+        server = _start_server(db, artifacts, port, log)
+        out, err = trainer.communicate(timeout=900)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    figures = _run_metrics(uri)
+    _stop_server(server)
+    steps = (n_train // 8) * epochs
+    dup, missing = _duplicates_and_missing(figures, steps, epochs)
+    delayed = 0
+    for line in (out + err).splitlines():
+        if "delayed" in line:
+            digits = [int(w) for w in line.replace(",", " ").split() if w.isdigit()]
+            delayed = digits[0] if digits else delayed
+    return {"scenario": f"server down {down_s:.0f} s mid-run", "trainer_rc": trainer.returncode,
+            "finished": figures["status"] == ["FINISHED"], "metrics_delayed": delayed, "metrics_lost": missing,
+            "steps_logged_twice": dup, **({} if trainer.returncode == 0 else {"stderr_tail": err[-2000:]})}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.add_argument("--skip-outage", action="store_true")
+    p.add_argument("--skip-sigkill", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fault-injection-") as tmp:
+        base, home = Path(tmp), Path(tmp) / "home"
+        report: dict = {}
+        if not args.skip_sigkill:
+            report["sigkill"] = sigkill_scenario(base / "sigkill", home)
+            for row in report["sigkill"]["rows"]:
+                print(f"{row['scenario']:<26} finished={row['finished']} runs={row['mlflow_runs']} "
+                      f"epochs={row['epochs']} best={row['best_val_loss']} ref={row['reference_best_val_loss']} "
+                      f"rel_diff={row['best_rel_diff']} history_equal={row['val_history_equal']} "
+                      f"twice={row['steps_logged_twice']} missing={row['steps_missing']}")
+        if not args.skip_outage:
+            report["outage"] = outage_scenario(base / "outage", home)
+            o = report["outage"]
+            print(f"{o['scenario']:<26} finished={o['finished']} delayed={o['metrics_delayed']} "
+                  f"lost={o['metrics_lost']} twice={o['steps_logged_twice']}")
+    if args.json:
+        print(json.dumps(report, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
