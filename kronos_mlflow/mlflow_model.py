@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -221,7 +222,19 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
         InputTag(key="val_time_range", value=":".join(config["val_time_range"])),
         InputTag(key="test_time_range", value=":".join(config["test_time_range"])),
     ]
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)])
+    entry = DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)
+    # Runs that start together (sweep workers) race to create the same dataset row; the loser
+    # gets a unique-constraint error, and once the row exists a retry links it.
+    for attempt in range(3):
+        try:
+            client.log_inputs(run_id, datasets=[entry])
+            return
+        except Exception as exc:  # noqa: BLE001 - store-specific errors
+            if attempt == 2:
+                warnings.warn(f"the dataset could not be recorded as the run's input ({str(exc).splitlines()[0]}); "
+                              "training continues", stacklevel=2)
+                return
+            time.sleep(0.5 * (attempt + 1))
 
 
 def load_checkpoint_dir(model_uri: str, dst: str | None = None) -> str:
