@@ -25,7 +25,9 @@ What it measures, all in one process:
   (Linux ``/proc/stat``); above a few percent the figures are noise, whatever the spread says.
 
 The fast path is whatever the config (defaults, or ``--config FILE.yaml`` / ``--set key=value``)
-gives: ``compile``, ``precision``, ``adamw_impl``, ``fused_layers``, ``num_threads``. Everything
+gives: ``compile``, ``precision``, ``adamw_impl``, ``fused_layers``, ``malloc_reuse``, ``num_threads``.
+Both paths run in one process, so each path's allocator setting is applied before its steps
+(see ``use_allocator``). Everything
 is written under a temporary directory (or ``--home``), never into the repository.
 """
 
@@ -43,7 +45,23 @@ import time
 from pathlib import Path
 
 # The config keys that select the plain fp32 path (see kronos_mlflow/config.py).
-PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off"}
+PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off", "malloc_reuse": "off"}
+
+#: glibc's own thresholds adapt upwards (mmap threshold up to 32 MiB, trim threshold twice it) as
+#: large blocks are freed; they cannot be restored once set, so a path with ``malloc_reuse`` off
+#: runs with their ceiling, which page-faults no more than glibc's defaults do (a conservative
+#: baseline for the fast path's ratio).
+GLIBC_ADAPTIVE_CEILING = (32 << 20, 64 << 20)
+
+
+def use_allocator(config) -> None:
+    """Before a path's steps: its ``malloc_reuse`` setting (both paths run in one process)."""
+    from kronos_mlflow import perf
+
+    if not hasattr(perf, "configure_malloc"):
+        return
+    if not perf.configure_malloc(config.get("malloc_reuse", "off")):
+        perf.set_malloc_thresholds(*GLIBC_ADAPTIVE_CEILING)
 
 
 def _sync(device) -> None:
@@ -129,6 +147,7 @@ class TrainPath:
         return avg
 
     def timed_steps(self, x, n: int, rewarm: bool = True) -> None:
+        use_allocator(self.config)
         if rewarm:  # the other path just ran: one untimed step brings this one's memory back
             self.step(x)
             _sync(self.device)
@@ -155,6 +174,7 @@ class TrainPath:
             optimizer=self.optimizer, max_lr=config["tokenizer_learning_rate"], steps_per_epoch=len(loader),
             epochs=1, pct_start=0.03, div_factor=10)
         ds.set_epoch_seed(epoch_seed)
+        use_allocator(config)
         samples = 0
         _sync(self.device)
         t0 = time.perf_counter()
@@ -285,6 +305,7 @@ def _bench(args, home: Path) -> int:
     setup_s: dict[str, float] = {}
     for name in paths:
         t0 = time.perf_counter()
+        use_allocator(fast_cfg if name == "fast" else plain_cfg)
         built[name] = TrainPath(name, fast_cfg if name == "fast" else plain_cfg, state, device)
         for _ in range(args.warmup):  # compile (when on) happens in the first step
             built[name].step(x)

@@ -97,7 +97,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # console and locations (the save directory itself is where the state lives)
     "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
     # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers
-    "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "device",
+    "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "malloc_reuse", "device",
     # recorded from the launcher; the real process count is passed as world_size
     "nproc_per_node",
     # the switch that decides whether to resume

@@ -71,6 +71,8 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "adamw_impl": ("auto", "AdamW kernel: auto (fused where torch has it, else foreach), fused, foreach, or for-loop."),
     "fused_layers": ("auto", "Stacked q/k/v and w1/w3 matmuls, one-pass rotary, one batched decoder pass (same numbers "
                              "to 1e-6): auto (on for CUDA, off on CPU, where it measured slower), on, or off."),
+    "malloc_reuse": ("auto", "Keep freed tensor memory in the process for the next step instead of returning it to "
+                             "the OS after every op (glibc): auto (on under glibc), on, or off (glibc's defaults)."),
     # ---- fresh-model architecture (used only when pretrained_tokenizer_path is empty) ----
     "d_model": (256, "Fresh model: hidden size."),
     "n_heads": (4, "Fresh model: attention heads."),
@@ -113,6 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "weight_decay_scope": ("all", "matrices"),
     "compile": ("auto", "on", "off"),
     "fused_layers": ("auto", "on", "off"),
+    "malloc_reuse": ("auto", "on", "off"),
     "precision": ("auto", "fp32", "bf16"),
     "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
     "resume": ("auto", "never", "must"),
@@ -123,7 +126,7 @@ _POSITIVE = (
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node",
 )
-_ON_OFF_KEYS = ("compile", "fused_layers")
+_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Sizes that would allocate absurd amounts of memory are refused up front.

@@ -17,6 +17,11 @@ measured fastest on a 2-core CPU, or what is standard for a GPU (not measured he
   foreach one where fused is unavailable.
 - ``fused_layers: auto`` -> the model's fused path (stacked projections, one batched decoder
   pass) on CUDA, where it halves kernel launches; off on CPU, where it measured 1-3% slower.
+- ``malloc_reuse: auto`` -> under glibc, freed tensor memory stays in the process for the next
+  step instead of going back to the OS. With glibc's defaults every large activation is an
+  ``mmap`` that is ``munmap``-ed when freed, so each step page-faults its whole working set in
+  again (about 150,000 faults per compiled base-model step, ~600 MB of zeroed pages); keeping it
+  measured 1.19x faster per compiled CPU step. The cost: the process keeps its peak memory.
 
 :class:`DeviceWindowLoader` gathers and normalises training windows on the device itself, so a
 GPU is never held back by host-side batching; it yields what ``QlibDataset`` + the DataLoader
@@ -66,6 +71,62 @@ def configure_threads(num_threads: int = 0, n_local_processes: int | None = None
         with contextlib.suppress(RuntimeError):  # "cannot set ... after parallel work has started"
             torch.set_num_interop_threads(1)
     return {"num_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+
+
+# ----------------------------------------------------------------------------------- allocator
+
+#: glibc ``mallopt`` parameters (malloc.h) and the values ``malloc_reuse`` sets: blocks up to
+#: 1 GiB come from the heap (not a fresh ``mmap`` each), and the heap's free top is never
+#: trimmed back to the OS (2 GiB - 1 is the largest value the int parameter takes).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+REUSE_MMAP_THRESHOLD = 1 << 30
+REUSE_TRIM_THRESHOLD = (1 << 31) - 1
+
+
+def _glibc():
+    """The process's C library through ctypes when it is glibc (has ``mallopt``), else None."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt  # noqa: B018 - raises AttributeError when missing
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def malloc_reuse_available() -> bool:
+    return _glibc() is not None
+
+
+def resolve_malloc_reuse(choice: str) -> bool:
+    """Whether to keep freed memory in the process for the config's ``malloc_reuse``."""
+    if choice == "off":
+        return False
+    if choice == "on" and not malloc_reuse_available():
+        raise ConfigError("malloc_reuse: on needs glibc's mallopt, which this platform's C library lacks; "
+                          "use malloc_reuse auto or off")
+    return malloc_reuse_available()
+
+
+def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Set glibc's mmap and trim thresholds (bytes). False where there is no glibc or it refused."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
+
+
+def configure_malloc(choice: str) -> bool:
+    """Apply ``malloc_reuse`` to this process; returns whether freed memory is now kept.
+    ``off`` leaves glibc's (adaptive) defaults alone."""
+    if not resolve_malloc_reuse(choice):
+        return False
+    return set_malloc_thresholds(REUSE_MMAP_THRESHOLD, REUSE_TRIM_THRESHOLD)
 
 
 # ----------------------------------------------------------------------------------- precision
@@ -220,6 +281,7 @@ def describe(config: Mapping[str, Any], device: torch.device, steps: int | None 
         "compile": resolve_compile(config["compile"], device, steps),
         "adamw_impl": resolve_adamw(config["adamw_impl"], device),
         "fused_layers": resolve_fused(config["fused_layers"], device),
+        "malloc_reuse": resolve_malloc_reuse(config.get("malloc_reuse", "off")),
         "num_threads": torch.get_num_threads(),
     }
 

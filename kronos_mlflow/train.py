@@ -161,6 +161,7 @@ def configure_process(config, device, local_world_size: int | None = None, run_s
     from . import perf
 
     threads = perf.configure_threads(config["num_threads"], local_world_size)
+    perf.configure_malloc(config["malloc_reuse"])
     perf.configure_matmul(perf.resolve_precision(config["precision"], device), device)
     return {**perf.describe(config, device, run_steps), **threads}
 

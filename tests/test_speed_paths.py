@@ -369,3 +369,59 @@ def test_normalisation_in_torch_matches_numpy():
     want = normalize_windows(raw, 30, 5.0)
     got = normalize_windows(torch.from_numpy(raw), 30, 5.0)
     torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-5, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------------- allocator
+
+_FAULTS_SCRIPT = r"""
+import json, resource, sys
+import torch
+from kronos_mlflow import perf, train
+from kronos_mlflow.config import load_config, model_kwargs
+from kronos_mlflow.model import KronosTokenizer
+
+config = load_config({"malloc_reuse": sys.argv[1], "compile": "off", "d_model": 64, "ff_dim": 128,
+                      "n_heads": 2, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4})
+settings = train.configure_process(config, torch.device("cpu"), local_world_size=1)
+torch.manual_seed(0)
+model = KronosTokenizer(**model_kwargs(config))
+optimizer = train.build_optimizer(model, config)
+x = torch.randn(64, 101, 6)  # activations of 64 x 101 x 128 floats: 3.3 MB, above glibc's mmap threshold
+for _ in range(4):  # the heap grows to the step's peak over the first few steps
+    train.train_step(model, optimizer, x, config)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+losses = [float(train.train_step(model, optimizer, x, config)[0]) for _ in range(3)]
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"reuse": settings["malloc_reuse"], "faults": faults, "losses": losses}))
+"""
+
+
+@pytest.mark.skipif(not perf.malloc_reuse_available(), reason="needs glibc (mallopt)")
+def test_malloc_reuse_stops_page_faulting_each_step():
+    """With ``malloc_reuse`` a step reuses the memory the last one freed: (almost) no fresh pages,
+    where glibc's defaults fault large activations in again every step. Same losses either way.
+    Each setting runs in its own process: mallopt is process-wide and glibc's adaptive defaults
+    cannot be restored once changed."""
+    import json
+    import subprocess
+    import sys
+
+    out = {}
+    for choice in ("off", "on"):
+        proc = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, choice], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[choice] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["off"]["reuse"] is False and out["on"]["reuse"] is True
+    assert out["on"]["losses"] == out["off"]["losses"]
+    assert out["off"]["faults"] > 1000, out
+    assert out["on"]["faults"] < out["off"]["faults"] / 10, out
+
+
+def test_malloc_reuse_choices():
+    assert load_config({})["malloc_reuse"] == "auto"
+    assert load_config({"malloc_reuse": False})["malloc_reuse"] == "off"
+    with pytest.raises(ConfigError, match="malloc_reuse"):
+        load_config({"malloc_reuse": "always"})
+    assert perf.resolve_malloc_reuse("off") is False
+    assert perf.resolve_malloc_reuse("auto") is perf.malloc_reuse_available()
