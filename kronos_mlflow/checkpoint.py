@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .fsutil import fsync_dir, fsync_file
 
 __all__ = [
     "STATE_NAME",
@@ -338,7 +339,7 @@ def save_training_state(
         for fname, tensors in ((MODEL_NAME, model_tensors), (OPTIMIZER_NAME, opt_tensors)):
             path = tmp / fname
             safetensors.torch.save_file(tensors, str(path), metadata={"format": "pt", "kind": fname})
-            _fsync_file(path)
+            fsync_file(path)
             files[fname] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
         state = {
             "format": FORMAT,
@@ -366,7 +367,7 @@ def save_training_state(
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _swap_in(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -383,14 +384,14 @@ def _swap_in(tmp: Path, final: Path) -> None:
             # A previous swap was interrupted after ``final`` came back: ``old`` is stale.
             shutil.rmtree(old)
         os.rename(final, old)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     elif old.exists():
         pass  # ``final`` was lost mid-swap; ``old`` stays until the new state is in place
     os.rename(tmp, final)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(parent)
+        fsync_dir(parent)
 
 
 def _remove_stale_temps(parent: Path, name: str) -> None:
@@ -417,7 +418,7 @@ def _recover(directory: Path) -> Path:
     if old.is_dir():
         try:
             os.rename(old, directory)
-            _fsync_dir(directory.parent)
+            fsync_dir(directory.parent)
         except FileNotFoundError:  # another rank recovered it first
             pass
         except OSError:
@@ -699,22 +700,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import CheckpointError, ConfigError, UserError
+from .fsutil import fsync_dir, fsync_file
 
 __all__ = [
     "BASE_CONFIG",
@@ -681,7 +682,7 @@ class KronosTokenizer(nn.Module):
             weights_tmp = _temp_path(directory, WEIGHTS_NAME)
             temps.append(weights_tmp)
             safetensors.torch.save_file(tensors, weights_tmp, metadata={"format": "pt"})
-            _fsync_file(weights_tmp)
+            fsync_file(weights_tmp)
             config_tmp = _temp_path(directory, CONFIG_NAME)
             temps.append(config_tmp)
             with open(config_tmp, "w", encoding="utf-8") as fh:
@@ -691,7 +692,7 @@ class KronosTokenizer(nn.Module):
             os.replace(weights_tmp, directory / WEIGHTS_NAME)
             os.replace(config_tmp, directory / CONFIG_NAME)
             temps.clear()
-            _fsync_dir(directory)
+            fsync_dir(directory)
         finally:
             for tmp in temps:
                 try:
@@ -768,22 +769,6 @@ def _temp_path(directory: Path, final_name: str) -> str:
     return path
 
 
-def _fsync_file(path: str) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike) -> Path:

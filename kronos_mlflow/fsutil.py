@@ -1,0 +1,28 @@
+"""Durable file writes: fsync a file or a directory entry (after a rename), best effort for
+directories (some filesystems refuse to open or sync them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file's data to disk."""
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Flush a directory's entries (renames, new files) to disk; silently skipped where the
+    platform or filesystem does not allow it."""
+    try:
+        fd = os.open(Path(directory), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
