@@ -90,16 +90,94 @@ def matmul_gflops(device, n: int = 2048, reps: int = 10) -> list[float]:
     return rates
 
 
-def flops_per_sample(model, x, compute_loss) -> float:
-    """Forward + loss + backward FLOPs of one batch, per sample (FlopCounterMode)."""
+def flops_per_sample(model, x, compute_loss) -> tuple[float, dict[str, float]]:
+    """Forward + loss + backward FLOPs of one batch, per sample (FlopCounterMode): the total and
+    the share of each operator kind (``matmul``: mm/addmm/bmm, ``attention``: the SDPA kernels)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops()) as counter:
         loss, _ = compute_loss(model, x)
         loss.backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / x.shape[0]
+    kinds: dict[str, float] = {}
+    for op, flops in counter.get_flop_counts().get("Global", {}).items():
+        kind = _op_kind(str(op))
+        kinds[kind] = kinds.get(kind, 0.0) + flops / x.shape[0]
+    return counter.get_total_flops() / x.shape[0], kinds
+
+
+def _cpu_attention_flops() -> dict:
+    """FLOP formulas for the CPU flash-attention kernels, which torch's counter leaves at zero.
+
+    torch's own SDPA formulas (the two batched matmuls forward, four backward), times the share
+    of scores a causal kernel computes, ``(T + 1) / 2T``, so that skipped masked blocks are not
+    counted as work done."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def causal_share(q_shape, is_causal) -> float:
+        t = q_shape[-2]
+        return (t + 1) / (2 * t) if is_causal else 1.0
+
+    def forward(query, key, value, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs) -> int:
+        return int(sdpa_flop_count(query, key, value) * causal_share(query, is_causal))
+
+    def backward(grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False, *args,
+                 out_shape=None, **kwargs) -> int:
+        return int(sdpa_backward_flop_count(grad_out, query, key, value) * causal_share(query, is_causal))
+
+    ops = torch.ops.aten
+    mapping = {}
+    if hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[ops._scaled_dot_product_flash_attention_for_cpu] = forward
+    if hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        mapping[ops._scaled_dot_product_flash_attention_for_cpu_backward] = backward
+    return mapping
+
+
+def _op_kind(name: str) -> str:
+    """Operator kind for the time and FLOP breakdowns: matmul, attention, optimizer, memory, fused or other."""
+    name = name.lower()
+    if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
+        return "attention"
+    if any(name.endswith(op) or f"{op}." in name or f"{op}_" in name for op in ("aten::mm", "aten.mm", "aten::addmm",
+                                                                                "aten.addmm", "aten::bmm", "aten.bmm")):
+        return "matmul"
+    if "adamw" in name or "vector_norm" in name or "optimizer" in name:
+        return "optimizer"
+    if name in ("aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::clone", "aten::contiguous"):
+        return "memory"
+    if name.startswith("graph_") or "cpp_fused" in name or "compiledfxgraph" in name:
+        return "fused"  # inductor's generated kernels (the graph call's self time when not profiled apart)
+    return "other"
+
+
+def time_breakdown(path, x, steps: int = 3) -> dict[str, float]:
+    """Share of one path's step time per operator kind (torch.profiler, self CPU time; ``fused``
+    is inductor's generated kernels, ``other`` everything else: eager elementwise ops, Python).
+    The profiler adds a little time per op: shares are what to read, not the seconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if path.device.type == "cuda" else [])
+    use_allocator(path.config)
+    path.step(x)
+    _sync(path.device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            path.step(x)
+        _sync(path.device)
+    wall = time.perf_counter() - t0
+    attr = "self_device_time_total" if path.device.type == "cuda" else "self_cpu_time_total"
+    times: dict[str, float] = {}
+    for ev in prof.key_averages():
+        kind = _op_kind(ev.key)
+        times[kind] = times.get(kind, 0.0) + getattr(ev, attr, 0.0) / 1e6
+    total = sum(times.values())
+    shares = {k: v / total for k, v in sorted(times.items(), key=lambda kv: -kv[1]) if total > 0}
+    return {"shares": shares, "seconds_per_step": {k: v / steps for k, v in times.items()},
+            "profiled_step_s": wall / steps}
 
 
 class TrainPath:
@@ -240,6 +318,8 @@ def main(argv=None) -> int:
     p.add_argument("--qlib-data-path", default="", help="Qlib directory for the epoch (default: the demo market)")
     p.add_argument("--home", default=None, help="KRONOS_MLFLOW_HOME and dataset_path root (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--breakdown", action="store_true",
+                   help="profile a few steps per path: time share per operator kind, matmul efficiency")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = p.parse_args(argv)
     if args.home:
@@ -298,7 +378,8 @@ def _bench(args, home: Path) -> int:
     counter_model = KronosTokenizer(**model_kwargs(fast_cfg)).to(device)
     counter_model.load_state_dict(state)
     counter_model.train()
-    results["flops_per_sample"] = flops_per_sample(counter_model, x, train.compute_loss)
+    results["flops_per_sample"], results["flops_per_sample_by_kind"] = flops_per_sample(counter_model, x,
+                                                                                         train.compute_loss)
     del counter_model
 
     built: dict[str, TrainPath] = {}
@@ -363,6 +444,17 @@ def _bench(args, home: Path) -> int:
             per_path[name]["epoch_samples_per_s_all"] = rates[name]
             per_path[name]["epoch_other_processes_cpu_share"] = max(shares[name]) if shares[name] else None
             per_path[name]["epoch_vs_step"] = per_path[name]["epoch_samples_per_s"] / per_path[name]["step_samples_per_s"]
+    if args.breakdown:
+        mm_flops_step = results["flops_per_sample_by_kind"].get("matmul", 0.0) * args.batch_size
+        for name in paths:
+            bd = time_breakdown(built[name], x)
+            mm_s = bd["seconds_per_step"].get("matmul", 0.0)
+            bd["matmul_fraction_of_matmul_figure"] = (mm_flops_step / mm_s / 1e9 / results["matmul_gflops"]
+                                                      if mm_s > 0 else None)
+            # the step's fraction if everything but its matmuls took no time: this model's ceiling
+            bd["fraction_if_only_matmuls"] = (flops_step / mm_s / 1e9 / results["matmul_gflops"]
+                                              if mm_s > 0 else None)
+            per_path[name]["breakdown"] = bd
     results["per_path"] = per_path
 
     main_path = paths[0]
@@ -413,10 +505,23 @@ def _print_table(r: dict, args) -> None:
     if r.get("other_processes_cpu_share") is not None:
         print(f"{'other processes CPU share while timing steps':46s} {r['other_processes_cpu_share']:14.3f}"
               "   (noise: above ~0.05 the machine was shared)")
+    kinds = r.get("flops_per_sample_by_kind") or {}
+    if kinds:
+        print(f"{'  of which':46s} " + ", ".join(f"{k} {v / r['flops_per_sample']:.1%}" for k, v in
+                                                  sorted(kinds.items(), key=lambda kv: -kv[1])))
     if "step_speedup_vs_plain" in r:
         print(f"{'fast / plain, step samples/s':46s} {r['step_speedup_vs_plain']:14.3f}")
     if "epoch_speedup_vs_plain" in r:
         print(f"{'fast / plain, epoch samples/s':46s} {r['epoch_speedup_vs_plain']:14.3f}")
+    for name in r["paths"]:
+        bd = r["per_path"][name].get("breakdown")
+        if not bd:
+            continue
+        print(f"{name} step by operator kind (profiled, {bd['profiled_step_s']:.3f} s/step): " + ", ".join(
+            f"{k} {v:.1%}" for k, v in bd["shares"].items()))
+        if bd["matmul_fraction_of_matmul_figure"] is not None:
+            print(f"  its matmuls run at {bd['matmul_fraction_of_matmul_figure']:.3f} of the matmul figure; "
+                  f"with everything else free the step would be at {bd['fraction_if_only_matmuls']:.3f}")
 
 
 if __name__ == "__main__":
