@@ -3,13 +3,18 @@
     python benchmarks/bench_train.py                        # CPU (or CUDA when present), batch 50
     python benchmarks/bench_train.py --baseline --json      # fast path and plain path, one run
     python benchmarks/bench_train.py --plain --steps 5      # the plain fp32 path only
+    python benchmarks/bench_train.py --baseline --breakdown # + where each path's step time goes
 
 What it measures, all in one process:
 
-- ``matmul``: fp32 ``(N x N) @ (N x N)`` GFLOP/s on the device (N = 2048): the ceiling the
-  training step is compared with (measured before and after the runs; the median is reported).
+- ``matmul``: fp32 ``(N x N) @ (N x N)`` GFLOP/s on the device (N = 2048), with the process's
+  threads: the ceiling the training step is compared with. Measured at the start, at the start
+  of every round of timed steps, and at the end; the step's ``fraction_of_matmul`` is the median
+  over rounds of (that round's step FLOP/s / that round's matmul figure), since a shared
+  machine's speed drifts over minutes.
 - ``flops/sample``: forward + loss + backward of the configured tokenizer at window length
-  ``lookback + predict + 1``, counted with ``torch.utils.flop_counter.FlopCounterMode``.
+  ``lookback + predict + 1``, counted with ``torch.utils.flop_counter.FlopCounterMode`` (with
+  formulas for the CPU flash-attention kernels, which it leaves at zero; causal share only).
 - ``step``: samples/s of one full optimizer step (forward, loss, backward, clip, AdamW step,
   zero_grad) on a fixed batch, median over ``--steps`` timed steps (after ``--warmup`` ones).
   With ``--baseline`` the plain fp32 path (no fusions, for-loop AdamW, no compile: the code path
@@ -20,15 +25,21 @@ What it measures, all in one process:
   on the demo market (or ``--qlib-data-path``), the loader ``train.py`` builds for the device, the
   same step, the one-cycle scheduler and the per-step loss read-back, timed from the first batch
   request to the last step. ``--epoch-steps`` batches per epoch (n_train_iter = batch x steps);
-  ``--epochs`` epochs per path, interleaved between the paths, median reported.
+  ``--epochs`` epochs per path, interleaved between the paths, median reported. Each epoch
+  follows three timed steps of the same path, and ``epoch / step`` is the median of the
+  back-to-back ratios.
+- ``--breakdown``: a few profiled steps per path (``torch.profiler``): the share of the step in
+  matmuls, attention, inductor's fused kernels, copies, the optimizer and the rest; how fast
+  the matmuls themselves run against the matmul figure; and the fraction the step would reach
+  if everything but its matmuls took no time (the ceiling for this model on this machine).
 - ``other processes' CPU share``: how much of the machine other processes used while timing
   (Linux ``/proc/stat``); above a few percent the figures are noise, whatever the spread says.
 
 The fast path is whatever the config (defaults, or ``--config FILE.yaml`` / ``--set key=value``)
 gives: ``compile``, ``precision``, ``adamw_impl``, ``fused_layers``, ``malloc_reuse``, ``num_threads``.
 Both paths run in one process, so each path's allocator setting is applied before its steps
-(see ``use_allocator``). Everything
-is written under a temporary directory (or ``--home``), never into the repository.
+(see ``use_allocator``). Everything is written under a temporary directory (or ``--home``),
+never into the repository.
 """
 
 from __future__ import annotations
@@ -398,44 +409,64 @@ def _bench(args, home: Path) -> int:
     if hasattr(train, "describe_speed_settings"):
         results["resolved"] = {name: train.describe_speed_settings(built[name].config, device) for name in paths}
 
-    # Timed steps, interleaved round by round so both paths see the same machine.
+    # Timed steps, interleaved round by round so both paths see the same machine, each round
+    # opening with its own matmul figure: a shared machine's speed drifts over minutes, so each
+    # round's steps are compared with the ceiling measured next to them.
     per_round = max(1, -(-args.steps // max(args.rounds, 1)))
     done = 0
+    rounds: list[dict] = []
     with OtherLoad() as load:
         while done < args.steps:
             n = min(per_round, args.steps - done)
+            round_mm = matmul_gflops(device, args.matmul_size, reps=5)
+            mm += round_mm
+            entry = {"matmul_gflops": _median(round_mm), "step_s": {}}
             for name in paths:
+                before = len(built[name].step_times)
                 built[name].timed_steps(x, n, rewarm=len(paths) > 1)
+                entry["step_s"][name] = _median(built[name].step_times[before:])
+            rounds.append(entry)
             done += n
     results["other_processes_cpu_share"] = load.share
     mm += matmul_gflops(device, args.matmul_size)
     results["matmul_gflops"] = _median(mm)
     results["matmul_gflops_min_max"] = [min(mm), max(mm)]
+    results["rounds"] = rounds
 
     flops_step = results["flops_per_sample"] * args.batch_size
     per_path = {}
     for name in paths:
         med = _median(built[name].step_times)
+        fractions = [flops_step / r["step_s"][name] / 1e9 / r["matmul_gflops"] for r in rounds]
         per_path[name] = {
             "step_s_median": med,
             "step_s_min_max": [min(built[name].step_times), max(built[name].step_times)],
             "step_samples_per_s": args.batch_size / med,
             "achieved_gflops": flops_step / med / 1e9,
-            "fraction_of_matmul": flops_step / med / 1e9 / results["matmul_gflops"],
+            # median over rounds of (the round's step FLOP/s / the round's matmul figure)
+            "fraction_of_matmul": _median(fractions),
+            "fraction_of_matmul_min_max": [min(fractions), max(fractions)],
         }
 
-    # Whole epochs, through the data pipeline, interleaved too.
+    # Whole epochs, through the data pipeline, interleaved too; each preceded by a few steps of
+    # the same path on the fixed batch, so epoch / step compares figures taken back to back.
     if args.epoch_steps > 0:
         from kronos_mlflow.data import prepare_splits
 
         prepare_splits(fast_cfg, progress=False)
         rates: dict[str, list[float]] = {name: [] for name in paths}
+        ratios: dict[str, list[float]] = {name: [] for name in paths}
         shares: dict[str, list[float]] = {name: [] for name in paths}
-        for e in range(max(1, args.epochs)):  # interleaved too: fast, plain, fast, plain, ...
+        for e in range(max(1, args.epochs)):  # fast, plain, fast, plain, ...
             for name in paths:
+                before = len(built[name].step_times)
+                built[name].timed_steps(x, 3, rewarm=len(paths) > 1)
+                near_step = args.batch_size / _median(built[name].step_times[before:])
+                del built[name].step_times[before:]
                 with OtherLoad() as load:
                     seconds, samples = built[name].epoch(built[name].config, epoch_seed=e)
                 rates[name].append(samples / seconds)
+                ratios[name].append(samples / seconds / near_step)
                 if load.share is not None:
                     shares[name].append(load.share)
                 per_path[name]["epoch_samples"] = samples
@@ -443,17 +474,18 @@ def _bench(args, home: Path) -> int:
             per_path[name]["epoch_samples_per_s"] = _median(rates[name])
             per_path[name]["epoch_samples_per_s_all"] = rates[name]
             per_path[name]["epoch_other_processes_cpu_share"] = max(shares[name]) if shares[name] else None
-            per_path[name]["epoch_vs_step"] = per_path[name]["epoch_samples_per_s"] / per_path[name]["step_samples_per_s"]
+            per_path[name]["epoch_vs_step"] = _median(ratios[name])
+            per_path[name]["epoch_vs_step_all"] = ratios[name]
     if args.breakdown:
         mm_flops_step = results["flops_per_sample_by_kind"].get("matmul", 0.0) * args.batch_size
         for name in paths:
+            near_mm = _median(matmul_gflops(device, args.matmul_size, reps=5))
             bd = time_breakdown(built[name], x)
             mm_s = bd["seconds_per_step"].get("matmul", 0.0)
-            bd["matmul_fraction_of_matmul_figure"] = (mm_flops_step / mm_s / 1e9 / results["matmul_gflops"]
-                                                      if mm_s > 0 else None)
+            bd["matmul_gflops_near"] = near_mm
+            bd["matmul_fraction_of_matmul_figure"] = mm_flops_step / mm_s / 1e9 / near_mm if mm_s > 0 else None
             # the step's fraction if everything but its matmuls took no time: this model's ceiling
-            bd["fraction_if_only_matmuls"] = (flops_step / mm_s / 1e9 / results["matmul_gflops"]
-                                              if mm_s > 0 else None)
+            bd["fraction_if_only_matmuls"] = flops_step / mm_s / 1e9 / near_mm if mm_s > 0 else None
             per_path[name]["breakdown"] = bd
     results["per_path"] = per_path
 
@@ -492,10 +524,12 @@ def _print_table(r: dict, args) -> None:
         f"{'%.3f..%.3f' % tuple(r['per_path'][n]['step_s_min_max']):>14s}" for n in r["paths"]))
     row("step samples/s (median)", "step_samples_per_s", ".2f")
     row("achieved GFLOP/s", "achieved_gflops", ".1f")
-    row("fraction of the matmul figure", "fraction_of_matmul", ".3f")
+    row("fraction of the matmul figure (median of rounds)", "fraction_of_matmul", ".3f")
+    print(f"{'  min .. max over rounds':46s} " + " ".join(
+        f"{'%.3f..%.3f' % tuple(r['per_path'][n]['fraction_of_matmul_min_max']):>14s}" for n in r["paths"]))
     if args.epoch_steps > 0:
         row(f"epoch samples/s (data + steps), median of {args.epochs}", "epoch_samples_per_s", ".2f")
-        row("epoch / step", "epoch_vs_step", ".3f")
+        row("epoch / step (each epoch vs steps just before)", "epoch_vs_step", ".3f")
         row("  other processes' CPU share, worst epoch", "epoch_other_processes_cpu_share", ".3f")
     row_s = r["setup_and_warmup_s"]
     print(f"{'setup + warm-up steps (s)':46s} " + " ".join(f"{row_s[n]:14.1f}" for n in r["paths"]))
@@ -520,7 +554,8 @@ def _print_table(r: dict, args) -> None:
         print(f"{name} step by operator kind (profiled, {bd['profiled_step_s']:.3f} s/step): " + ", ".join(
             f"{k} {v:.1%}" for k, v in bd["shares"].items()))
         if bd["matmul_fraction_of_matmul_figure"] is not None:
-            print(f"  its matmuls run at {bd['matmul_fraction_of_matmul_figure']:.3f} of the matmul figure; "
+            print(f"  its matmuls run at {bd['matmul_fraction_of_matmul_figure']:.3f} of the matmul figure "
+                  f"({bd['matmul_gflops_near']:.0f} GFLOP/s, measured just before); "
                   f"with everything else free the step would be at {bd['fraction_if_only_matmuls']:.3f}")
 
 
