@@ -425,3 +425,39 @@ def test_malloc_reuse_choices():
         load_config({"malloc_reuse": "always"})
     assert perf.resolve_malloc_reuse("off") is False
     assert perf.resolve_malloc_reuse("auto") is perf.malloc_reuse_available()
+
+
+# ----------------------------------------------------------------------------------- the benchmark
+
+
+def test_bench_train_reports_what_it_promises(tmp_path):
+    """``benchmarks/bench_train.py`` on a tiny model: the JSON line has the issue's keys with
+    sane values, both paths, the per-round figures and the breakdown. Nothing is timed here."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train.py"
+    tiny = ["d_model=32", "ff_dim=64", "n_heads=2", "n_enc_layers=2", "n_dec_layers=2", "s1_bits=4", "s2_bits=4",
+            "compile=off"]
+    cmd = [sys.executable, str(bench), "--baseline", "--breakdown", "--steps", "2", "--rounds", "2", "--warmup", "1",
+           "--epoch-steps", "2", "--epochs", "1", "--batch-size", "8", "--matmul-size", "256", "--device", "cpu",
+           "--home", str(tmp_path), "--json", *[a for kv in tiny for a in ("--set", kv)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("matmul_gflops", "flops_per_sample", "step_samples_per_s", "epoch_samples_per_s",
+                "fraction_of_matmul"):
+        assert isinstance(r[key], float) and r[key] > 0, key
+    assert r["paths"] == ["fast", "plain"] and len(r["rounds"]) == 2
+    assert set(r["flops_per_sample_by_kind"]) == {"matmul", "attention"}  # CPU flash attention is counted
+    assert abs(sum(r["flops_per_sample_by_kind"].values()) - r["flops_per_sample"]) < 1
+    for name in r["paths"]:
+        path = r["per_path"][name]
+        assert path["epoch_samples"] == 16
+        assert abs(sum(path["breakdown"]["shares"].values()) - 1) < 1e-6
+        assert path["breakdown"]["shares"]["matmul"] > 0
+    assert r["resolved"]["plain"]["adamw_impl"] == "for-loop" and r["resolved"]["plain"]["malloc_reuse"] is False
+    assert "fraction of the matmul figure" in proc.stdout
+    assert list(tmp_path.iterdir()) and not (Path(__file__).resolve().parents[1] / "processed").exists()
