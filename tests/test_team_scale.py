@@ -15,15 +15,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+import tiny_runs
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
-    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
-    "log_interval": 1000,
-}
+# each test sets epochs itself
+TINY = {k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}
 
 
 def _free_port() -> int:
