@@ -214,6 +214,7 @@ class TrainPath:
         self.optimizer = train.build_optimizer(model, config)
         self.scheduler = None
         self.step_times: list[float] = []
+        self.step_faults: list[int] = []  # minor page faults of the process per timed step
         self._torch = torch
 
     def step(self, x) -> float:
@@ -242,10 +243,12 @@ class TrainPath:
             _sync(self.device)
         for _ in range(n):
             _sync(self.device)
+            faults = _minor_faults()
             t0 = time.perf_counter()
             self.step(x)
             _sync(self.device)
             self.step_times.append(time.perf_counter() - t0)
+            self.step_faults.append(_minor_faults() - faults)
 
     def epoch(self, config: dict, epoch_seed: int = 0, rank: int = 0, world_size: int = 1) -> tuple[float, int]:
         """One training epoch as train_model runs it (no validation): (seconds, samples)."""
@@ -306,6 +309,16 @@ class OtherLoad:
         own = end[2] - self._start[2]
         self.share = max(0.0, min(1.0, (busy - own) / max(busy + idle, 1e-9)))
         return False
+
+
+def _minor_faults() -> int:
+    """The process's minor page faults so far (0 where getrusage has no such count)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, OSError):
+        return 0
 
 
 def _median(xs):
@@ -442,6 +455,7 @@ def _bench(args, home: Path) -> int:
             "step_s_median": med,
             "step_s_min_max": [min(built[name].step_times), max(built[name].step_times)],
             "step_samples_per_s": args.batch_size / med,
+            "minor_page_faults_per_step": _median(built[name].step_faults),
             "achieved_gflops": flops_step / med / 1e9,
             # median over rounds of (the round's step FLOP/s / the round's matmul figure)
             "fraction_of_matmul": _median(fractions),
@@ -462,7 +476,7 @@ def _bench(args, home: Path) -> int:
                 before = len(built[name].step_times)
                 built[name].timed_steps(x, 3, rewarm=len(paths) > 1)
                 near_step = args.batch_size / _median(built[name].step_times[before:])
-                del built[name].step_times[before:]
+                del built[name].step_times[before:], built[name].step_faults[before:]
                 with OtherLoad() as load:
                     seconds, samples = built[name].epoch(built[name].config, epoch_seed=e)
                 rates[name].append(samples / seconds)
@@ -523,6 +537,7 @@ def _print_table(r: dict, args) -> None:
     print(f"{'  min .. max (s)':46s} " + " ".join(
         f"{'%.3f..%.3f' % tuple(r['per_path'][n]['step_s_min_max']):>14s}" for n in r["paths"]))
     row("step samples/s (median)", "step_samples_per_s", ".2f")
+    row("minor page faults per step (median)", "minor_page_faults_per_step", ".0f")
     row("achieved GFLOP/s", "achieved_gflops", ".1f")
     row("fraction of the matmul figure (median of rounds)", "fraction_of_matmul", ".3f")
     print(f"{'  min .. max over rounds':46s} " + " ".join(

@@ -340,29 +340,56 @@ class TrialFailed(Exception):
     """A trial's training process failed; the trial is FAIL and the sweep continues."""
 
 
-def _champion(client, study, registered_model_name: str) -> str | None:
-    """Register the best trial's model (once) and move the alias ``champion`` to it."""
-    import mlflow
+def _champion(client, study, registered_model_name: str, attempts: int = 8) -> str | None:
+    """Register the best trial's model (once) and move the alias ``champion`` to it.
 
-    best = study.best_trial
-    run_id = best.user_attrs.get("mlflow_run_id")
-    if not run_id:
-        return None
-    uri = client.get_run(run_id).data.tags.get("best_model_uri")
-    if not uri:
-        return None
+    Several sweep workers finish at about the same time on a shared study: two may register
+    the same run, or set the alias at the same moment (the tracking store then refuses one with
+    a unique-constraint error). So the alias always goes to the run's lowest version, a refused
+    call is retried after a short random pause, and the study's best is read again afterwards:
+    if another worker's trial has become the best in the meantime, the alias follows it.
+    """
+    import random
+
+    from mlflow.exceptions import MlflowException
+
     version = None
+    for attempt in range(attempts):
+        best = study.best_trial  # read from the storage each time
+        run_id = best.user_attrs.get("mlflow_run_id")
+        if not run_id:
+            return None
+        uri = client.get_run(run_id).data.tags.get("best_model_uri")
+        if not uri:
+            return None
+        try:
+            version = _model_version_of(client, registered_model_name, run_id)
+            if version is None:
+                import mlflow
+
+                mlflow.register_model(uri, registered_model_name)
+                version = _model_version_of(client, registered_model_name, run_id)
+            client.set_registered_model_alias(registered_model_name, "champion", version)
+        except MlflowException as exc:
+            if attempt == attempts - 1:
+                raise
+            print(f"[sweep] setting the champion alias was refused ({str(exc).splitlines()[0][:160]}); retrying",
+                  flush=True)
+            time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
+            continue
+        if study.best_trial.number == best.number:
+            return str(version)
+    return str(version) if version is not None else None
+
+
+def _model_version_of(client, registered_model_name: str, run_id: str) -> str | None:
+    """The lowest version of ``registered_model_name`` made from ``run_id``, if any."""
     try:
-        for mv in client.search_model_versions(f"name='{registered_model_name}'"):
-            if mv.run_id == run_id:
-                version = mv.version
-                break
+        versions = [int(mv.version) for mv in client.search_model_versions(f"name='{registered_model_name}'")
+                    if mv.run_id == run_id]
     except Exception:  # noqa: BLE001 - the registered model may not exist yet
-        version = None
-    if version is None:
-        version = mlflow.register_model(uri, registered_model_name).version
-    client.set_registered_model_alias(registered_model_name, "champion", version)
-    return str(version)
+        return None
+    return str(min(versions)) if versions else None
 
 
 def _plots(study, out_dir: Path) -> list[Path]:

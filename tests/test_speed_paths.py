@@ -383,25 +383,35 @@ from kronos_mlflow.model import KronosTokenizer
 config = load_config({"malloc_reuse": sys.argv[1], "compile": "off", "d_model": 64, "ff_dim": 128,
                       "n_heads": 2, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4})
 settings = train.configure_process(config, torch.device("cpu"), local_world_size=1)
+
+# A 64 MiB block: above glibc's largest adaptive mmap threshold (32 MiB), so with its defaults
+# every allocation is a fresh mmap whose pages fault in when first written.
+import ctypes
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+faults = []
+for _ in range(5):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
 torch.manual_seed(0)
 model = KronosTokenizer(**model_kwargs(config))
 optimizer = train.build_optimizer(model, config)
-x = torch.randn(64, 101, 6)  # activations of 64 x 101 x 128 floats: 3.3 MB, above glibc's mmap threshold
-for _ in range(4):  # the heap grows to the step's peak over the first few steps
-    train.train_step(model, optimizer, x, config)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+x = torch.randn(64, 101, 6)
 losses = [float(train.train_step(model, optimizer, x, config)[0]) for _ in range(3)]
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 print(json.dumps({"reuse": settings["malloc_reuse"], "faults": faults, "losses": losses}))
 """
 
 
 @pytest.mark.skipif(not perf.malloc_reuse_available(), reason="needs glibc (mallopt)")
-def test_malloc_reuse_stops_page_faulting_each_step():
-    """With ``malloc_reuse`` a step reuses the memory the last one freed: (almost) no fresh pages,
-    where glibc's defaults fault large activations in again every step. Same losses either way.
-    Each setting runs in its own process: mallopt is process-wide and glibc's adaptive defaults
-    cannot be restored once changed."""
+def test_malloc_reuse_keeps_freed_memory_for_the_next_allocation():
+    """With ``malloc_reuse`` a large block freed and allocated again reuses the same pages (no
+    fresh page faults), where glibc's defaults map and fault it in anew every time. Training
+    gives the same losses either way. Each setting runs in its own process: mallopt is
+    process-wide and glibc's adaptive defaults cannot be restored once changed."""
     import json
     import subprocess
     import sys
@@ -413,9 +423,16 @@ def test_malloc_reuse_stops_page_faulting_each_step():
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[choice] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["off"]["reuse"] is False and out["on"]["reuse"] is True
+    pages = (64 << 20) // resource_page_size()
+    assert all(f > pages // 2 for f in out["off"]["faults"][1:]), out  # every time: a new mapping
+    assert all(f < pages // 100 for f in out["on"]["faults"][1:]), out  # after the first: reused
     assert out["on"]["losses"] == out["off"]["losses"]
-    assert out["off"]["faults"] > 1000, out
-    assert out["on"]["faults"] < out["off"]["faults"] / 10, out
+
+
+def resource_page_size() -> int:
+    import resource
+
+    return resource.getpagesize()
 
 
 def test_malloc_reuse_choices():
