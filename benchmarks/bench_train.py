@@ -4,6 +4,7 @@
     python benchmarks/bench_train.py --baseline --json      # fast path and plain path, one run
     python benchmarks/bench_train.py --plain --steps 5      # the plain fp32 path only
     python benchmarks/bench_train.py --baseline --breakdown # + where each path's step time goes
+    python benchmarks/bench_train.py --device cuda --largest-batch --json  # GPU: batch 50 and the largest
 
 What it measures, all in one process:
 
@@ -59,17 +60,21 @@ from pathlib import Path
 PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off", "malloc_reuse": "off"}
 
 #: glibc's own thresholds adapt upwards (mmap threshold up to 32 MiB, trim threshold twice it) as
-#: large blocks are freed; they cannot be restored once set, so a path with ``malloc_reuse`` off
-#: runs with their ceiling, which page-faults no more than glibc's defaults do (a conservative
-#: baseline for the fast path's ratio).
+#: large blocks are freed, and cannot be restored once set. When one path of a run keeps freed
+#: memory (``malloc_reuse``) and the other does not, the other runs with those ceilings (the
+#: plain path still faults ~30 k pages per step there). Runs whose paths all have it off leave
+#: glibc untouched. Note that this benchmark's own 2048^2 matmul warms glibc's adaptive
+#: thresholds up before any step, which a training process does not do: the page faults a
+#: training run saves are better read from ``/usr/bin/time -v`` on ``kronos_mlflow.train``.
 GLIBC_ADAPTIVE_CEILING = (32 << 20, 64 << 20)
+_MIXED_ALLOCATORS = False  # set by _bench: whether the paths differ in malloc_reuse
 
 
 def use_allocator(config) -> None:
-    """Before a path's steps: its ``malloc_reuse`` setting (both paths run in one process)."""
+    """Before a path's steps: its ``malloc_reuse`` setting, when the run's paths differ in it."""
     from kronos_mlflow import perf
 
-    if not hasattr(perf, "configure_malloc"):
+    if not _MIXED_ALLOCATORS or not hasattr(perf, "configure_malloc"):
         return
     if not perf.configure_malloc(config.get("malloc_reuse", "off")):
         perf.set_malloc_thresholds(*GLIBC_ADAPTIVE_CEILING)
@@ -311,6 +316,40 @@ class OtherLoad:
         return False
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device running out of memory."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
+
+
+def largest_batch(fits, start: int, limit: int) -> int:
+    """The largest batch size in [start, limit] for which ``fits(batch)`` is True, assuming
+    that fitting is monotone: doubling from ``start`` until one fails, then bisecting. Returns
+    0 when not even ``start`` fits."""
+    if start < 1 or limit < start:
+        raise ValueError(f"need 1 <= start <= limit, got start {start}, limit {limit}")
+    if not fits(start):
+        return 0
+    good, bad = start, None
+    while bad is None:
+        nxt = min(good * 2, limit)
+        if nxt == good:
+            return good
+        if fits(nxt):
+            good = nxt
+        else:
+            bad = nxt
+    while bad - good > max(1, good // 32):  # to within ~3%: each try costs a few steps
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
 def _minor_faults() -> int:
     """The process's minor page faults so far (0 where getrusage has no such count)."""
     try:
@@ -342,6 +381,9 @@ def main(argv=None) -> int:
     p.add_argument("--qlib-data-path", default="", help="Qlib directory for the epoch (default: the demo market)")
     p.add_argument("--home", default=None, help="KRONOS_MLFLOW_HOME and dataset_path root (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--largest-batch", action="store_true",
+                   help="also find the largest batch whose step fits in device memory and time epochs at it")
+    p.add_argument("--max-batch-size", type=int, default=65536, help="upper end of the --largest-batch search")
     p.add_argument("--breakdown", action="store_true",
                    help="profile a few steps per path: time share per operator kind, matmul efficiency")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
@@ -372,8 +414,15 @@ def _bench(args, home: Path) -> int:
     fast_cfg = load_config(overrides, path=args.config)
     has_fast = all(k in cfg.DEFAULTS for k in PLAIN)
     plain_cfg = load_config({**overrides, **(PLAIN if has_fast else {})}, path=args.config)
+    global _MIXED_ALLOCATORS
+    from kronos_mlflow import perf
+
+    both_paths = has_fast and args.baseline and not args.plain
+    if both_paths and hasattr(perf, "resolve_malloc_reuse"):
+        _MIXED_ALLOCATORS = len({perf.resolve_malloc_reuse(c["malloc_reuse"]) for c in (fast_cfg, plain_cfg)}) > 1
     if has_fast and hasattr(train, "configure_process"):
-        settings = train.configure_process(fast_cfg, device, local_world_size=1)
+        # the process settings of the first path that runs (plain only: glibc stays untouched)
+        settings = train.configure_process(plain_cfg if args.plain else fast_cfg, device, local_world_size=1)
         threads = {k: settings[k] for k in ("num_threads", "interop_threads")}
     else:
         threads = {"num_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
@@ -501,6 +550,8 @@ def _bench(args, home: Path) -> int:
             # the step's fraction if everything but its matmuls took no time: this model's ceiling
             bd["fraction_if_only_matmuls"] = flops_step / mm_s / 1e9 / near_mm if mm_s > 0 else None
             per_path[name]["breakdown"] = bd
+    if args.largest_batch:
+        results["largest_batch"] = _largest_batch_epochs(args, built[paths[0]], fast_cfg, window, device)
     results["per_path"] = per_path
 
     main_path = paths[0]
@@ -517,6 +568,49 @@ def _bench(args, home: Path) -> int:
     if args.json:
         print(json.dumps(results, default=str))
     return 0
+
+
+def _largest_batch_epochs(args, path: TrainPath, config: dict, window: int, device) -> dict:
+    """The largest batch one step of ``path`` fits at (two steps, so the optimizer state is
+    there), then epochs of ``--epoch-steps`` batches at that size: samples/s, median."""
+    import torch
+
+    def fits(batch: int) -> bool:
+        try:
+            x = torch.randn(batch, window, 6, device=device).clamp_(-5, 5)
+            for _ in range(2):
+                path.step(x)
+            _sync(device)
+            return True
+        except Exception as exc:  # noqa: BLE001 - only running out of memory means "does not fit"
+            if not is_out_of_memory(exc):
+                raise
+            return False
+        finally:
+            x = None  # noqa: F841
+            path.optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    batch = largest_batch(fits, args.batch_size, args.max_batch_size)
+    out: dict = {"batch_size": batch}
+    if batch == 0:
+        return out
+    from kronos_mlflow.config import load_config
+
+    steps = max(args.epoch_steps, 2)
+    cfg = load_config({**config, "batch_size": batch, "n_train_iter": batch * steps})
+    from kronos_mlflow.data import prepare_splits
+
+    prepare_splits(cfg, progress=False)
+    rates = []
+    for e in range(max(1, args.epochs)):
+        seconds, samples = path.epoch(cfg, epoch_seed=e)
+        rates.append(samples / seconds)
+    out.update({"epoch_samples_per_s": _median(rates), "epoch_samples_per_s_all": rates,
+                "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
+                                    if device.type == "cuda" else None)})
+    return out
 
 
 def _print_table(r: dict, args) -> None:
@@ -562,6 +656,11 @@ def _print_table(r: dict, args) -> None:
         print(f"{'fast / plain, step samples/s':46s} {r['step_speedup_vs_plain']:14.3f}")
     if "epoch_speedup_vs_plain" in r:
         print(f"{'fast / plain, epoch samples/s':46s} {r['epoch_speedup_vs_plain']:14.3f}")
+    lb = r.get("largest_batch")
+    if lb:
+        rate = lb.get("epoch_samples_per_s")
+        print(f"{'largest batch that fits (fast path)':46s} {lb['batch_size']:14d}"
+              + (f"   epoch samples/s there {rate:.1f}" if rate else ""))
     for name in r["paths"]:
         bd = r["per_path"][name].get("breakdown")
         if not bd:

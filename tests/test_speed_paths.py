@@ -478,3 +478,32 @@ def test_bench_train_reports_what_it_promises(tmp_path):
     assert r["resolved"]["plain"]["adamw_impl"] == "for-loop" and r["resolved"]["plain"]["malloc_reuse"] is False
     assert "fraction of the matmul figure" in proc.stdout
     assert list(tmp_path.iterdir()) and not (Path(__file__).resolve().parents[1] / "processed").exists()
+
+
+@pytest.mark.parametrize("capacity", [0, 49, 50, 51, 777, 4096, 10_000])
+def test_largest_batch_search(capacity):
+    """The GPU batch search: the largest size that fits, to within ~3%, never one that does not,
+    and few tries (each costs a couple of optimizer steps on the device)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_train", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tried = []
+
+    def fits(batch):
+        tried.append(batch)
+        return batch <= capacity
+
+    got = bench.largest_batch(fits, 50, 8192)
+    if capacity < 50:
+        assert got == 0
+    else:
+        assert got <= min(capacity, 8192) and got >= min(capacity, 8192) * 0.96
+    assert len(tried) <= 16
+    assert bench.is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not bench.is_out_of_memory(RuntimeError("shape mismatch"))
+    with pytest.raises(ValueError, match="start"):
+        bench.largest_batch(fits, 0, 10)
