@@ -152,17 +152,21 @@ def _cpu_attention_flops() -> dict:
     return mapping
 
 
+_MATMUL_OPS = {"aten.mm", "aten.addmm", "aten.bmm"}
+_MEMORY_OPS = {"aten.copy_", "aten.fill_", "aten.zero_", "aten.cat", "aten.clone", "aten.contiguous"}
+
+
 def _op_kind(name: str) -> str:
-    """Operator kind for the time and FLOP breakdowns: matmul, attention, optimizer, memory, fused or other."""
-    name = name.lower()
+    """Operator kind for the time and FLOP breakdowns: matmul, attention, optimizer, memory, fused or other.
+    ``name`` is a profiler key (``aten::mm``) or a FLOP counter key (``aten.mm``)."""
+    name = name.lower().replace("::", ".").removesuffix(".default")
     if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
         return "attention"
-    if any(name.endswith(op) or f"{op}." in name or f"{op}_" in name for op in ("aten::mm", "aten.mm", "aten::addmm",
-                                                                                "aten.addmm", "aten::bmm", "aten.bmm")):
+    if name in _MATMUL_OPS:
         return "matmul"
     if "adamw" in name or "vector_norm" in name or "optimizer" in name:
         return "optimizer"
-    if name in ("aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::clone", "aten::contiguous"):
+    if name in _MEMORY_OPS:
         return "memory"
     if name.startswith("graph_") or "cpp_fused" in name or "compiledfxgraph" in name:
         return "fused"  # inductor's generated kernels (the graph call's self time when not profiled apart)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .errors import short_reason
 from .fsutil import fsync_dir, fsync_file
 
 __all__ = [
@@ -264,7 +265,7 @@ def restore_rng_state(state: Mapping[str, Any], where: str = "training state") -
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 - any malformed field is a damaged state
-        raise CheckpointError(f"{where}: the saved random-number-generator state is malformed ({_short(exc)})") from None
+        raise CheckpointError(f"{where}: the saved random-number-generator state is malformed ({short_reason(exc)})") from None
     if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
         torch.cuda.set_rng_state_all(
             [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone() for s in cuda]
@@ -443,14 +444,14 @@ def read_training_state(directory: str | os.PathLike, *, verify: bool = True) ->
             "delete that directory to start over, or set resume to never"
         ) from None
     except OSError as exc:
-        raise CheckpointError(f"training state file '{state_path}' cannot be read ({_short(exc)})") from None
+        raise CheckpointError(f"training state file '{state_path}' cannot be read ({short_reason(exc)})") from None
     if size > _MAX_STATE_BYTES:
         raise CheckpointError(f"training state file '{state_path}' is {size:,} bytes, too large to be ours; "
                               "delete that directory to start over")
     try:
         raw = state_path.read_bytes()
     except OSError as exc:
-        raise CheckpointError(f"training state file '{state_path}' cannot be read ({_short(exc)})") from None
+        raise CheckpointError(f"training state file '{state_path}' cannot be read ({short_reason(exc)})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -516,7 +517,7 @@ def _read_tensors(path: Path, map_location) -> dict[str, Any]:
     try:
         return load_file(str(path), device=str(map_location) if map_location is not None else "cpu")
     except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError...: a bad file
-        raise CheckpointError(f"tensor file '{path}' cannot be read ({_short(exc)}); it is truncated or damaged: "
+        raise CheckpointError(f"tensor file '{path}' cannot be read ({short_reason(exc)}); it is truncated or damaged: "
                               "delete that directory to start over") from None
 
 
@@ -578,7 +579,7 @@ def load_training_state(
     try:
         optimizer.load_state_dict(opt_state)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"{where}: the optimizer state does not fit this optimizer ({_short(exc)})") from None
+        raise CheckpointError(f"{where}: the optimizer state does not fit this optimizer ({short_reason(exc)})") from None
     if scheduler is not None:
         unknown = sorted(set(sched_state) - set(scheduler.state_dict()))
         if unknown:
@@ -701,12 +702,6 @@ def _sha256(path: Path) -> str:
 
 
 
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _torch_version() -> str:

@@ -28,3 +28,12 @@ class CheckpointError(UserError, ValueError):
 
 class DataError(UserError, ValueError):
     """A Qlib directory, CSV file or data split cannot be used."""
+
+
+def short_reason(exc: BaseException, limit: int = 200) -> str:
+    """``Type: message`` of an exception on one line, cut to ``limit`` characters, for the
+    parenthesis of a one-line user message."""
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

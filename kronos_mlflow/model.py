@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import CheckpointError, ConfigError, UserError
+from .errors import short_reason
 from .fsutil import fsync_dir, fsync_file
 
 __all__ = [
@@ -725,7 +726,7 @@ class KronosTokenizer(nn.Module):
             loaded = safetensors.torch.load_file(str(weights_path), device="cpu")
         except Exception as exc:  # noqa: BLE001 - any read failure is a bad file
             raise CheckpointError(
-                f"weights file '{weights_path}' cannot be read ({_short(exc)}); it may be truncated or corrupt: "
+                f"weights file '{weights_path}' cannot be read ({short_reason(exc)}); it may be truncated or corrupt: "
                 "save or download it again"
             ) from None
         for name, tensor in loaded.items():
@@ -746,7 +747,7 @@ class KronosTokenizer(nn.Module):
         try:
             model.load_state_dict(loaded, strict=True)
         except RuntimeError as exc:  # names and shapes were checked; this is a safety net
-            raise CheckpointError(f"weights file '{weights_path}' does not fit config.json ({_short(exc)})") from None
+            raise CheckpointError(f"weights file '{weights_path}' does not fit config.json ({short_reason(exc)})") from None
         model.eval()
         return model.to(map_location)
 
@@ -755,12 +756,6 @@ class KronosTokenizer(nn.Module):
 # Checkpoint helpers
 # --------------------------------------------------------------------------------------------
 
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _temp_path(directory: Path, final_name: str) -> str:
@@ -798,7 +793,7 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike) -> Path:
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network, bad id: all the same to the user
         raise CheckpointError(
             f"'{raw}' is not a local directory and the Hugging Face hub id could not be reached "
-            f"({_short(exc, 120)}); {_download_hint(raw)}"
+            f"({short_reason(exc, 120)}); {_download_hint(raw)}"
         ) from None
     resolved = Path(snapshot)
     if not resolved.is_dir():
@@ -833,7 +828,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     except CheckpointError:
         raise
     except OSError as exc:
-        raise CheckpointError(f"config file '{path}' cannot be read ({_short(exc)})") from None
+        raise CheckpointError(f"config file '{path}' cannot be read ({short_reason(exc)})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -882,7 +877,7 @@ def _check_weights_header(path: Path, expected: Mapping[str, tuple[list[int], to
                 header[name] = (list(sl.get_shape()), sl.get_dtype())
     except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError, ...: all a bad file
         raise CheckpointError(
-            f"weights file '{path}' cannot be read ({_short(exc)}); it may be truncated or corrupt: "
+            f"weights file '{path}' cannot be read ({short_reason(exc)}); it may be truncated or corrupt: "
             "save or download it again"
         ) from None
     missing = [n for n in expected if n not in header]

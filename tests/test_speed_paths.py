@@ -17,7 +17,7 @@ import torch
 from data_helpers import small_config, small_market  # noqa: F401
 
 from kronos_mlflow import perf, train
-from kronos_mlflow.config import load_config, model_kwargs
+from kronos_mlflow.config import load_config
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.model import BASE_CONFIG, KronosTokenizer
 
@@ -413,6 +413,7 @@ def test_malloc_reuse_keeps_freed_memory_for_the_next_allocation():
     gives the same losses either way. Each setting runs in its own process: mallopt is
     process-wide and glibc's adaptive defaults cannot be restored once changed."""
     import json
+    import resource
     import subprocess
     import sys
 
@@ -423,16 +424,10 @@ def test_malloc_reuse_keeps_freed_memory_for_the_next_allocation():
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[choice] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["off"]["reuse"] is False and out["on"]["reuse"] is True
-    pages = (64 << 20) // resource_page_size()
+    pages = (64 << 20) // resource.getpagesize()
     assert all(f > pages // 2 for f in out["off"]["faults"][1:]), out  # every time: a new mapping
     assert all(f < pages // 100 for f in out["on"]["faults"][1:]), out  # after the first: reused
     assert out["on"]["losses"] == out["off"]["losses"]
-
-
-def resource_page_size() -> int:
-    import resource
-
-    return resource.getpagesize()
 
 
 def test_malloc_reuse_choices():
