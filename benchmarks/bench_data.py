@@ -171,7 +171,7 @@ def _bench(args, home: Path) -> int:
     ]
     for k, v in rates.items():
         rows.append((f"DataLoader {k}, median of {args.epochs} (win/s)", f"{v['median']:,.0f}"))
-        rows.append((f"  min .. max", f"{v['min']:,.0f} .. {v['max']:,.0f}"))
+        rows.append(("  min .. max", f"{v['min']:,.0f} .. {v['max']:,.0f}"))
     rows += [
         ("reference: ds[i] one at a time (win/s)", f"{results['per_sample_getitem_windows_per_s']:,.0f}"),
         ("reference: upstream-style pandas (win/s)", f"{results['upstream_style_pandas_windows_per_s']:,.0f}"),

@@ -206,21 +206,21 @@ class TrainPath:
     def __init__(self, name: str, config: dict, state: dict, device, world_size: int = 1):
         import torch
 
-        from kronos_mlflow import train
+        from kronos_mlflow import optim, trainer
         from kronos_mlflow.config import model_kwargs
         from kronos_mlflow.model import KronosTokenizer
 
         self.name = name
         self.config = config
         self.device = device
-        self.train = train
+        self.trainer = trainer
         model = KronosTokenizer(**model_kwargs(config))
         model.load_state_dict(state)
         model = model.to(device)
         model.train()
         self.raw_model = model
-        self.model = train.prepare_model(model, config, device) if hasattr(train, "prepare_model") else model
-        self.optimizer = train.build_optimizer(model, config)
+        self.model = trainer.prepare_model(model, config, device)
+        self.optimizer = optim.build_optimizer(model, config)
         self.scheduler = None
         self.step_times: list[float] = []
         self.step_faults: list[int] = []  # minor page faults of the process per timed step
@@ -228,19 +228,11 @@ class TrainPath:
 
     def step(self, x) -> float:
         """One optimizer step on ``x`` (already on the device); returns the loss as a float."""
-        train, config = self.train, self.config
-        if hasattr(train, "train_step"):
-            loss, parts = train.train_step(self.model, self.optimizer, x, config)
-            # what train_model does with them: one read of the four numbers for the logger
-            avg = self._torch.stack([loss.float(), parts["bsq"].float(), parts["recon_pre"].float(),
-                                     parts["recon_all"].float()]).tolist()[0]
-        else:  # the training loop of train.py before train_step existed
-            loss, _ = train.compute_loss(self.model, x)
-            loss.backward()
-            avg = loss.item()
-            self._torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=config["grad_clip_norm"])
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        config = self.config
+        loss, parts = self.trainer.train_step(self.model, self.optimizer, x, config)
+        # what the training loop does with them: one read of the four numbers for the logger
+        avg = self._torch.stack([loss.float(), parts["bsq"].float(), parts["recon_pre"].float(),
+                                 parts["recon_all"].float()]).tolist()[0]
         if self.scheduler is not None:
             self.scheduler.step()
         return avg
@@ -264,13 +256,10 @@ class TrainPath:
         import torch
 
         from kronos_mlflow.data import QlibDataset
+        from kronos_mlflow.data.loaders import train_loader_for
 
-        train = self.train
         ds = QlibDataset("train", config, progress=False)
-        if "device" in train.train_loader_for.__code__.co_varnames:
-            loader = train.train_loader_for(ds, config, rank, world_size, device=self.device)
-        else:
-            loader = train.train_loader_for(ds, config, rank, world_size)
+        loader = train_loader_for(ds, config, rank, world_size, device=self.device)
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer=self.optimizer, max_lr=config["tokenizer_learning_rate"], steps_per_epoch=len(loader),
             epochs=1, pct_start=0.03, div_factor=10)
@@ -405,7 +394,7 @@ def _bench(args, home: Path) -> int:
     import torch
 
     from kronos_mlflow import config as cfg
-    from kronos_mlflow import train
+    from kronos_mlflow import trainer
     from kronos_mlflow.config import load_config, model_kwargs
     from kronos_mlflow.distributed import resolve_device
     from kronos_mlflow.model import KronosTokenizer
@@ -424,9 +413,9 @@ def _bench(args, home: Path) -> int:
     both_paths = has_fast and args.baseline and not args.plain
     if both_paths and hasattr(perf, "resolve_malloc_reuse"):
         _MIXED_ALLOCATORS = len({perf.resolve_malloc_reuse(c["malloc_reuse"]) for c in (fast_cfg, plain_cfg)}) > 1
-    if has_fast and hasattr(train, "configure_process"):
+    if has_fast:
         # the process settings of the first path that runs (plain only: glibc stays untouched)
-        settings = train.configure_process(plain_cfg if args.plain else fast_cfg, device, local_world_size=1)
+        settings = perf.configure_process(plain_cfg if args.plain else fast_cfg, device, local_world_size=1)
         threads = {k: settings[k] for k in ("num_threads", "interop_threads")}
     else:
         threads = {"num_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
@@ -456,7 +445,7 @@ def _bench(args, home: Path) -> int:
     counter_model.load_state_dict(state)
     counter_model.train()
     results["flops_per_sample"], results["flops_per_sample_by_kind"] = flops_per_sample(counter_model, x,
-                                                                                         train.compute_loss)
+                                                                                         trainer.compute_loss)
     del counter_model
 
     built: dict[str, TrainPath] = {}
@@ -472,8 +461,7 @@ def _bench(args, home: Path) -> int:
     results["setup_and_warmup_s"] = setup_s
     results["settings"] = {name: {k: str(built[name].config.get(k)) for k in PLAIN if k in built[name].config}
                            for name in paths}
-    if hasattr(train, "describe_speed_settings"):
-        results["resolved"] = {name: train.describe_speed_settings(built[name].config, device) for name in paths}
+    results["resolved"] = {name: perf.describe(built[name].config, device) for name in paths}
 
     # Timed steps, interleaved round by round so both paths see the same machine, each round
     # opening with its own matmul figure: a shared machine's speed drifts over minutes, so each

@@ -109,7 +109,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
 
 def state_dir(save_dir: str | os.PathLike) -> Path:
     """``{save_dir}/checkpoints/last``: where a run's training state lives."""
-    return Path(os.path.expanduser(os.fspath(save_dir))) / "checkpoints" / LAST_DIR
+    from .layout import RunLayout
+
+    return RunLayout(Path(os.path.expanduser(os.fspath(save_dir)))).training_state
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
     "train": ("kronos_mlflow.train", "fine-tune the tokenizer (one process; use torchrun for several)"),
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
-    "upload-spool": ("kronos_mlflow.spool", "upload what a run kept locally while its MLflow server was down"),
+    "upload-spool": ("kronos_mlflow.tracking.spool", "upload what a run kept locally while its MLflow server was down"),
 }
 
 

@@ -38,12 +38,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UserError
+from .keys import BEST_METRIC, USAGE_FULL, USAGE_S1, VAL_METRIC
 
 LOCAL_UI = "http://127.0.0.1:5000"
-BEST_METRIC = "best_val_loss"
-VAL_METRIC = "val_tokenizer_loss_epoch"  # as train.VAL_METRIC (not imported: train pulls torch)
-USAGE_FULL = "val_codebook_usage_full"  # as quality.USAGE_FULL
-USAGE_S1 = "val_codebook_usage_s1"
 PARENT_TAG = "mlflow.parentRunId"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -134,7 +131,7 @@ def resolve_tracking_uri(uri: str | None) -> str:
     uri = str(uri)
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
     if scheme in ("http", "https"):
-        from .loggers import check_tracking_server
+        from .tracking.server import check_tracking_server
 
         check_tracking_server(uri, timeout=5.0)
     elif scheme.startswith("sqlite"):

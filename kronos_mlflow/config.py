@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
 # (ints accept integral floats such as "1e5"; floats accept ints).
@@ -283,31 +284,20 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         )
     if not out["pretrained_tokenizer_path"]:
         # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
-        # is allocated (a checkpoint's config.json gets the same check in model.py).
+        # is allocated (a checkpoint's config.json gets the same check in model/spec.py).
         n = fresh_parameter_count(out)
-        if n > MAX_FRESH_PARAMETERS:
+        if n > MAX_PARAMETERS:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']}, n_enc_layers {out['n_enc_layers']} and "
                 f"n_dec_layers {out['n_dec_layers']} give {n:,} parameters (about {n * 16 / 1e9:,.0f} GB to train "
-                f"with AdamW); expected at most {MAX_FRESH_PARAMETERS:,}: lower them"
+                f"with AdamW); expected at most {MAX_PARAMETERS:,}: lower them"
             )
     return out
 
 
-#: The most parameters a fresh model may have (``kronos_mlflow.model.MAX_PARAMETERS``, kept
-#: here so that validating a config does not import torch; a test keeps them equal).
-MAX_FRESH_PARAMETERS = 2_000_000_000
-
-
 def fresh_parameter_count(config: Mapping[str, Any]) -> int:
-    """Trainable parameters of a fresh tokenizer built from ``config`` (what
-    ``kronos_mlflow.model.count_parameters(model_kwargs(config))`` returns, without torch)."""
-    d_in, d, f = 6, int(config["d_model"]), int(config["ff_dim"])
-    s1 = int(config["s1_bits"])
-    c = s1 + int(config["s2_bits"])
-    block = 2 * d + 4 * (d * d + d) + 3 * f * d
-    blocks = (int(config["n_enc_layers"]) - 1) + (int(config["n_dec_layers"]) - 1)
-    return (d * d_in + d) + (d_in * d + d_in) + blocks * block + (c * d + c) + (s1 * d + d) + (c * d + d)
+    """Trainable parameters of a fresh tokenizer built from ``config`` (no torch needed)."""
+    return count_parameters(model_kwargs(config))
 
 
 def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -366,22 +356,6 @@ def flatten(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def model_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Constructor arguments for a fresh tokenizer from the config (base hyper-parameters by default)."""
-    return {
-        "d_in": 6,
-        "d_model": config["d_model"],
-        "n_heads": config["n_heads"],
-        "ff_dim": config["ff_dim"],
-        "n_enc_layers": config["n_enc_layers"],
-        "n_dec_layers": config["n_dec_layers"],
-        "ffn_dropout_p": 0.0,
-        "attn_dropout_p": 0.0,
-        "resid_dropout_p": 0.0,
-        "s1_bits": config["s1_bits"],
-        "s2_bits": config["s2_bits"],
-        "beta": 0.05,
-        "gamma0": 1.0,
-        "gamma": 1.1,
-        "zeta": 0.05,
-        "group_size": 4,
-    }
+    """Constructor arguments for a fresh tokenizer: the base hyper-parameters with the config's sizes."""
+    sizes = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
+    return {**BASE_CONFIG, **{key: config[key] for key in sizes}}

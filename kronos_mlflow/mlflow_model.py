@@ -1,4 +1,5 @@
-"""The fine-tuned tokenizer as an MLflow Model: a pyfunc over the safetensors checkpoint.
+"""What the logged MLflow Model is: a pyfunc over the safetensors checkpoint (how it is logged:
+:mod:`kronos_mlflow.tracking.model_logging`).
 
 The model directory holds the checkpoint exactly as ``save_pretrained`` writes it
 (``artifacts/best_model/{config.json, model.safetensors}``), so ``KronosTokenizer.from_pretrained``
@@ -15,13 +16,8 @@ normalises each window as training does (lookback statistics, clip), and returns
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-import time
-import warnings
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -79,7 +75,7 @@ try:  # the class needs mlflow; the helpers above do not
         """Loads the checkpoint directory from the model's artifacts; see the module doc."""
 
         def load_context(self, context):
-            from .model import KronosTokenizer
+            from .model import KronosTokenizer  # torch: loaded with the model, not on import
 
             model_config = dict(getattr(context, "model_config", None) or {})
             self.lookback = int(model_config.get("lookback_window", 90))
@@ -91,150 +87,6 @@ try:  # the class needs mlflow; the helpers above do not
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosTokenizerPyfunc = None  # type: ignore[assignment]
-
-
-def _pip_requirements() -> list[str]:
-    from importlib.metadata import version
-
-    reqs = []
-    for dist in ("mlflow", "torch", "safetensors", "numpy", "pandas", "huggingface_hub"):
-        try:
-            reqs.append(f"{dist}=={version(dist).split('+')[0]}")
-        except Exception:  # noqa: BLE001 - absent optional package
-            reqs.append(dist)
-    return reqs
-
-
-def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
-    """Raw validation windows for the signature and input example (synthetic if none)."""
-    from .data import QlibDataset
-
-    window = config["lookback_window"] + config["predict_window"] + 1
-    for split in ("val", "train"):
-        try:
-            ds = QlibDataset(split, config)
-        except Exception:  # noqa: BLE001 - fall back to the next split
-            continue
-        if len(ds) and hasattr(ds, "raw_windows"):
-            return np.asarray(ds.raw_windows(list(range(min(n, len(ds))))), dtype=np.float32)
-    rng = np.random.default_rng(0)
-    close = 10 * np.exp(np.cumsum(rng.normal(0, 0.01, size=(n, window)), axis=1))
-    vol = rng.uniform(1e5, 1e6, size=(n, window))
-    o, h, lo = close * 0.999, close * 1.01, close * 0.99
-    amt = (o + h + lo + close) / 4 * vol
-    return np.stack([o, h, lo, close, vol, amt], axis=-1).astype(np.float32)
-
-
-@contextlib.contextmanager
-def _tracking_uri(uri: str):
-    """MLflow's fluent API on ``uri`` for a moment, then the process's previous setting back
-    (``set_tracking_uri`` is process-wide and also writes ``MLFLOW_TRACKING_URI``)."""
-    import mlflow
-
-    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(previous)
-        if previous_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous_env
-
-
-def log_best_model(logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0):
-    """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` on the logger's MLflow run.
-
-    Returns the ``ModelInfo`` (or None without an MLflow backend). The model is reloaded and its
-    prediction compared with the in-memory computation before anything is registered.
-    Also sends the checkpoint directory to the other backends (Comet) as an artifact.
-    """
-    mlflow_logger = getattr(logger, "mlflow", None)
-    for other in getattr(logger, "loggers", []):
-        if other is not mlflow_logger:
-            other.log_artifact(checkpoint_dir, CHECKPOINT_ARTIFACT)
-    if mlflow_logger is None:
-        return None
-    import mlflow
-    from mlflow.models import infer_signature
-
-    from .model import KronosTokenizer
-
-    x = example_windows(config)
-    model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
-    expected = tokenize_windows(model, x, config["lookback_window"], config["clip"])
-    signature = infer_signature(x, expected)
-    code_file = os.path.join(os.path.dirname(__file__), "pyfunc_model.py")
-    package_dir = os.path.dirname(os.path.abspath(__file__))
-    with _tracking_uri(mlflow_logger.tracking_uri), mlflow.start_run(run_id=mlflow_logger.run_id), \
-            warnings.catch_warnings():
-        # The signature is given explicitly; MLflow's advice to add type hints does not apply.
-        warnings.filterwarnings("ignore", message=".*type hint.*")
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_NAME,
-            python_model=code_file,
-            artifacts={CHECKPOINT_ARTIFACT: checkpoint_dir},
-            code_paths=[package_dir],
-            model_config={"lookback_window": int(config["lookback_window"]), "clip": float(config["clip"])},
-            signature=signature,
-            input_example=x,
-            pip_requirements=_pip_requirements(),
-            step=int(step),
-        )
-    with _tracking_uri(mlflow_logger.tracking_uri):
-        loaded = mlflow.pyfunc.load_model(info.model_uri)
-    got = loaded.predict(x)
-    if not np.array_equal(got["tokens"], expected["tokens"]) or not np.allclose(
-        got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5
-    ):
-        raise RuntimeError("the logged MLflow model does not reproduce the checkpoint's outputs")
-    mlflow_logger.set_tags({"best_model_uri": info.model_uri})
-    name = config.get("registered_model_name")
-    if name:
-        with _tracking_uri(mlflow_logger.tracking_uri):
-            version = mlflow.register_model(info.model_uri, name)
-        mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
-        info.registered_version = version.version  # type: ignore[attr-defined]
-    return info
-
-
-def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:
-    """Record the Qlib data as the run's training input: path, instrument, ranges, digest."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
-
-    from .data import resolve_qlib_path
-
-    path = str(resolve_qlib_path(config))
-    with warnings.catch_warnings():
-        # Two registered sources both read local paths; either is right.
-        warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
-        source = resolve_dataset_source(path)
-    name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
-    dataset = MetaDataset(source=source, name=name, digest=digest[:32])
-    tags = [
-        InputTag(key="mlflow.data.context", value="training"),
-        InputTag(key="instrument", value=str(config["instrument"])),
-        InputTag(key="train_time_range", value=":".join(config["train_time_range"])),
-        InputTag(key="val_time_range", value=":".join(config["val_time_range"])),
-        InputTag(key="test_time_range", value=":".join(config["test_time_range"])),
-    ]
-    entry = DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)
-    # Runs that start together (sweep workers) race to create the same dataset row; the loser
-    # gets a unique-constraint error, and once the row exists a retry links it.
-    for attempt in range(3):
-        try:
-            client.log_inputs(run_id, datasets=[entry])
-            return
-        except Exception as exc:  # noqa: BLE001 - store-specific errors
-            if attempt == 2:
-                warnings.warn(f"the dataset could not be recorded as the run's input ({str(exc).splitlines()[0]}); "
-                              "training continues", stacklevel=2)
-                return
-            time.sleep(0.5 * (attempt + 1))
 
 
 def load_checkpoint_dir(model_uri: str, dst: str | None = None) -> str:

@@ -27,7 +27,7 @@ measured fastest on a 2-core CPU, or what is standard for a GPU (not measured he
   process once the heap had grown and was then trimmed again. The cost: the process keeps its
   peak heap (peak RSS 1.44 vs 1.39 GB in the same runs).
 
-:class:`DeviceWindowLoader` gathers and normalises training windows on the device itself, so a
+:class:`~kronos_mlflow.data.loaders.DeviceWindowLoader` gathers and normalises training windows on the device itself, so a
 GPU is never held back by host-side batching; it yields what ``QlibDataset`` + the DataLoader
 yield, in the same order, for one rank's share of the epoch.
 """
@@ -35,10 +35,9 @@ yield, in the same order, for one rank's share of the epoch.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -290,68 +289,11 @@ def describe(config: Mapping[str, Any], device: torch.device, steps: int | None 
     }
 
 
-# ----------------------------------------------------------------------------------- device-side windows
-
-
-class DeviceWindowLoader:
-    """Training batches of a ``QlibDataset``, gathered and normalised on ``device``.
-
-    The split's raw arrays go to the device once; each batch is then one index gather
-    (``starts[:, None] + arange(window)``) and the same z-score as ``QlibDataset`` (lookback-only
-    mean and population std + 1e-5, clipped), in torch on the device. The order is the
-    dataset's epoch order (``ds.set_epoch_seed`` before iterating, as with the DataLoader) and
-    each rank gets the share ``DistributedSampler(shuffle=False, drop_last=True)`` gives it, in
-    batches of ``batch_size`` (``drop_last`` as the training DataLoader). Yields ``(x, x_stamp)``
-    float32 tensors on the device, equal to the DataLoader's to float rounding (numpy and torch
-    sum in different orders).
-    """
-
-    def __init__(self, ds, batch_size: int, device: torch.device | str, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = True):
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size {batch_size} must be >= 1")
-        self.ds = ds
-        self.batch_size = int(batch_size)
-        self.device = torch.device(device)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.drop_last = bool(drop_last)
-        self.x = torch.from_numpy(ds.x).to(self.device)
-        self.x_stamp = torch.from_numpy(ds.x_stamp).to(self.device)
-        self.steps = torch.arange(ds.window, device=self.device)
-        self.lookback = int(ds.lookback)
-        self.clip = float(ds.clip)
-
-    def _indices(self) -> list[int] | range:
-        n = len(self.ds)
-        if self.world_size <= 1:
-            return range(n)
-        from torch.utils.data import DistributedSampler
-
-        return list(DistributedSampler(self.ds, num_replicas=self.world_size, rank=self.rank, shuffle=False,
-                                       drop_last=True))
-
-    def _n_samples(self) -> int:
-        n = len(self.ds)
-        if self.world_size <= 1:
-            return n
-        return math.ceil((n - self.world_size) / self.world_size) if n % self.world_size else n // self.world_size
-
-    def __len__(self) -> int:
-        n = self._n_samples()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def gather(self, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows starting at rows ``starts`` (a device int64 tensor): normalised x, raw stamps."""
-        from .features import normalize_windows
-
-        rows = starts[:, None] + self.steps
-        return normalize_windows(self.x[rows], self.lookback, self.clip), self.x_stamp[rows]
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        idx = self._indices()
-        order = self.ds.order()  # this epoch's start rows (numpy), by the dataset's epoch seed
-        starts = torch.from_numpy(order[idx] if not isinstance(idx, range) else order[: len(idx)])
-        starts = starts.to(self.device, non_blocking=False)
-        for b in range(len(self)):
-            yield self.gather(starts[b * self.batch_size:(b + 1) * self.batch_size])
+def configure_process(config, device, local_world_size: int | None = None, run_steps: int | None = None) -> dict:
+    """Per-process speed settings: intra-op threads (``num_threads``; 0 = CPUs / local
+    processes), one inter-op thread, the allocator, and TF32 matmuls for bf16 runs on CUDA.
+    Returns the resolved settings (threads, precision, compile, AdamW kernel, fused layers)."""
+    threads = configure_threads(config["num_threads"], local_world_size)
+    configure_malloc(config["malloc_reuse"])
+    configure_matmul(resolve_precision(config["precision"], device), device)
+    return {**describe(config, device, run_steps), **threads}

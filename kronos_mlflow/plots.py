@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .features import FEATURES, NORM_EPS
+from .layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -232,11 +234,11 @@ def log_validation_plots(logger, config: Mapping[str, Any], save_dir: str, val_d
     try:
         from .model import KronosTokenizer
 
-        best_dir = os.path.join(save_dir, "checkpoints", "best_model")
+        best_dir = RunLayout(Path(save_dir)).best_model
         if not os.path.isdir(best_dir):
             return []
         model = KronosTokenizer.from_pretrained(best_dir)
-        out_dir = os.path.join(save_dir, ARTIFACT_DIR)
+        out_dir = os.fspath(RunLayout(Path(save_dir)).plots)
         paths = write_validation_plots(out_dir, model, val_ds, stats, config, best_epoch)
         if logger is not None:
             for path in paths:

@@ -43,16 +43,11 @@ import numpy as np
 import torch
 
 from .features import FEATURES
+from .keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, PERPLEXITY_S1, RECON_PRE, USAGE_FULL, USAGE_S1
 
 #: Widest code counted in a dense histogram (2**20 int64 bins = 8 MiB); wider codes are sparse.
 DENSE_MAX_BITS = 20
 
-USAGE_FULL = "val_codebook_usage_full"
-USAGE_S1 = "val_codebook_usage_s1"
-PERPLEXITY_FULL = "val_codebook_perplexity_full"
-PERPLEXITY_S1 = "val_codebook_perplexity_s1"
-RECON_PRE = "val_recon_loss_pre_epoch"
-FEATURE_MSE_PREFIX = "val_mse_"
 
 #: Every metric :meth:`ValidationStats.metrics` returns, in logging order.
 METRIC_NAMES: tuple[str, ...] = (

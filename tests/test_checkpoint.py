@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+
 from kronos_mlflow import checkpoint as ckpt
 from kronos_mlflow.config import load_config, model_kwargs
 from kronos_mlflow.errors import CheckpointError, UserError
@@ -43,7 +44,7 @@ def _config(**extra):
 def _build(config, init_seed: int):
     """Model, AdamW and one-cycle schedule exactly as train_model builds them."""
     from kronos_mlflow.model import KronosTokenizer
-    from kronos_mlflow.train import build_optimizer
+    from kronos_mlflow.optim import build_optimizer
 
     torch.manual_seed(init_seed)
     model = KronosTokenizer(**model_kwargs(config))
@@ -58,7 +59,7 @@ def _build(config, init_seed: int):
 
 def _steps(model, optimizer, scheduler, config, n: int) -> list[float]:
     """``n`` optimizer steps on batches drawn from torch's RNG (so the RNG state matters)."""
-    from kronos_mlflow.train import train_step
+    from kronos_mlflow.trainer import train_step
 
     lrs = []
     window = config["lookback_window"] + config["predict_window"] + 1

@@ -1,4 +1,4 @@
-"""kronos_mlflow.loggers against the real SDKs, offline.
+"""kronos_mlflow.tracking against the real SDKs, offline.
 
 MLflow runs on a temporary sqlite store (one per module: creating the schema costs ~1.5 s);
 Comet runs as an ``OfflineExperiment`` whose zip archive is opened and parsed back
@@ -16,27 +16,29 @@ import time
 import zipfile
 from typing import Any
 
-import mlflow  # before comet_ml, always (see kronos_mlflow.loggers)
+import mlflow  # before comet_ml, always (see kronos_mlflow.tracking.comet)
 import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
 
 from kronos_mlflow.errors import ConfigError, UserError
-from kronos_mlflow.loggers import (
+from kronos_mlflow.tracking import (
     CometLogger,
     ExperimentLogger,
     MLflowLogger,
     MultiLogger,
     NullLogger,
+    Tracking,
     build_logger,
+    build_tracking,
     comet_mode,
 )
 
 FAKE_COMET_KEY = "fake-comet-key-0123456789abcdef"
 TRACKING_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
                 "COMET_API_KEY", "COMET_OFFLINE_DIRECTORY")
-LOGGER_NAME = "kronos_mlflow.loggers"
+LOGGER_NAME = "kronos_mlflow.tracking"
 
 
 # ------------------------------------------------------------------------------------------
@@ -138,8 +140,15 @@ def test_null_logger_satisfies_protocol_and_does_nothing():
     assert null.log_metrics({"x": 1.0}, 0) is None
     assert null.log_artifact("/does/not/exist") is None
     assert null.set_tags({"a": "b"}) is None
+    assert null.persist() is None
     assert null.finalize("failed", "why") is None
-    assert null.mlflow is None and null.comet is None
+
+
+def test_other_ranks_get_a_null_logger_and_no_backends():
+    tracking = build_tracking({"comet": "offline"}, rank=1)
+    assert isinstance(tracking.logger, NullLogger) and tracking.mlflow is None and tracking.comet is None
+    assert tracking.run_ids() == {"mlflow_run_id": None, "comet_experiment_key": None}
+    assert isinstance(build_logger({}, rank=3), NullLogger)
 
 
 def test_multi_logger_fans_out_in_order():
@@ -159,7 +168,6 @@ def test_multi_logger_fans_out_in_order():
         ("a", "log_artifact", "f.txt", "dir"), ("b", "log_artifact", "f.txt", "dir"),
         ("a", "finalize", "success", None), ("b", "finalize", "success", None),
     ]
-    assert multi.mlflow is None and multi.comet is None
 
 
 def test_multi_logger_drops_failing_optional_backend_once(caplog):
@@ -445,7 +453,7 @@ def http_server():
 
 
 def test_probe_accepts_any_answer_but_a_proxy_error(http_server):
-    from kronos_mlflow.loggers import _probe_tracking_server
+    from kronos_mlflow.tracking.server import probe_tracking_server as _probe_tracking_server
 
     uri = f"http://bob:pw-1234@127.0.0.1:{http_server.server_address[1]}/prefix"
     for status in (200, 401, 404, 500):
@@ -608,7 +616,7 @@ def test_comet_logger_does_not_hijack_mlflow(tmp_path):
 
     script = textwrap.dedent(f"""
         import os, sys
-        from kronos_mlflow.loggers import CometLogger
+        from kronos_mlflow.tracking import CometLogger
         assert "mlflow" not in sys.modules and "comet_ml" not in sys.modules
         comet = CometLogger("offline", project_name="p", offline_directory={str(tmp_path / "ours")!r})
         import mlflow
@@ -663,13 +671,14 @@ def test_comet_mode(monkeypatch):
 
 
 def test_build_logger_auto_without_key_is_mlflow_only(env, client):
-    logger = build_logger({"comet": "auto", "experiment_name": "build", "run_name": "auto-run"}, rank=0,
-                          mlflow_tags={"launcher": "pytest"})
-    assert isinstance(logger, MultiLogger)
-    assert logger.comet is None and isinstance(logger.mlflow, MLflowLogger)
+    tracking = build_tracking({"comet": "auto", "experiment_name": "build", "run_name": "auto-run"}, rank=0,
+                              mlflow_tags={"launcher": "pytest"})
+    logger = tracking.logger
+    assert isinstance(logger, MultiLogger) and logger.loggers == [tracking.mlflow]
+    assert tracking.comet is None and isinstance(tracking.mlflow, MLflowLogger)
     logger.log_metrics({"loss": 1.0}, 0)
     logger.finalize("success")
-    run = client.get_run(logger.mlflow.run_id)
+    run = client.get_run(tracking.mlflow.run_id)
     assert run.info.run_name == "auto-run" and run.data.tags["launcher"] == "pytest"
     assert "comet_experiment_key" not in run.data.tags
     assert run.info.status == "FINISHED"
@@ -677,8 +686,9 @@ def test_build_logger_auto_without_key_is_mlflow_only(env, client):
 
 def test_build_logger_online_without_key_warns_and_drops(env, client, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
-        logger = build_logger({"comet": "online", "experiment_name": "build"}, rank=0)
-    assert logger.comet is None and logger.mlflow is not None
+        tracking = build_tracking({"comet": "online", "experiment_name": "build"}, rank=0)
+    logger = tracking.logger
+    assert tracking.comet is None and tracking.mlflow is not None
     warned = warnings_from(caplog, "could not start")
     assert len(warned) == 1 and "COMET_API_KEY" in warned[0]
     logger.finalize("success")
@@ -688,15 +698,18 @@ def test_build_logger_offline_cross_links(env, client, tmp_path):
     config = {"comet": "offline", "experiment_name": "build", "run_name": "linked",
               "comet_project_name": "kronos-test", "comet_offline_directory": str(tmp_path / "comet"),
               "comet_name": "", "comet_tag": "finetune_demo"}
-    logger = build_logger(config, rank=0)
-    assert isinstance(logger.comet, CometLogger) and logger.loggers[0] is logger.mlflow
+    tracking = build_tracking(config, rank=0)
+    logger = tracking.logger
+    assert isinstance(tracking.comet, CometLogger) and logger.loggers == [tracking.mlflow, tracking.comet]
+    assert tracking.run_ids() == {"mlflow_run_id": tracking.mlflow.run_id,
+                                  "comet_experiment_key": tracking.comet.experiment_key}
     logger.log_hyperparams({"epochs": 1})
     logger.log_metrics({"loss": 0.5}, 0)
     logger.finalize("success")
-    run = client.get_run(logger.mlflow.run_id)
-    assert run.data.tags["comet_experiment_key"] == logger.comet.experiment_key
+    run = client.get_run(tracking.mlflow.run_id)
+    assert run.data.tags["comet_experiment_key"] == tracking.comet.experiment_key
     assert run.data.tags["comet_mode"] == "offline"
-    archive = read_archive(logger.comet.offline_archive)
-    assert archive["others"]["mlflow_run_id"] == logger.mlflow.run_id
+    archive = read_archive(tracking.comet.offline_archive)
+    assert archive["others"]["mlflow_run_id"] == tracking.mlflow.run_id
     assert archive["others"]["Name"] == "linked"  # comet_name empty: the run name
     assert ("loss", 0, 0.5) in archive["metrics"] and archive["params"]["epochs"] == 1

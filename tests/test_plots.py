@@ -72,7 +72,8 @@ def trained_dir(tmp_path, monkeypatch):
     from kronos_mlflow.config import model_kwargs
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.model import KronosTokenizer
-    from kronos_mlflow.train import _global_val_loss, val_loader_for
+    from kronos_mlflow.data.loaders import val_loader_for
+    from kronos_mlflow.trainer import global_val_loss
 
     monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(tmp_path / "home"))
     config = tiny_config(tmp_path, run_name="plot-test")
@@ -84,7 +85,7 @@ def trained_dir(tmp_path, monkeypatch):
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)
     stats = ValidationStats.for_model(model)
-    _global_val_loss(model, val_loader_for(ds, config, 0, 1), torch.device("cpu"), stats)
+    global_val_loss(model, val_loader_for(ds, config, 0, 1), torch.device("cpu"), stats)
     return config, save_dir, ds, stats
 
 

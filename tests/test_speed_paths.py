@@ -16,7 +16,10 @@ import pytest
 import torch
 from data_helpers import small_config, small_market  # noqa: F401
 
-from kronos_mlflow import perf, train
+from kronos_mlflow.data import loaders
+from kronos_mlflow import optim
+from kronos_mlflow import trainer
+from kronos_mlflow import perf
 from kronos_mlflow.config import load_config
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.model import BASE_CONFIG, KronosTokenizer
@@ -42,7 +45,7 @@ def _x(b=6, t=101, seed=1) -> torch.Tensor:
 
 def _loss_and_grads(model, x):
     model.zero_grad(set_to_none=True)
-    loss, parts = train.compute_loss(model, x)
+    loss, parts = trainer.compute_loss(model, x)
     loss.backward()
     return loss.detach(), parts, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -162,7 +165,7 @@ def test_adamw_kernels_equal_the_for_loop_after_a_step(impl):
         model = _model(SMALL)
         _loss_and_grads(model, x)
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=cfg["grad_clip_norm"])
-        opt = train.build_optimizer(model, {**cfg, "adamw_impl": name})
+        opt = optim.build_optimizer(model, {**cfg, "adamw_impl": name})
         models.append(model)
         opts.append(opt)
     assert opts[1].defaults["fused" if impl == "fused" else "foreach"] is True
@@ -181,7 +184,7 @@ def test_adamw_auto_resolves_to_an_available_kernel():
     impl = perf.resolve_adamw("auto", torch.device("cpu"))
     assert impl in ("fused", "foreach")
     model = KronosTokenizer(**SMALL)
-    opt = train.build_optimizer(model, load_config({}))
+    opt = optim.build_optimizer(model, load_config({}))
     assert opt.defaults["fused" if impl == "fused" else "foreach"] is True
 
 
@@ -189,11 +192,11 @@ def test_adamw_auto_resolves_to_an_available_kernel():
 
 
 def _steps(config, model, xs):
-    prepared = train.prepare_model(model, config, torch.device("cpu"))
-    opt = train.build_optimizer(model, config)
+    prepared = trainer.prepare_model(model, config, torch.device("cpu"))
+    opt = optim.build_optimizer(model, config)
     losses = []
     for x in xs:
-        loss, parts = train.train_step(prepared, opt, x, config)
+        loss, parts = trainer.train_step(prepared, opt, x, config)
         losses.append(loss.item())
     return losses
 
@@ -220,12 +223,12 @@ def test_bf16_autocast_path_runs_and_keeps_fp32_losses():
     """precision bf16 (what auto picks on CUDA) exercised on the CPU: finite fp32 loss, grads."""
     model = _model(SMALL)
     x = _x(b=2, t=30)
-    loss, parts = train.compute_loss(model, x, "bf16")
+    loss, parts = trainer.compute_loss(model, x, "bf16")
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert parts["recon_all"].dtype == torch.float32
     loss.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-    plain = train.compute_loss(model, x, "fp32")[0]
+    plain = trainer.compute_loss(model, x, "fp32")[0]
     assert abs(loss.item() - plain.item()) < 0.05 * abs(plain.item()) + 0.05
 
 
@@ -249,11 +252,11 @@ def test_compiled_step_equals_eager(fused_layers):
     eager = _model(cfg)
     compiled_model = _model(cfg)
     config = load_config({"compile": "on", "fused_layers": fused_layers})
-    compiled = train.prepare_model(compiled_model, config, torch.device("cpu"))
-    assert compiled is not compiled_model and train.unwrap_model(compiled) is compiled_model
+    compiled = trainer.prepare_model(compiled_model, config, torch.device("cpu"))
+    assert compiled is not compiled_model and trainer.unwrap_model(compiled) is compiled_model
     assert compiled_model.fused is (fused_layers == "on") and not eager.fused
     try:
-        loss_c, parts_c = train.compute_loss(compiled, x)
+        loss_c, parts_c = trainer.compute_loss(compiled, x)
     except Exception as exc:  # noqa: BLE001 - a broken toolchain is "unavailable", not a failure
         pytest.skip(f"torch.compile cannot build kernels here: {type(exc).__name__}")
     loss_c.backward()
@@ -309,10 +312,10 @@ def test_threads_are_cpus_over_local_processes():
 def test_prepare_and_unwrap_model():
     model = KronosTokenizer(**SMALL)
     cpu = torch.device("cpu")
-    prepared = train.prepare_model(model, load_config({"fused_layers": "on"}), cpu, run_steps=10)
+    prepared = trainer.prepare_model(model, load_config({"fused_layers": "on"}), cpu, run_steps=10)
     assert prepared is model and model.fused  # a 10-step CPU run: compile auto stays off
-    assert train.unwrap_model(prepared) is model
-    assert train.prepare_model(model, load_config({}), cpu, run_steps=10) is model and not model.fused
+    assert trainer.unwrap_model(prepared) is model
+    assert trainer.prepare_model(model, load_config({}), cpu, run_steps=10) is model and not model.fused
 
 
 # ----------------------------------------------------------------------------------- device-side windows
@@ -328,8 +331,8 @@ def test_device_window_loader_equals_the_dataloader(small_market, tmp_path, worl
     for rank in range(world_size):
         for epoch in (0, 3):
             ds.set_epoch_seed(epoch)
-            want = list(train.train_loader_for(ds, config, rank, world_size))
-            device_loader = perf.DeviceWindowLoader(ds, config["batch_size"], "cpu", rank, world_size)
+            want = list(loaders.train_loader_for(ds, config, rank, world_size))
+            device_loader = loaders.DeviceWindowLoader(ds, config["batch_size"], "cpu", rank, world_size)
             got = list(device_loader)
             assert len(device_loader) == len(got) == len(want) > 0
             for (gx, gs), (wx, ws) in zip(got, want):
@@ -345,16 +348,16 @@ def test_train_loader_for_cuda_picks_the_device_loader(small_market, tmp_path, m
     ds = QlibDataset("train", config, progress=False)
     made = {}
 
-    class Recorder(perf.DeviceWindowLoader):
+    class Recorder(loaders.DeviceWindowLoader):
         def __init__(self, ds, batch_size, device, rank, world_size, drop_last):
             made.update(device=str(device), batch_size=batch_size, rank=rank, world_size=world_size)
             super().__init__(ds, batch_size, "cpu", rank, world_size, drop_last)
 
-    monkeypatch.setattr(perf, "DeviceWindowLoader", Recorder)
-    loader = train.train_loader_for(ds, config, 1, 2, device="cuda:1")
+    monkeypatch.setattr(loaders, "DeviceWindowLoader", Recorder)
+    loader = loaders.train_loader_for(ds, config, 1, 2, device="cuda:1")
     assert isinstance(loader, Recorder)
     assert made == {"device": "cuda:1", "batch_size": 5, "rank": 1, "world_size": 2}
-    cpu_loader = train.train_loader_for(ds, config, 0, 1, device=torch.device("cpu"))
+    cpu_loader = loaders.train_loader_for(ds, config, 0, 1, device=torch.device("cpu"))
     assert isinstance(cpu_loader, torch.utils.data.DataLoader)
 
 
@@ -376,13 +379,13 @@ def test_normalisation_in_torch_matches_numpy():
 _FAULTS_SCRIPT = r"""
 import json, resource, sys
 import torch
-from kronos_mlflow import perf, train
+from kronos_mlflow import optim, perf, trainer
 from kronos_mlflow.config import load_config, model_kwargs
 from kronos_mlflow.model import KronosTokenizer
 
 config = load_config({"malloc_reuse": sys.argv[1], "compile": "off", "d_model": 64, "ff_dim": 128,
                       "n_heads": 2, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4})
-settings = train.configure_process(config, torch.device("cpu"), local_world_size=1)
+settings = perf.configure_process(config, torch.device("cpu"), local_world_size=1)
 
 # A 64 MiB block: above glibc's largest adaptive mmap threshold (32 MiB), so with its defaults
 # every allocation is a fresh mmap whose pages fault in when first written.
@@ -399,9 +402,9 @@ for _ in range(5):
 
 torch.manual_seed(0)
 model = KronosTokenizer(**model_kwargs(config))
-optimizer = train.build_optimizer(model, config)
+optimizer = optim.build_optimizer(model, config)
 x = torch.randn(64, 101, 6)
-losses = [float(train.train_step(model, optimizer, x, config)[0]) for _ in range(3)]
+losses = [float(trainer.train_step(model, optimizer, x, config)[0]) for _ in range(3)]
 print(json.dumps({"reuse": settings["malloc_reuse"], "faults": faults, "losses": losses}))
 """
 

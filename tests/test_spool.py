@@ -26,9 +26,9 @@ import requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-from kronos_mlflow import spool
+from kronos_mlflow.tracking import spool
 from kronos_mlflow.errors import UserError
-from kronos_mlflow.loggers import MLflowLogger, MultiLogger, is_connection_error
+from kronos_mlflow.tracking import MLflowLogger, MultiLogger, is_connection_error
 
 KEYS = ("train_tokenizer_loss_batch", "tokenizer_learning_rate")
 PASSWORD = "pw-SHOULD-NOT-LEAK-4711"
@@ -231,8 +231,8 @@ def test_resumed_run_skips_steps_already_logged(sqlite_env, tmp_path):
         first.log_metrics(_metrics(step), step)
     first.flush()
     second = MLflowLogger(run_id=first.run_id, flush_every_s=0.0)
-    multi = MultiLogger([second])
-    assert multi.skip_logged_steps(KEYS, min_step=5) == 4
+    multi = MultiLogger([second], skip_steps=second.skipped_steps)
+    assert second.skip_logged_steps(KEYS, min_step=5) == 4
     for step in range(5, 10):  # the resumed attempt replays from step 5
         multi.log_metrics(_metrics(step), step)
     multi.finalize("success")

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.sweep import load_search_space, make_pruner, suggest
+from kronos_mlflow.sweep.driver import load_search_space, make_pruner, suggest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,6 @@ job end to end through ``mlflow run`` with one and two torchrun processes (slow)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -14,6 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kronos_mlflow.data import loaders
+from kronos_mlflow import optim
+from kronos_mlflow import trainer
 from kronos_mlflow import train
 from kronos_mlflow.config import load_config
 from kronos_mlflow.distributed import resolve_device
@@ -65,7 +67,7 @@ def test_loss_formula_on_a_fixed_batch():
 
     model = KronosTokenizer(**model_kwargs(config))
     x = torch.randn(4, 25, 6)
-    loss, parts = train.compute_loss(model, x)
+    loss, parts = trainer.compute_loss(model, x)
     (z_pre, z), bsq, _, _ = model(x)
     expected = (F.mse_loss(z_pre, x) + F.mse_loss(z, x) + bsq) / 2
     assert torch.allclose(loss, expected, rtol=1e-6, atol=0)
@@ -81,10 +83,10 @@ def test_optimizer_groups():
     from kronos_mlflow.model import KronosTokenizer
 
     model = KronosTokenizer(**model_kwargs(load_config(TINY)))
-    opt = train.build_optimizer(model, load_config(TINY))
+    opt = optim.build_optimizer(model, load_config(TINY))
     assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 0.1
     assert opt.param_groups[0]["betas"] == (0.9, 0.95)
-    opt = train.build_optimizer(model, load_config({**TINY, "weight_decay_scope": "matrices"}))
+    opt = optim.build_optimizer(model, load_config({**TINY, "weight_decay_scope": "matrices"}))
     decayed, plain = opt.param_groups
     assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() < 2 for p in plain["params"])
     assert plain["weight_decay"] == 0.0
@@ -112,7 +114,7 @@ def _val_worker(rank, world_size, init_file, config, out_dir):
     model = KronosTokenizer(**model_kwargs(config))
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)
-    loss = train._global_val_loss(model, train.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
+    loss = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"loss": loss, "n": len(ds)}))
     dist.destroy_process_group()
 
@@ -130,7 +132,7 @@ def test_validation_over_two_ranks_equals_one_process(workdir):
     model = KronosTokenizer(**model_kwargs(config))
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)
-    single = train._global_val_loss(model, train.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
+    single = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
     mp.spawn(_val_worker, args=(2, str(workdir / "init"), config, str(workdir)), nprocs=2, join=True)
     results = [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-12)
@@ -237,7 +239,6 @@ def _scan_for_secrets(paths, texts=()):
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
-    import numpy as np
     from mlflow import MlflowClient
 
     for key, value in SECRETS.items():

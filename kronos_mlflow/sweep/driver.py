@@ -29,17 +29,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_USAGE, ConfigError, UserError
+from ..errors import EXIT_USAGE, ConfigError, UserError
+from .trial import ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
-EXIT_PRUNED = 42
-DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "sweeps" / "search_space.yaml"
+DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.yaml"
 PARAMS = ("learning_rate", "weight_decay")
 
-# Environment handed to a trial's training process so that rank 0 can report to the study.
-ENV_STORAGE = "KRONOS_OPTUNA_STORAGE"
-ENV_STUDY = "KRONOS_OPTUNA_STUDY"
-ENV_TRIAL_ID = "KRONOS_OPTUNA_TRIAL_ID"
-ENV_PRUNER = "KRONOS_OPTUNA_PRUNER"
 
 TRAIN_PASSTHROUGH = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "qlib_data_path", "instrument",
@@ -186,7 +181,7 @@ def open_storage(url: str, heartbeat: bool = True, max_retry: int = 1):
 
 
 def _redact_url(url: str) -> str:
-    from .secrets import redact
+    from ..secrets import redact
 
     return redact(url)
 
@@ -205,37 +200,6 @@ def open_study(storage, study_name: str, pruner, sampler_seed: int | None):
     sampler = optuna.samplers.TPESampler(seed=sampler_seed)
     return optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
                                pruner=pruner, sampler=sampler, load_if_exists=True)
-
-
-# --------------------------------------------------------------------------- trial side (rank 0 of the trainer)
-
-
-class TrialReporter:
-    """Reports each epoch's validation loss to the trial and asks the pruner.
-
-    Built inside the training process from the environment the sweep set; ``None`` otherwise.
-    """
-
-    def __init__(self, storage_url: str, study_name: str, trial_id: int, pruner_spec: str):
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.load_study(study_name=study_name, storage=storage_url, pruner=make_pruner(pruner_spec))
-        self.trial = optuna.trial.Trial(study, trial_id)
-
-    @classmethod
-    def from_env(cls) -> TrialReporter | None:
-        if not os.environ.get(ENV_STUDY):
-            return None
-        return cls(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(os.environ[ENV_TRIAL_ID]),
-                   os.environ.get(ENV_PRUNER, "median"))
-
-    def __call__(self, epoch: int, val_loss: float | None) -> bool:
-        """Returns True when the trial should stop (pruned)."""
-        if val_loss is None or not math.isfinite(val_loss):
-            return False
-        self.trial.report(val_loss, epoch)
-        return self.trial.should_prune()
 
 
 # --------------------------------------------------------------------------- worker side
@@ -452,7 +416,7 @@ def _summary_table(study) -> str:
 
 
 def build_parser():
-    from .cli import OneLineParser
+    from ..cli import OneLineParser
 
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
                       "one parent MLflow run, one child run per trial. Unlisted --key value flags go to training.")
@@ -474,7 +438,7 @@ def build_parser():
 
 
 def parse(argv: Sequence[str] | None):
-    from . import config as cfg
+    from .. import config as cfg
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -513,12 +477,11 @@ def parse(argv: Sequence[str] | None):
 
 
 def run_sweep(argv: Sequence[str] | None = None) -> int:
-    import mlflow
     from mlflow import MlflowClient
 
     import optuna
 
-    from .loggers import check_tracking_server
+    from ..tracking.server import check_tracking_server
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
@@ -602,12 +565,12 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
 def _log_param_once(client, run_id, key, value) -> None:
     """Params cannot change: one already there (``mlflow run`` logs its -P values, spelled its
     own way) stays; a different value goes to a tag of the same name instead."""
-    from .loggers import _same_param
+    from ..tracking.protocol import same_param
 
     existing = client.get_run(run_id).data.params.get(key)
     if existing is None:
         client.log_param(run_id, key, str(value))
-    elif not _same_param(existing, str(value)):
+    elif not same_param(existing, str(value)):
         client.set_tag(run_id, key, str(value))
 
 

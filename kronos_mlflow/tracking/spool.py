@@ -1,7 +1,7 @@
 """The MLflow spool: what a run could not send while its tracking server was down.
 
 When the tracking server is still unreachable at the end of a run (after a bounded wait),
-:class:`~kronos_mlflow.loggers.MLflowLogger` writes everything it has not sent to one JSON-lines
+:class:`~kronos_mlflow.tracking.mlflow.MLflowLogger` writes everything it has not sent to one JSON-lines
 file per run, ``{save_dir}/mlflow-spool/<run_id>.jsonl`` (or ``$KRONOS_MLFLOW_HOME/spool/``
 when the logger has no save directory), and prints the command that uploads it::
 
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 FORMAT = "kronos-mlflow-spool"
 VERSION = 1
@@ -356,8 +356,8 @@ def _resolve_uri(cli_uri: str | None, header: Mapping[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
-    from .loggers import _probe_tracking_server, hide_uri_printing
-    from .secrets import install_secret_filter, redact, redact_uri
+    from .server import hide_uri_printing, probe_tracking_server
+    from ..secrets import install_secret_filter, redact, redact_uri
 
     install_secret_filter()
     if args.path is None and not default_spool_dir().exists():
@@ -373,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
         uri = _resolve_uri(args.tracking_uri, header)
         if uri not in clients:
             hide_uri_printing(uri)
-            _probe_tracking_server(uri, 10.0)
+            probe_tracking_server(uri, 10.0)
             clients[uri] = MlflowClient(tracking_uri=uri)
         try:
             counts = upload_spool(path, clients[uri], finish="delete" if args.delete else "rename")
@@ -391,6 +391,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - `kronos-mlflow upload-spool` is the entry
-    from .cli import main as cli_main
+    from ..cli import main as cli_main
 
     return cli_main(["upload-spool", *(sys.argv[1:] if argv is None else argv)])

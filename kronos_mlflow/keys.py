@@ -1,0 +1,46 @@
+"""The names a run records (metrics, params): what dashboards, the sweep and ``compare`` read.
+No torch and no MLflow here, so every module can import it cheaply."""
+
+from __future__ import annotations
+
+# Per optimizer step, upstream's Comet names (existing dashboards keep working).
+TRAIN_LOSS = "train_tokenizer_loss_batch"
+TRAIN_BSQ_LOSS = "train_vqvae_vq_loss_each_batch"
+TRAIN_RECON_PRE = "train_recon_loss_pre_each_batch"
+TRAIN_RECON = "train_recon_loss_each_batch"
+LEARNING_RATE = "tokenizer_learning_rate"
+STEP_METRICS = (TRAIN_LOSS, TRAIN_BSQ_LOSS, TRAIN_RECON_PRE, TRAIN_RECON, LEARNING_RATE)
+
+# Per epoch (step = epoch index), before training (step 0), and at the end.
+VAL_METRIC = "val_tokenizer_loss_epoch"
+INITIAL_VAL_METRIC = "val_tokenizer_loss_initial"
+BEST_METRIC = "best_val_loss"
+
+# Codebook and reconstruction quality, per epoch (kronos_mlflow.quality computes them).
+USAGE_FULL = "val_codebook_usage_full"
+USAGE_S1 = "val_codebook_usage_s1"
+PERPLEXITY_FULL = "val_codebook_perplexity_full"
+PERPLEXITY_S1 = "val_codebook_perplexity_s1"
+RECON_PRE = "val_recon_loss_pre_epoch"
+FEATURE_MSE_PREFIX = "val_mse_"
+
+# MLproject parameter names -> config keys; a run logs both spellings as params.
+MLPROJECT_PARAMS: dict[str, str] = {
+    "epochs": "epochs",
+    "learning_rate": "tokenizer_learning_rate",
+    "weight_decay": "adam_weight_decay",
+    "batch_size": "batch_size",
+    "accumulation_steps": "accumulation_steps",
+    "n_train_iter": "n_train_iter",
+    "n_val_iter": "n_val_iter",
+    "nproc_per_node": "nproc_per_node",
+    "qlib_data_path": "qlib_data_path",
+    "instrument": "instrument",
+    "train_time_range": "train_time_range",
+    "val_time_range": "val_time_range",
+    "test_time_range": "test_time_range",
+    "pretrained_tokenizer_path": "pretrained_tokenizer_path",
+    "seed": "seed",
+    "comet": "comet",
+    "registered_model_name": "registered_model_name",
+}

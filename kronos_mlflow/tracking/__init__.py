@@ -1,0 +1,103 @@
+"""Experiment tracking: one small logger protocol, an MLflow adapter, a Comet adapter.
+
+Rooms: ``protocol`` (the protocol, :class:`NullLogger`, the fan-out :class:`MultiLogger`),
+``mlflow`` (the MLflow run) with ``outage`` (queueing, backoff and spooling while its server is
+down) and ``spool`` (the spool file and ``upload-spool``), ``server`` (probing the server),
+``comet`` (Comet online or offline), ``model_logging`` (the best checkpoint as an MLflow Model,
+the dataset as the run's input).
+
+:func:`build_tracking` decides once which rank logs: rank 0 gets a :class:`MultiLogger` of
+MLflow (required: it failing raises) and Comet (optional: it failing is warned about and
+dropped), every other rank a :class:`NullLogger`, so the training loop never asks its rank.
+MLflow-only features (model logging, dataset inputs) go through :attr:`Tracking.mlflow`.
+The SDKs are imported inside the adapters, so importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..secrets import install_secret_filter
+from .comet import CometLogger, comet_mode, start_comet
+from .mlflow import MLflowLogger
+from .protocol import ExperimentLogger, MultiLogger, NullLogger, Status
+from .server import check_tracking_server, is_connection_error
+
+__all__ = [
+    "CometLogger", "ExperimentLogger", "MLflowLogger", "MultiLogger", "NullLogger", "Status", "Tracking",
+    "build_logger", "build_tracking", "check_tracking_server", "comet_mode", "is_connection_error",
+]
+
+
+@dataclass
+class Tracking:
+    """What :func:`build_tracking` gives a process: ``logger`` for the training loop (a
+    :class:`NullLogger` off rank 0) and, on rank 0, the adapters for backend-only features."""
+
+    logger: ExperimentLogger
+    mlflow: MLflowLogger | None = None
+    comet: CometLogger | None = None
+
+    def run_ids(self) -> dict[str, str | None]:
+        """The ids a training state keeps so that a resumed run continues the same run and experiment."""
+        return {"mlflow_run_id": self.mlflow.run_id if self.mlflow else None,
+                "comet_experiment_key": self.comet.experiment_key if self.comet else None}
+
+
+def build_tracking(
+    config: Mapping[str, Any],
+    rank: int,
+    *,
+    mlflow_tags: Mapping[str, str] | None = None,
+    run_id: str | None = None,
+    comet_experiment_key: str | None = None,
+    resume: bool = False,
+    spool_dir: str | os.PathLike | None = None,
+) -> Tracking:
+    """The tracking of this process, decided once.
+
+    Ranks other than 0 get ``Tracking(NullLogger())``. Rank 0 gets an :class:`MLflowLogger`
+    (errors propagate: MLflow is required) and, when ``config["comet"]`` asks for it, a
+    :class:`CometLogger`; Comet failing to start, e.g. ``comet="online"`` with no
+    ``COMET_API_KEY`` nor Comet config file, is warned about once and training continues with
+    MLflow only. The two are cross-linked: the MLflow run id is logged to Comet
+    (``mlflow_run_id``) and the Comet key tagged on the run (``comet_experiment_key``). Also
+    installs :class:`~kronos_mlflow.secrets.SecretFilter` on the root logger's handlers.
+
+    ``rank`` may also be an object with a ``rank`` attribute (``DistInfo``).
+
+    Resuming (:mod:`kronos_mlflow.checkpoint`): ``run_id`` reattaches to the saved MLflow run
+    (``MLFLOW_RUN_ID``, when set, names the same run under ``mlflow run``),
+    ``comet_experiment_key`` continues the saved Comet experiment, and ``resume=True`` reads the
+    steps the run already holds so that the replayed steps go to no backend twice. MLflow's
+    spool (see :class:`MLflowLogger`) goes to ``spool_dir`` (the run directory's
+    ``mlflow-spool`` as the training entry point passes it; else ``$KRONOS_MLFLOW_HOME/spool``).
+    """
+    rank = int(getattr(rank, "rank", rank))
+    if rank != 0:
+        return Tracking(NullLogger())
+    install_secret_filter()
+    mode = comet_mode(config)
+    run_name = str(config.get("run_name") or "") or None
+    mlflow_logger = MLflowLogger(
+        experiment_name=str(config.get("experiment_name") or "") or None,
+        run_name=run_name,
+        tags=mlflow_tags,
+        run_id=run_id,
+        spool_dir=spool_dir,
+    )
+    if resume:
+        mlflow_logger.skip_logged_steps()
+    loggers: list[ExperimentLogger] = [mlflow_logger]
+    comet = start_comet(config, mode, run_name, mlflow_logger, comet_experiment_key) if mode else None
+    if comet is not None:
+        loggers.append(comet)
+    return Tracking(MultiLogger(loggers, skip_steps=mlflow_logger.skipped_steps), mlflow_logger, comet)
+
+
+def build_logger(config: Mapping[str, Any], rank: int, **kwargs: Any) -> ExperimentLogger:
+    """``build_tracking(config, rank, **kwargs).logger``: the logger alone."""
+    return build_tracking(config, rank, **kwargs).logger

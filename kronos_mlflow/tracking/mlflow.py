@@ -1,0 +1,388 @@
+"""The MLflow adapter: one run through an explicit ``MlflowClient`` (no fluent global state)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import posixpath
+import re
+import sys
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import UserError
+from ..secrets import redact, redact_uri, scrub_params, secret_values
+from .outage import QUEUES, OutageQueue, flush_at_exit
+from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line, same_param
+from .server import hide_uri_printing, mlflow_limits, probe_tracking_server
+
+log = logging.getLogger("kronos_mlflow.tracking")
+
+class MLflowLogger(OutageQueue):
+    """Logs to one MLflow run through an explicit ``MlflowClient`` (no fluent global state).
+
+    The run: ``run_id`` or env ``MLFLOW_RUN_ID`` when set (the run ``mlflow run`` or a sweep
+    created; reopened as RUNNING if needed, never ended before :meth:`finalize`), otherwise a new
+    run in ``experiment_name`` / env ``MLFLOW_EXPERIMENT_NAME`` / env ``MLFLOW_EXPERIMENT_ID`` /
+    MLflow's default experiment, in that order (a named experiment is created when missing).
+
+    Params are strings truncated to MLflow's limit and sent 100 per batch; a param already on the
+    run with another value is skipped with a warning (MLflow refuses to change one). Metrics are
+    buffered and sent with ``log_batch`` every ``flush_every_s`` seconds or ``flush_max_metrics``
+    values, and always on :meth:`flush` / :meth:`finalize` (and at interpreter exit).
+
+    Tracking outages (http/https servers). Every request of this logger gets one try and a
+    ``http_timeout_s`` timeout (env ``KRONOS_MLFLOW_HTTP_TIMEOUT_S``, default 10 s) instead of
+    MLflow's minutes of retries, so a server that goes away never blocks training for long.
+    When a send fails with a connection error (refused, timeout, HTTP 5xx), nothing is dropped:
+    metrics stay buffered (at most ``max_buffered_metrics`` in memory; more go to the spool
+    file), params, tags and artifacts (copied into the spool directory) are queued, and the send
+    is retried on later calls with exponential backoff (``retry_backoff_s``: 1 s doubling to
+    60 s). Sending the same metric again is harmless (MLflow drops exact duplicates). At
+    :meth:`finalize` the logger waits up to ``finalize_wait_s`` (env
+    ``KRONOS_MLFLOW_FINALIZE_WAIT_S``, default 30 s) for the server; if it is still down,
+    everything unsent (metrics with steps and timestamps, params, tags, artifacts, the terminal
+    status) goes to ``spool_dir/<run_id>.jsonl`` (default ``$KRONOS_MLFLOW_HOME/spool``) and one
+    line on stderr says how many values were delayed and spooled and gives the ``kronos-mlflow
+    upload-spool`` command. Any other error (a refused value, HTTP 4xx) raises as before.
+    Counters: ``delayed_metrics``, ``spooled_metrics``, ``outages``, ``outage_seconds``,
+    ``spool_file``; :meth:`report` is the end-of-run line.
+
+    Resuming a run (same ``run_id``): :meth:`skip_logged_steps` reads the ``(key, step)`` pairs
+    already on the run, and later values at those steps are not sent again.
+
+    Attributes: ``client``, ``run_id``, ``experiment_id``, ``tracking_uri`` (may hold a
+    password: print ``redact_uri(tracking_uri)``).
+    """
+
+    essential = True
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        *,
+        run_id: str | None = None,
+        flush_every_s: float = 5.0,
+        flush_max_metrics: int = 1000,
+        probe_timeout_s: float = 5.0,
+        spool_dir: str | os.PathLike | None = None,
+        max_buffered_metrics: int = 100_000,
+        http_timeout_s: float | None = None,
+        finalize_wait_s: float | None = None,
+        retry_backoff_s: tuple[float, float] = (1.0, 60.0),
+    ):
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.tracking_uri: str = tracking_uri or mlflow.get_tracking_uri()
+        hide_uri_printing(self.tracking_uri)
+        probe_tracking_server(self.tracking_uri, probe_timeout_s)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.flush_every_s = float(flush_every_s)
+        self.flush_max_metrics = max(1, int(flush_max_metrics))
+        self._cleaner = MetricCleaner("MLflow")
+        self._keys: dict[str, str] = {}
+        self._buffer: list[Any] = []
+        self._last_flush = time.monotonic()
+        self._finalized = False
+        # (key, step) pairs already on the run: not sent again (a resumed run replays them).
+        # MultiLogger filters with the same dict, so no backend gets them twice.
+        self.skipped_steps: dict[str, set[int]] = {}
+        self._init_outage(spool_dir=spool_dir, max_buffered_metrics=max_buffered_metrics,
+                          http_timeout_s=http_timeout_s, finalize_wait_s=finalize_wait_s,
+                          retry_backoff_s=retry_backoff_s)
+
+        run_id = run_id or os.environ.get("MLFLOW_RUN_ID", "").strip() or None
+        user_tags = {str(k): v for k, v in (tags or {}).items()}
+        if run_id:
+            run = self._attach(run_id, run_name)
+            self.attached = True
+        else:
+            run = self._create(experiment_name, run_name, user_tags)
+            user_tags = {}  # already on the new run
+            self.attached = False
+        self.run_id: str = run.info.run_id
+        self.experiment_id: str = run.info.experiment_id
+        self.run_name: str = run.info.run_name
+        self._params: dict[str, str] = dict(run.data.params)
+        self._adopt_spool()
+        if user_tags:
+            self.set_tags(user_tags)
+        atexit.register(flush_at_exit, weakref.ref(self))
+
+    # ---- run resolution -------------------------------------------------------------------
+
+    def _attach(self, run_id: str, run_name: str | None):
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                raise UserError(
+                    f"MLflow run {run_id} (MLFLOW_RUN_ID) does not exist at {redact_uri(self.tracking_uri)}; "
+                    "unset MLFLOW_RUN_ID or point MLFLOW_TRACKING_URI at the server that holds it"
+                ) from None
+            raise
+        if run.info.lifecycle_stage == "deleted":
+            raise UserError(f"MLflow run {run_id} (MLFLOW_RUN_ID) is deleted; restore it or unset MLFLOW_RUN_ID")
+        changes: dict[str, Any] = {}
+        if run.info.status != "RUNNING":  # as mlflow.start_run(run_id=...) does when resuming
+            changes["status"] = "RUNNING"
+        if run_name and run_name != run.info.run_name:
+            changes["name"] = run_name
+        if changes:
+            self.client.update_run(run_id, **changes)
+            run = self.client.get_run(run_id)
+        return run
+
+    def _experiment_by_name(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return self.client.create_experiment(name)
+            except MlflowException as exc:  # another process created it meanwhile
+                if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage == "deleted":
+            raise UserError(
+                f"MLflow experiment '{name}' is deleted; restore it (mlflow experiments restore "
+                f"--experiment-id {experiment.experiment_id}) or choose another experiment_name"
+            )
+        return experiment.experiment_id
+
+    def _experiment_by_id(self, experiment_id: str, source: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            experiment = self.client.get_experiment(experiment_id)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise UserError(
+                    f"MLflow experiment id '{experiment_id}' ({source}) does not exist at "
+                    f"{redact_uri(self.tracking_uri)}; set an existing id or use MLFLOW_EXPERIMENT_NAME"
+                ) from None
+            raise
+        if experiment.lifecycle_stage == "deleted":
+            raise UserError(f"MLflow experiment id '{experiment_id}' ({source}) is deleted; restore it or choose another")
+        return experiment.experiment_id
+
+    def _create(self, experiment_name: str | None, run_name: str | None, tags: Mapping[str, Any]):
+        if experiment_name:
+            experiment_id = self._experiment_by_name(experiment_name)
+        elif os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip():
+            experiment_id = self._experiment_by_name(os.environ["MLFLOW_EXPERIMENT_NAME"].strip())
+        elif os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip():
+            experiment_id = self._experiment_by_id(os.environ["MLFLOW_EXPERIMENT_ID"].strip(), "MLFLOW_EXPERIMENT_ID")
+        else:
+            from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
+
+            experiment_id = DEFAULT_EXPERIMENT_ID
+        run_tags = self._tag_values(tags)
+        try:  # mlflow.user, mlflow.source.name/type, git commit: what mlflow.start_run adds
+            from mlflow.tracking.context.registry import resolve_tags
+
+            run_tags = resolve_tags(run_tags)
+        except Exception as exc:  # context providers are best effort
+            log.debug("could not resolve MLflow context tags: %s", exc)
+        return self.client.create_run(experiment_id, run_name=run_name or None, tags=run_tags)
+
+    # ---- key and value hygiene ------------------------------------------------------------
+
+    def _clean_key(self, key: str) -> str:
+        """A key MLflow accepts: only [/\\w.\\- :], no path tricks, at most 250 chars."""
+        cleaned = self._keys.get(key)
+        if cleaned is not None:
+            return cleaned
+        cleaned = re.sub(r"[^/\w.\- :]", "_", str(key))
+        norm = posixpath.normpath(cleaned) if cleaned else ""
+        if not cleaned or norm != cleaned or norm in (".", "..") or norm.startswith(("/", "..")):
+            cleaned = cleaned.replace("/", "_")
+            if cleaned.strip(".") == "":
+                cleaned = "_" + cleaned
+        cleaned = cleaned[: mlflow_limits()["MAX_ENTITY_KEY_LENGTH"]]
+        if cleaned != key:
+            log.warning("MLflow: key '%s' is logged as '%s' (MLflow refuses some characters)", key, cleaned)
+        self._keys[key] = cleaned
+        return cleaned
+
+    def _tag_values(self, tags: Mapping[str, Any]) -> dict[str, str]:
+        limit = mlflow_limits()["MAX_TAG_VAL_LENGTH"]
+        secrets = secret_values()
+        return {self._clean_key(str(k)): redact(str(v), secrets)[:limit] for k, v in tags.items()}
+
+    def skip_logged_steps(self, keys: Iterable[str] | None = None, min_step: int = 0) -> int:
+        """Read the ``(key, step)`` pairs (``step >= min_step``) already on the run, for ``keys``
+        (default: every metric of the run); later values at those steps are not sent again.
+        Returns how many pairs were found. For a resumed run: the steps a killed attempt had
+        already sent are replayed identically and need not be sent twice."""
+        with self._short_requests():
+            if keys is None:
+                keys = list(self.client.get_run(self.run_id).data.metrics)
+            found = 0
+            for key in keys:
+                name = self._clean_key(str(key))
+                steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, name) if m.step >= min_step}
+                if steps:
+                    self.skipped_steps.setdefault(name, set()).update(steps)
+                    found += len(steps)
+        return found
+
+    # ---- the protocol ---------------------------------------------------------------------
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        limit = mlflow_limits()["MAX_PARAM_VAL_LENGTH"]
+        new: list[Any] = []
+        truncated: list[str] = []
+        for key, value in flatten_params(scrub_params(params)).items():
+            name = self._clean_key(str(key))
+            text = str(value)
+            if len(text) > limit:
+                text = text[:limit]
+                truncated.append(name)
+            old = self._params.get(name)
+            if old is None:
+                self._params[name] = text
+                new.append(Param(name, text))
+            elif not same_param(old, text):
+                log.warning(
+                    "MLflow: param '%s' is already %r on run %s; the new value %r is not logged "
+                    "(MLflow params cannot change; start a new run to change it)",
+                    name, one_line(old, 200), self.run_id, one_line(text, 200),
+                )
+        if truncated:
+            log.warning("MLflow: params truncated to %d characters: %s", limit, ", ".join(truncated))
+        self._pending_params.extend(new)
+        self._send_queued(("params",))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        step = int(step)
+        for key, value in metrics.items():
+            number = self._cleaner.number(str(key), value)
+            if number is None:
+                continue
+            name = self._clean_key(str(key))
+            if step in self.skipped_steps.get(name, ()):
+                continue  # already on the run (a resumed run replays the steps a killed attempt sent)
+            self._buffer.append(Metric(name, number, timestamp, step))
+        if self._outage_since is not None:
+            self._count_delayed()
+            if len(self._buffer) > self.max_buffered_metrics:
+                self._spill(f"more than {self.max_buffered_metrics} in memory")
+        if (
+            len(self._buffer) >= self.flush_max_metrics
+            or time.monotonic() - self._last_flush >= self.flush_every_s
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        """Send buffered metrics now (during an outage: once the backoff has passed)."""
+        self._last_flush = time.monotonic()
+        if not self._buffer and self._outage_since is None:
+            return
+        self._send_queued(("metrics",))
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        local_path = os.fspath(local_path)
+        if os.path.isdir(local_path):
+            fn = self.client.log_artifacts
+        elif os.path.isfile(local_path):
+            fn = self.client.log_artifact
+        else:
+            raise FileNotFoundError(f"cannot log artifact '{local_path}': no such file or directory")
+        if self._outage_since is None and self._try(fn, self.run_id, local_path, artifact_path):
+            return
+        self._pending_artifacts.append((self._copy_for_later(local_path), artifact_path, True))
+        self._send_queued(())
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._pending_tags.extend(RunTag(k, v) for k, v in self._tag_values(tags).items())
+        self._send_queued(("tags",))
+
+    def log_input(self, dataset: Any, context: str | None = None, tags: Mapping[str, str] | None = None) -> None:
+        """Record an ``mlflow.data`` dataset (e.g. ``mlflow.data.from_pandas(df, name=...)``) as a run input."""
+        from mlflow.entities import DatasetInput, InputTag
+
+        input_tags = [InputTag(key=k, value=str(v)) for k, v in (tags or {}).items()]
+        if context:
+            input_tags.append(InputTag(key="mlflow.data.context", value=context))
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(), tags=input_tags)])
+
+    def finalize(self, status: Status, reason: str | None = None) -> None:
+        """Send everything, then mark the run FINISHED (``"success"``), FAILED (with a
+        ``failure_reason`` tag) or KILLED (``stop_reason``). Idempotent.
+
+        A server that is down is waited for, with backoff, up to ``finalize_wait_s``; then what
+        is left goes to the spool file and one line on stderr gives the upload command (the run
+        stays RUNNING on the server until it is uploaded). If sending fails for another reason,
+        the run is marked FAILED and the error re-raised.
+        """
+        from mlflow.entities import RunTag
+
+        check_status(status)
+        if self._finalized:
+            return
+        self._finalized = True
+        end_time = int(time.time() * 1000)
+        error: BaseException | None = None
+        try:
+            self._drain(QUEUES)
+        except Exception as exc:  # not an outage: a value MLflow refuses, a bug
+            error = exc
+            status = "failed"
+            reason = reason or f"could not send the last metrics to MLflow: {exc}"
+            self._clear_queues()
+        if status in ("failed", "killed"):
+            tag = "failure_reason" if status == "failed" else "stop_reason"
+            text = one_line(redact(reason or "unknown (no reason given)"), FAILURE_REASON_MAX_CHARS)
+            self._pending_tags.extend(RunTag(k, v) for k, v in self._tag_values({tag: text}).items())
+        terminal = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status]
+        deadline = time.monotonic() + (self.finalize_wait_s if self._http else 0.0)
+        done = False
+        while True:
+            try:
+                done = self._drain(QUEUES) and self._try(
+                    self.client.set_terminated, self.run_id, terminal, end_time=end_time
+                )
+            except Exception as exc:
+                error = error or exc
+                self._clear_queues()
+                try:  # at least end the run
+                    with self._short_requests():
+                        self.client.set_terminated(self.run_id, "FAILED", end_time=end_time)
+                except Exception:
+                    pass
+                done = True
+            if done:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(max(0.05, min(self._next_retry - time.monotonic(), remaining)))
+        if not done:
+            self._write_spool((terminal, end_time))
+        line = self.report()
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        if error is not None:
+            raise error
+
+

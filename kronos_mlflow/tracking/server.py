@@ -1,0 +1,125 @@
+"""Is the tracking server there? A short probe before a run starts, and the test that tells a
+server outage (retry later) from a refused request (a real error)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ..errors import UserError
+from ..secrets import redact, redact_uri
+from .protocol import one_line
+
+
+# Limits of MLflow 3 (mlflow.utils.validation), used when MLflow does not say.
+_DEFAULT_LIMITS = {
+    "MAX_PARAM_VAL_LENGTH": 6000,
+    "MAX_TAG_VAL_LENGTH": 8000,
+    "MAX_PARAMS_TAGS_PER_BATCH": 100,
+    "MAX_METRICS_PER_BATCH": 1000,
+    "MAX_ENTITY_KEY_LENGTH": 250,
+}
+
+
+@functools.cache
+def mlflow_limits() -> dict[str, int]:
+    """MLflow's size limits, read once from the installed MLflow."""
+    from mlflow.utils import validation
+
+    return {name: int(getattr(validation, name, default)) for name, default in _DEFAULT_LIMITS.items()}
+
+
+def probe_tracking_server(uri: str, timeout: float) -> None:
+    """Raise a one-line UserError when an http(s) tracking server does not answer.
+
+    MLflow's own client retries for minutes before giving up; one GET of ``/health`` with a
+    short timeout tells the user at once. Any HTTP answer (even 401/404) counts as reachable,
+    except 502/504: a proxy in between could not reach the server.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https"):
+        return
+    netloc = parts.netloc.rpartition("@")[2]  # urllib cannot take user:pass@ in the URL
+    url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code not in (502, 504):
+            return  # the server answered; MLflow itself will report auth or path problems
+        reason: Any = f"HTTP {exc.code} {exc.reason} (a proxy could not reach it)"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+    from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == uri.strip()
+    hint = "start it or unset MLFLOW_TRACKING_URI" if from_env else "start it or use another tracking URI"
+    raise UserError(
+        redact(f"MLflow tracking server {redact_uri(uri)} is unreachable: {one_line(reason, 200)}; {hint}")
+    )
+
+
+def hide_uri_printing(uri: str) -> None:
+    """MLflow's client writes "View run NAME at: <tracking URI>/#/..." to stdout when it ends a
+    run on a tracking server, password included when the URI holds one (``user:pw@host``).
+    Turn that off for this process when the URI holds a password (MLflow reads
+    ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` on every call)."""
+    if redact_uri(str(uri)) != str(uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+    """One-line UserError when the tracking server (``uri`` or MLflow's current one) is down."""
+    if uri is None:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+    probe_tracking_server(str(uri), timeout)
+
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means "the tracking server could not be reached or failed" (refused,
+    reset, timed out, DNS, HTTP 5xx / too many retries), not "the server refused the request".
+
+    MLflow wraps transport errors in ``MlflowException("API request to ... failed with
+    exception ...")``; the chain (``__cause__`` / ``__context__``) is searched for the cause.
+    """
+    import requests
+
+    try:
+        import urllib3.exceptions as u3
+        transport: tuple[type[BaseException], ...] = (u3.HTTPError,)
+    except ImportError:  # pragma: no cover
+        transport = ()
+    from mlflow.exceptions import MlflowException, RestException
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 10:
+        seen.add(id(current))
+        if isinstance(current, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                                requests.exceptions.RetryError, requests.exceptions.ChunkedEncodingError,
+                                ConnectionError, TimeoutError) + transport):
+            return True
+        if isinstance(current, RestException):
+            try:
+                return int(current.get_http_status_code()) >= 500
+            except Exception:
+                return False
+        if isinstance(current, MlflowException):
+            text = str(current)
+            if text.startswith("API request to") and (
+                "failed with exception" in text or "failed with timeout" in text
+            ):
+                return True
+            match = re.search(r"failed with error code (\d{3})", text)
+            if match and int(match.group(1)) >= 500:
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+

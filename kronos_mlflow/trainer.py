@@ -1,0 +1,356 @@
+"""The training loop: loss, step, validation and ``fit``, with no rank branches.
+
+The semantics are upstream Kronos's ``finetune/train_tokenizer.py``: AdamW, one-cycle learning
+rate, gradient accumulation, clip at norm 2.0, loss ``(mse(z_pre, x) + mse(z, x) + bsq_loss) / 2``,
+validation MSE of the full reconstruction averaged over every validation sample of every rank,
+best checkpoint kept. Every rank runs the same code: what only rank 0 does (print, write files,
+log) is decided once by the caller, through the :class:`~kronos_mlflow.console.Console`, the
+:class:`RunFiles` and the logger it passes in (silent, no-op and :class:`NullLogger` elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from . import checkpoint
+from .console import Console
+from .data import QlibDataset
+from .data.loaders import train_loader_for, val_loader_for
+from .distributed import barrier, dist_sum
+from .errors import ConfigError, UserError
+from .keys import (BEST_METRIC, INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON,
+                   TRAIN_RECON_PRE, VAL_METRIC)
+from .layout import RunLayout
+from .optim import build_optimizer, build_scheduler
+from .perf import autocast, compile_model, resolve_compile, resolve_fused, resolve_precision
+from .quality import ValidationStats
+from .quality import describe as describe_quality
+from .tracking.protocol import ExperimentLogger
+
+
+class TrainingPruned(Exception):
+    """The sweep's pruner stopped this trial after an epoch; its metrics stay logged."""
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def compute_loss(model, x, precision: str = "fp32"):
+    """Upstream's objective. Returns (loss, parts) with parts as detached tensors.
+
+    ``bsq_loss`` (commitment + entropy terms) is weighted like each reconstruction term; the
+    sum is halved so the scale matches upstream's logged numbers. ``precision`` is a resolved
+    one (:func:`kronos_mlflow.perf.resolve_precision`): ``bf16`` runs the forward under autocast;
+    the losses are always computed in float32.
+    """
+    with autocast(precision, x.device):
+        (z_pre, z), bsq_loss, _, _ = model(x)
+    recon_pre = F.mse_loss(z_pre.float(), x)
+    recon_all = F.mse_loss(z.float(), x)
+    loss = (recon_pre + recon_all + bsq_loss.float()) / 2
+    return loss, {"bsq": bsq_loss.detach(), "recon_pre": recon_pre.detach(), "recon_all": recon_all.detach()}
+
+
+def train_step(model, optimizer, batch_x, config, precision: str | None = None):
+    """One optimizer step on ``batch_x`` (on the device), as upstream takes it.
+
+    ``accumulation_steps`` sub-batches (under DDP gradients are all-reduced on the last one
+    only), clip to ``grad_clip_norm``, AdamW step, gradients dropped. Returns ``(loss, parts)``:
+    the mean loss over the sub-batches and the last sub-batch's parts, all detached 0-d tensors
+    that are not read here, so a GPU is not synchronised (read them together, once).
+    """
+    if precision is None:
+        precision = resolve_precision(config["precision"], batch_x.device)
+    accum = config["accumulation_steps"]
+    sub = batch_x.shape[0] // accum
+    total = None
+    for j in range(accum):
+        x = batch_x[j * sub:(j + 1) * sub]
+        # Under DDP, gradients are all-reduced only on the last sub-batch.
+        sync = j == accum - 1 or not hasattr(model, "no_sync")
+        with model.no_sync() if not sync else contextlib.nullcontext():
+            loss, parts = compute_loss(model, x, precision)
+            (loss / accum if accum > 1 else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config["grad_clip_norm"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return (total / accum if accum > 1 else total), parts
+
+
+# --------------------------------------------------------------------------- the model as trained
+
+
+def prepare_model(model, config, device, distributed: bool = False, run_steps: int | None = None):
+    """The model as training calls it: the fused path on or off (``fused_layers``), wrapped in
+    DDP when ``distributed``, then ``torch.compile``d when ``compile`` resolves to on (``auto``
+    on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run).
+    :func:`unwrap_model` gives the plain module back (for validation and checkpoints)."""
+    if hasattr(model, "set_fused"):
+        model.set_fused(resolve_fused(config["fused_layers"], device))
+    if distributed:
+        device = torch.device(device)
+        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        # The buffers (rotary frequencies, code bases) are constants: no per-forward sync.
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+            ddp_kwargs["forward_sync_buffers"] = False
+        else:
+            ddp_kwargs["broadcast_buffers"] = False
+        model = DistributedDataParallel(model, **ddp_kwargs)
+    if resolve_compile(config["compile"], device, run_steps):
+        model = compile_model(model, config["compile"])
+    return model
+
+
+def unwrap_model(model):
+    """The plain module under ``torch.compile`` and DDP wrappers."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif "_orig_mod" in getattr(model, "_modules", {}):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def evaluate(model, loader, device, stats=None) -> tuple[float, int]:
+    """Sum of per-batch MSE x batch size, and the sample count, on this rank.
+
+    ``stats`` (a :class:`~kronos_mlflow.quality.ValidationStats`) also gathers codebook use and
+    per-feature errors from the same forward passes: still one pass over the data.
+    """
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in loader:
+            x = batch[0].to(device, non_blocking=True)
+            (z_pre, z), _, _, codes = model(x)
+            total += F.mse_loss(z, x).item() * x.size(0)
+            count += x.size(0)
+            if stats is not None:
+                stats.update(x, z_pre, z, codes)
+    model.train(was_training)
+    return total, count
+
+
+def global_val_loss(model, loader, device, stats=None) -> float | None:
+    """Validation MSE over every rank's samples (a collective); ``stats``, if given, is summed
+    over ranks too. None when no rank has a validation sample."""
+    total, count = evaluate(model, loader, device, stats)
+    total, count = dist_sum([total, count])
+    if stats is not None:
+        stats.all_reduce()
+    return total / count if count else None
+
+
+# --------------------------------------------------------------------------- what rank 0 writes
+
+
+class RunFiles:
+    """The files of a run that training writes: the best checkpoint, the training state after
+    each epoch, the validation plots. Built with ``enabled=False`` on every rank but 0, where
+    each method does nothing (collectives stay in the loop, on every rank)."""
+
+    def __init__(self, layout: RunLayout, enabled: bool = True):
+        self.layout = layout
+        self.enabled = bool(enabled)
+
+    def save_best(self, raw_model) -> None:
+        if self.enabled:
+            raw_model.save_pretrained(self.layout.best_model)
+
+    def save_state(self, **state: Any) -> None:
+        if self.enabled:
+            checkpoint.save_training_state(self.layout.training_state, **state)
+
+    def log_plots(self, logger: ExperimentLogger, config, val_ds, stats, best_epoch: int) -> None:
+        if self.enabled:  # PNGs under plots/ of the run, drawn from the best checkpoint
+            from .plots import log_validation_plots
+
+            log_validation_plots(logger, config, str(self.layout.root), val_ds, stats, best_epoch)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles, console: Console, *,
+        rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
+        resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
+
+    Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
+    ``should_stop(epoch, val_loss)`` (a sweep's pruner, rank 0's) runs after each validation; if
+    it says stop, every rank raises :class:`TrainingPruned`. ``resume_state`` (from
+    :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
+    each training state so that the resumed run continues the same MLflow run and Comet
+    experiment. Returns ``best_val_loss``, ``best_epoch``, ``val_loss_history``,
+    ``val_loss_initial``, ``steps`` and ``best_val_quality``.
+    """
+    raw_model = unwrap_model(model)
+    train_ds = QlibDataset("train", config)
+    val_ds = QlibDataset("val", config)
+    if len(train_ds) == 0:
+        raise UserError(
+            f"no training windows for instrument '{config['instrument']}' in {':'.join(config['train_time_range'])}; "
+            "widen train_time_range or choose another instrument"
+        )
+    if len(val_ds) == 0:
+        console.warn(f"no validation windows in {':'.join(config['val_time_range'])}: training runs without "
+                     "validation and keeps the last epoch as best_model")
+    train_loader = train_loader_for(train_ds, config, rank, world_size, device)
+    val_loader = val_loader_for(val_ds, config, rank, world_size)
+    steps_per_epoch = len(train_loader)
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"{len(train_ds)} training windows per epoch; lower batch_size or raise n_train_iter"
+        )
+
+    optimizer = build_optimizer(raw_model, config, log=console.print)
+    scheduler = build_scheduler(optimizer, config, steps_per_epoch)
+    has_val = len(val_ds) > 0
+    precision = resolve_precision(config["precision"], device)
+
+    best_val_loss = math.inf
+    best_epoch = -1
+    best_stats = None  # codebook use and per-feature errors at the best epoch (for the plots)
+    history: list[float] = []
+    global_step = 0
+    start_epoch = 0
+    if resume_state is not None:
+        # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
+        state = checkpoint.load_training_state(resume_state["directory"], model=raw_model, optimizer=optimizer,
+                                               scheduler=scheduler, map_location=device, rank=rank)
+        start_epoch, global_step = state["next_epoch"], state["global_step"]
+        if state["best_val_loss"] is not None:
+            best_val_loss = state["best_val_loss"]
+        extra = state["extra"]
+        best_epoch = int(extra.get("best_epoch", -1))
+        history = list(extra.get("val_loss_history", []))
+        initial = extra.get("val_loss_initial")
+        console.print(f"resuming after epoch {start_epoch}/{config['epochs']} (step {global_step}, "
+                      f"best val_loss {best_val_loss:.6f}) from {state['directory']}")
+    else:
+        initial = global_val_loss(raw_model, val_loader, device) if has_val else None
+        if initial is not None:
+            logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
+            console.print(f"starting weights: val_loss={initial:.6f}")
+    digest = checkpoint.config_digest(config, world_size=world_size)
+
+    def save_state(epoch: int) -> None:
+        rng_states = checkpoint.gather_rng_states()  # a collective: every rank
+        logger.persist()  # metrics of the steps this state says are done: sent or on disk
+        files.save_state(
+            model=raw_model, optimizer=optimizer, scheduler=scheduler, epoch=epoch, global_step=global_step,
+            best_val_loss=best_val_loss if math.isfinite(best_val_loss) else None,
+            run_ids=run_ids or {}, config_digest=digest, config={**config, "world_size": world_size},
+            extra={"best_epoch": best_epoch, "val_loss_history": history, "val_loss_initial": initial},
+            rng_states=rng_states,
+        )
+
+    if resume_state is None:
+        save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
+    model.train()
+    for epoch in range(start_epoch, config["epochs"]):
+        t0 = time.time()
+        train_ds.set_epoch_seed(epoch)
+        val_ds.set_epoch_seed(0)
+        running = 0.0
+        for batch_x, _ in console.progress(train_loader, steps_per_epoch, f"epoch {epoch + 1}/{config['epochs']}"):
+            batch_x = batch_x.to(device, non_blocking=True)
+            loss, parts = train_step(model, optimizer, batch_x, config, precision)
+            scheduler.step()
+            # One device read for the four numbers (one GPU sync per step, not four).
+            avg, bsq, recon_pre, recon_all = torch.stack(
+                [loss.float(), parts["bsq"].float(), parts["recon_pre"].float(), parts["recon_all"].float()]
+            ).tolist()
+            running += avg
+            lr = optimizer.param_groups[0]["lr"]
+            logger.log_metrics({TRAIN_LOSS: avg, TRAIN_BSQ_LOSS: bsq, TRAIN_RECON_PRE: recon_pre,
+                                TRAIN_RECON: recon_all, LEARNING_RATE: lr}, step=global_step)
+            global_step += 1
+            if global_step % config["log_interval"] == 0:
+                console.print(f"step {global_step}: loss={avg:.6f} lr={lr:.3e}")
+
+        stats = ValidationStats.for_model(raw_model, device) if has_val else None
+        val_loss = global_val_loss(raw_model, val_loader, device, stats) if has_val else None
+        quality_metrics = stats.metrics() if stats is not None else {}
+        improved = False
+        if val_loss is not None:
+            history.append(val_loss)
+            logger.log_metrics({VAL_METRIC: val_loss, **quality_metrics}, step=epoch)
+            if val_loss < best_val_loss:
+                best_val_loss, best_epoch, improved, best_stats = val_loss, epoch, True, stats
+        else:
+            best_epoch, improved = epoch, True
+        if improved:
+            files.save_best(raw_model)
+        shown = f"{val_loss:.6f}" if val_loss is not None else "n/a"
+        console.print(f"epoch {epoch + 1}/{config['epochs']}: train_loss={running / steps_per_epoch:.6f} "
+                      f"val_loss={shown} best={best_val_loss:.6f} ({time.time() - t0:.1f}s)"
+                      + (" *saved*" if improved else ""))
+        if quality_metrics:
+            console.print(f"  {describe_quality(quality_metrics, stats.s1_bits, stats.s2_bits)}")
+        # The training state after this epoch (after best_model: a state never points at a best
+        # checkpoint that is not on disk).
+        save_state(epoch)
+        stop = bool(should_stop(epoch, val_loss)) if should_stop is not None else False
+        # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
+        if dist_sum([1.0 if stop else 0.0])[0] > 0:
+            console.print(f"pruned after epoch {epoch + 1}")
+            raise TrainingPruned(f"pruned after epoch {epoch + 1} with val_loss {val_loss}")
+        barrier()
+
+    result = {
+        "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else float("nan"),
+        "best_epoch": best_epoch,
+        "val_loss_history": history,
+        "val_loss_initial": initial,
+        "steps": global_step,
+        "best_val_quality": best_stats.metrics() if best_stats is not None else None,
+    }
+    if math.isfinite(best_val_loss):
+        logger.log_metrics({BEST_METRIC: best_val_loss}, step=best_epoch)
+    if has_val and best_stats is None and best_epoch >= 0:
+        # Resumed after the best epoch: its validation statistics are recomputed from best_model
+        # (every rank takes part: it is a collective).
+        from .model import KronosTokenizer
+
+        best_model = KronosTokenizer.from_pretrained(files.layout.best_model, map_location=device)
+        best_stats = ValidationStats.for_model(best_model, device)
+        global_val_loss(best_model, val_loader, device, best_stats)
+        result["best_val_quality"] = best_stats.metrics()
+    files.log_plots(logger, config, val_ds if has_val else None, best_stats, best_epoch)
+    return result
+
+
+def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
+                resume_state=None, run_ids=None):
+    """The seed's contract: train ``model`` and keep the best checkpoint under ``save_dir``.
+
+    Returns ``(model, result)`` with ``result["best_val_loss"]``. ``logger`` is an experiment
+    logger on rank 0 and may be ``None`` elsewhere; every rank takes part in the collectives.
+    This is where such callers' ``rank`` decides who prints and writes files (see :func:`fit`).
+    """
+    from .tracking.protocol import NullLogger
+
+    main = rank == 0
+    files = RunFiles(RunLayout(Path(save_dir)), enabled=main)
+    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, Console(main),
+                 rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
+                 run_ids=run_ids)
+    return model, result
