@@ -380,6 +380,7 @@ class MLflowLogger:
     """
 
     essential = True
+    system_metrics = None  # a started kronos_mlflow.system_metrics.SystemMetrics, stopped by finalize
 
     def __init__(
         self,
@@ -948,6 +949,8 @@ class MLflowLogger:
         if self._finalized:
             return
         self._finalized = True
+        if self.system_metrics is not None:  # its last values go in before the run ends
+            self.system_metrics.stop()
         end_time = int(time.time() * 1000)
         error: BaseException | None = None
         try:
@@ -1310,6 +1313,10 @@ def build_logger(
         run_id=run_id,
         spool_dir=spool_dir,
     )
+    from .system_metrics import start_system_metrics
+
+    mlflow_logger.system_metrics = start_system_metrics(config, mlflow_logger.run_id, mlflow_logger.tracking_uri,
+                                                        resume=mlflow_logger.attached)
     loggers: list[ExperimentLogger] = [mlflow_logger]
     if mode is not None:
         comet = _start_comet(config, mode, run_name, mlflow_logger, comet_experiment_key)
