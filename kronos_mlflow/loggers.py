@@ -1288,7 +1288,8 @@ def build_logger(
     and training continues with MLflow only. The two are cross-linked: the MLflow run id is
     logged to Comet (``mlflow_run_id``) and the Comet key tagged on the run
     (``comet_experiment_key``). Also installs :class:`~kronos_mlflow.secrets.SecretFilter` on
-    the root logger's handlers.
+    the root logger's handlers, and starts MLflow's system-metrics monitor on the run
+    (:mod:`kronos_mlflow.system_metrics`; ``MLflowLogger.finalize`` stops it).
 
     ``rank`` may also be an object with a ``rank`` attribute (``DistInfo``).
 
