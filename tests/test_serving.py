@@ -135,11 +135,22 @@ def test_champion_served_over_rest_matches_the_tokenizer(tmp_path):
         np.testing.assert_allclose(np.asarray(got["reconstruction"], dtype=np.float32), expected["reconstruction"],
                                    rtol=1e-4, atol=1e-4)
 
+        # the README's request: the model's own serving example, downloaded through the alias
+        (tmp_path / "example").mkdir()
+        download = subprocess.run([sys.executable, "-m", "mlflow", "artifacts", "download", "-u",
+                                   f"models:/{MODEL}@champion/serving_input_example.json", "-d", "example"],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert download.returncode == 0, download.stderr[-2000:]
+        example = tmp_path / "example" / "serving_input_example.json"
+        status, body = _post(f"{base}/invocations", json.loads(example.read_text()))
+        assert status == 200, body
+        assert np.asarray(body["predictions"]["tokens"]).shape == (2, x.shape[1])
+
         status, body = _post(f"{base}/invocations", {"inputs": x[..., :5].tolist()})  # 5 features, not 6
         assert status == 400, body
         assert body["error_code"] == "INVALID_PARAMETER_VALUE"
         last = body["message"].strip().splitlines()[-1]
         assert len(last) < 300, last
-        assert "(3, 26, 5)" in last and "(-1, 26, 6)" in last, last
+        assert last.endswith("Shape of input (3, 26, 5) does not match expected shape (-1, 26, 6)."), last
     finally:
         _stop(proc)
