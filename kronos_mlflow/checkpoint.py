@@ -96,6 +96,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # tracking and naming
     "experiment_name", "run_name", "registered_model_name",
     "comet", "comet_project_name", "comet_workspace", "comet_offline_directory", "comet_tag", "comet_name",
+    "system_metrics", "system_metrics_interval_s",
     # console and locations (the save directory itself is where the state lives)
     "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
     # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers

@@ -93,6 +93,9 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "comet_tag": ("finetune_demo", "Tag added to the Comet experiment (upstream's key)."),
     "comet_name": ("finetune_demo", "Comet experiment name (upstream's key)."),
     "nproc_per_node": (1, "Processes per node the launcher started (recorded as a param)."),
+    "system_metrics": ("on", "MLflow system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py) on the run: "
+                             "on or off."),
+    "system_metrics_interval_s": (30.0, "Seconds between logged system-metric points (each the mean of 3 samples)."),
     # ---- fault tolerance ----
     "resume": ("auto", "Resume from {save_dir}/checkpoints/last: auto (when saved with the same config), "
                        "never (start over; the state is replaced), or must (refuse to start without one)."),
@@ -120,14 +123,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("auto", "fp32", "bf16"),
     "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
     "resume": ("auto", "never", "must"),
+    "system_metrics": ("on", "off"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
     "accumulation_steps", "lookback_window", "predict_window", "max_context", "clip",
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
-    "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node",
+    "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
 )
-_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse")
+_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Sizes that would allocate absurd amounts of memory are refused up front.

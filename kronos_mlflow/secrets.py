@@ -25,6 +25,9 @@ REDACTED = "***"
 
 # Always secret, whatever their name looks like.
 SECRET_ENV_VARS = ("COMET_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+# The shell's current and previous directory: "pwd" names a directory here, not a password
+# (hiding it would turn every path under the working directory into "***").
+_DIRECTORY_ENV_VARS = ("PWD", "OLDPWD")
 
 # Values shorter than this are not treated as secrets: hiding "0" or "ab" everywhere would
 # mangle ordinary text and protect nothing.
@@ -74,7 +77,7 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     found: set[str] = set()
     for name, value in list(env.items()):
-        if not value:
+        if not value or name in _DIRECTORY_ENV_VARS:
             continue
         if name in SECRET_ENV_VARS or is_secret_name(name):
             found.add(value)

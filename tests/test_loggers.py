@@ -29,7 +29,6 @@ from kronos_mlflow.tracking import (
     MLflowLogger,
     MultiLogger,
     NullLogger,
-    Tracking,
     build_logger,
     build_tracking,
     comet_mode,

@@ -143,3 +143,11 @@ def test_install_secret_filter_is_idempotent():
     finally:
         logger.removeHandler(handler)
         logger.removeFilter(first)
+
+
+def test_the_shells_directory_variables_are_not_secrets():
+    from kronos_mlflow.secrets import redact, secret_values
+
+    env = {"PWD": "/home/me/project", "OLDPWD": "/home/me", "DB_PASSWORD": "hunter2-long"}
+    assert secret_values(env) == ["hunter2-long"]
+    assert redact("sqlite:////home/me/project/optuna.db", secret_values(env)) == "sqlite:////home/me/project/optuna.db"

@@ -505,6 +505,9 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     parent_id = os.environ.get("MLFLOW_RUN_ID")
     parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent",
                    "optuna.storage": _redact_url(args.storage)}
+    from .dashboard import study_tags
+
+    parent_tags.update(study_tags(args.storage, study.study_name))  # how to open the study's dashboard
     if parent_id:
         for k, v in parent_tags.items():
             client.set_tag(parent_id, k, v)

@@ -2,7 +2,8 @@
 
 Rooms: ``protocol`` (the protocol, :class:`NullLogger`, the fan-out :class:`MultiLogger`),
 ``mlflow`` (the MLflow run) with ``outage`` (queueing, backoff and spooling while its server is
-down) and ``spool`` (the spool file and ``upload-spool``), ``server`` (probing the server),
+down), ``spool`` (the spool file and ``upload-spool``) and ``system_metrics`` (MLflow's CPU, memory
+and GPU monitor), ``server`` (probing the server),
 ``comet`` (Comet online or offline), ``model_logging`` (the best checkpoint as an MLflow Model,
 the dataset as the run's input).
 
@@ -25,6 +26,7 @@ from .comet import CometLogger, comet_mode, start_comet
 from .mlflow import MLflowLogger
 from .protocol import ExperimentLogger, MultiLogger, NullLogger, Status
 from .server import check_tracking_server, is_connection_error
+from .system_metrics import start_system_metrics
 
 __all__ = [
     "CometLogger", "ExperimentLogger", "MLflowLogger", "MultiLogger", "NullLogger", "Status", "Tracking",
@@ -65,7 +67,9 @@ def build_tracking(
     ``COMET_API_KEY`` nor Comet config file, is warned about once and training continues with
     MLflow only. The two are cross-linked: the MLflow run id is logged to Comet
     (``mlflow_run_id``) and the Comet key tagged on the run (``comet_experiment_key``). Also
-    installs :class:`~kronos_mlflow.secrets.SecretFilter` on the root logger's handlers.
+    installs :class:`~kronos_mlflow.secrets.SecretFilter` on the root logger's handlers, and starts
+    MLflow's system-metrics monitor on the run (:mod:`~kronos_mlflow.tracking.system_metrics`;
+    ``MLflowLogger.finalize`` stops it).
 
     ``rank`` may also be an object with a ``rank`` attribute (``DistInfo``).
 
@@ -91,6 +95,8 @@ def build_tracking(
     )
     if resume:
         mlflow_logger.skip_logged_steps()
+    mlflow_logger.system_metrics = start_system_metrics(config, mlflow_logger.run_id, mlflow_logger.tracking_uri,
+                                                        resume=mlflow_logger.attached)
     loggers: list[ExperimentLogger] = [mlflow_logger]
     comet = start_comet(config, mode, run_name, mlflow_logger, comet_experiment_key) if mode else None
     if comet is not None:

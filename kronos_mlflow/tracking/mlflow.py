@@ -59,6 +59,7 @@ class MLflowLogger(OutageQueue):
     """
 
     essential = True
+    system_metrics = None  # a started kronos_mlflow.tracking.system_metrics.SystemMetrics, stopped by finalize
 
     def __init__(
         self,
@@ -341,6 +342,8 @@ class MLflowLogger(OutageQueue):
         if self._finalized:
             return
         self._finalized = True
+        if self.system_metrics is not None:  # its last values go in before the run ends
+            self.system_metrics.stop()
         end_time = int(time.time() * 1000)
         error: BaseException | None = None
         try:

@@ -1,0 +1,156 @@
+"""Serving the registered champion with MLflow's real scoring server (slow: about a minute).
+
+A tiny training registers its best model; the test gives version 1 the ``champion`` alias (as a
+sweep does), starts ``mlflow models serve -m models:/<name>@champion --env-manager local`` on a
+free 127.0.0.1 port, posts real demo-market windows to ``/invocations`` and checks the answer
+against ``KronosTokenizer`` run on the same windows with the same normalisation. A request of
+the wrong shape gets a 400 whose last line names both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_runs import isolated_env, tiny_config, train_command
+
+pytestmark = pytest.mark.slow
+MODEL = "kronos-tok"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # uvicorn's workers live in the server's own process group
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=5)
+
+
+def _serve(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    """``mlflow models serve`` on a free port; retried when another process took the port."""
+    for attempt in range(3):
+        port = _free_port()
+        log_path = tmp_path / f"serve-{attempt}.log"
+        cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
+               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
+                    if resp.status == 200:
+                        return proc, base
+            except OSError:
+                pass
+            time.sleep(0.5)
+        _stop(proc)
+        if "address already in use" not in log_path.read_text(errors="replace").lower():
+            pytest.fail(f"mlflow models serve did not answer /ping:\n{log_path.read_text(errors='replace')[-3000:]}")
+    pytest.fail("mlflow models serve found no free port in three tries")
+
+
+def _expected(checkpoint: Path, x: np.ndarray, lookback: int, clip: float) -> dict[str, np.ndarray]:
+    """KronosTokenizer on the raw windows, normalised as training does (lookback mean/std, clip)."""
+    import torch
+
+    from kronos_mlflow.features import NORM_EPS, normalize_windows
+    from kronos_mlflow.model import KronosTokenizer
+
+    model = KronosTokenizer.from_pretrained(str(checkpoint)).eval()
+    past = x[:, :lookback, :]
+    mean, std = past.mean(axis=1, keepdims=True), past.std(axis=1, keepdims=True)
+    with torch.no_grad():
+        t = torch.from_numpy(normalize_windows(x, lookback, clip))
+        s1, s2 = model.encode(t, half=True)
+        full = model.encode(t)
+        recon = model.decode(full).numpy() * (std + NORM_EPS) + mean
+    return {"reconstruction": recon, "tokens": full.numpy(), "s1_tokens": s1.numpy(), "s2_tokens": s2.numpy()}
+
+
+def test_champion_served_over_rest_matches_the_tokenizer(tmp_path):
+    from mlflow import MlflowClient
+
+    from kronos_mlflow.tracking.model_logging import example_windows
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    client.search_experiments()
+    env = isolated_env(tmp_path, uri)
+    train = subprocess.run(train_command(tmp_path, registered_model_name=MODEL, epochs=1), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert train.returncode == 0, (train.stdout + train.stderr)[-3000:]
+    client.set_registered_model_alias(MODEL, "champion", "1")
+
+    config = tiny_config(tmp_path)
+    x = example_windows(config, n=3)  # real windows of the demo market's validation split
+    assert x.shape == (3, config["lookback_window"] + config["predict_window"] + 1, 6)
+    checkpoint = tmp_path / "outputs" / config["tokenizer_save_folder_name"] / "checkpoints" / "best_model"
+    expected = _expected(checkpoint, x, config["lookback_window"], config["clip"])
+
+    # `mlflow models serve` starts uvicorn by name: the environment's bin/ must be on PATH
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc, base = _serve(tmp_path, env)
+    try:
+        status, body = _post(f"{base}/invocations", {"inputs": x.tolist()})
+        assert status == 200, body
+        got = body["predictions"]
+        assert sorted(got) == ["reconstruction", "s1_tokens", "s2_tokens", "tokens"]
+        for key in ("tokens", "s1_tokens", "s2_tokens"):
+            assert np.array_equal(np.asarray(got[key]), expected[key]), key
+        np.testing.assert_allclose(np.asarray(got["reconstruction"], dtype=np.float32), expected["reconstruction"],
+                                   rtol=1e-4, atol=1e-4)
+
+        # the README's request: the model's own serving example, downloaded through the alias
+        (tmp_path / "example").mkdir()
+        download = subprocess.run([sys.executable, "-m", "mlflow", "artifacts", "download", "-u",
+                                   f"models:/{MODEL}@champion/serving_input_example.json", "-d", "example"],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert download.returncode == 0, download.stderr[-2000:]
+        example = tmp_path / "example" / "serving_input_example.json"
+        status, body = _post(f"{base}/invocations", json.loads(example.read_text()))
+        assert status == 200, body
+        assert np.asarray(body["predictions"]["tokens"]).shape == (2, x.shape[1])
+
+        status, body = _post(f"{base}/invocations", {"inputs": x[..., :5].tolist()})  # 5 features, not 6
+        assert status == 400, body
+        assert body["error_code"] == "INVALID_PARAMETER_VALUE"
+        last = body["message"].strip().splitlines()[-1]
+        assert len(last) < 300, last
+        assert last.endswith("Shape of input (3, 26, 5) does not match expected shape (-1, 26, 6)."), last
+    finally:
+        _stop(proc)
