@@ -49,13 +49,20 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
-from .errors import short_reason
+import numpy as np
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from .config import is_secret_key
+from .errors import CheckpointError, short_reason
 from .fsutil import fsync_dir, fsync_file
+from .layout import RunLayout
 
 __all__ = [
     "STATE_NAME",
@@ -110,8 +117,6 @@ RESULT_NEUTRAL_KEYS = frozenset({
 
 def state_dir(save_dir: str | os.PathLike) -> Path:
     """``{save_dir}/checkpoints/last``: where a run's training state lives."""
-    from .layout import RunLayout
-
     return RunLayout(Path(os.path.expanduser(os.fspath(save_dir)))).training_state
 
 
@@ -122,8 +127,6 @@ def state_dir(save_dir: str | os.PathLike) -> Path:
 def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
     """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
     credential-looking keys removed, ``world_size`` added when given. JSON types only."""
-    from .config import is_secret_key
-
     out: dict[str, Any] = {}
     for key in sorted(config):
         if key in RESULT_NEUTRAL_KEYS or is_secret_key(str(key)):
@@ -160,8 +163,6 @@ def _plain(value: Any) -> Any:
 
 
 def _encode(value: Any, path: str, tensors: dict[str, Any]) -> Any:
-    import torch
-
     if isinstance(value, torch.Tensor):
         name = path
         tensors[name] = value.detach().to("cpu").contiguous().clone()
@@ -185,8 +186,6 @@ def _encode(value: Any, path: str, tensors: dict[str, Any]) -> Any:
             return {"__intdict__": [[k, _encode(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
         raise CheckpointError(f"cannot save the training state: {path} has keys of mixed types")
     try:  # numpy scalars
-        import numpy as np
-
         if isinstance(value, np.generic):
             return _encode(value.item(), path, tensors)
     except ImportError:  # pragma: no cover
@@ -232,9 +231,6 @@ def _decode(value: Any, tensors: Mapping[str, Any], where: str) -> Any:
 
 def capture_rng_state() -> dict[str, Any]:
     """This process's python, numpy, torch CPU and (if any) CUDA RNG states, as JSON."""
-    import numpy as np
-    import torch
-
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -252,9 +248,6 @@ def capture_rng_state() -> dict[str, Any]:
 
 def restore_rng_state(state: Mapping[str, Any], where: str = "training state") -> None:
     """Put back what :func:`capture_rng_state` captured (CUDA only when the GPU count matches)."""
-    import numpy as np
-    import torch
-
     try:
         py = state["python"]
         random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]),
@@ -278,8 +271,6 @@ def restore_rng_state(state: Mapping[str, Any], where: str = "training state") -
 def gather_rng_states() -> list[dict[str, Any]]:
     """Every rank's :func:`capture_rng_state`, in rank order (a collective under torchrun;
     without a process group: a list of one). Call it on every rank, save on rank 0."""
-    import torch.distributed as dist
-
     mine = capture_rng_state()
     if not (dist.is_available() and dist.is_initialized()):
         return [mine]
@@ -316,8 +307,6 @@ def save_training_state(
     ``config`` (optional) is stored as :func:`digest_config` so that a refused resume can name
     the keys that changed. ``extra`` is any JSON-able dict (history, best epoch...).
     """
-    import safetensors.torch
-
     final = Path(os.path.expanduser(os.fspath(directory)))
     parent = final.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -515,10 +504,8 @@ def read_training_state(directory: str | os.PathLike, *, verify: bool = True) ->
 
 
 def _read_tensors(path: Path, map_location) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
     try:
-        return load_file(str(path), device=str(map_location) if map_location is not None else "cpu")
+        return safetensors.torch.load_file(str(path), device=str(map_location) if map_location is not None else "cpu")
     except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError...: a bad file
         raise CheckpointError(f"tensor file '{path}' cannot be read ({short_reason(exc)}); it is truncated or damaged: "
                               "delete that directory to start over") from None
@@ -544,8 +531,6 @@ def load_training_state(
     ``extra``, ``directory``. Shapes and names are checked before anything is copied, so a state
     from another model is refused with one line and the objects are left as they were.
     """
-    import torch
-
     state = read_training_state(directory, verify=verify)
     directory = Path(state["directory"])
     where = f"training state '{directory}'"
@@ -622,8 +607,6 @@ def _check_optimizer_state(opt_state: Mapping[str, Any], optimizer, where: str) 
     states = opt_state["state"]
     if not isinstance(states, dict):
         raise CheckpointError(f"{where}: the optimizer state is malformed")
-    import torch
-
     for pid, entry in states.items():
         if pid not in by_id or not isinstance(entry, dict):
             raise CheckpointError(f"{where}: optimizer state for parameter {pid!r}, which the optimizer does not have")
@@ -671,8 +654,6 @@ def find_resumable(
         if mode == "must":
             raise CheckpointError(f"resume is must but {message}; use the same config, or set resume to never "
                                   "to start over (it is then overwritten)")
-        import warnings
-
         warnings.warn(f"{message}; starting a new run (its state will replace that one); "
                       "use another tokenizer_save_folder_name to keep it", stacklevel=2)
         return None
@@ -709,9 +690,7 @@ def _sha256(path: Path) -> str:
 
 def _torch_version() -> str:
     try:
-        import torch
-
-        return str(torch.__version__)
+            return str(torch.__version__)
     except Exception:  # pragma: no cover
         return "unknown"
 

@@ -40,6 +40,8 @@ from typing import Any
 from .errors import UserError
 from .keys import BEST_METRIC, USAGE_FULL, USAGE_S1, VAL_METRIC
 
+# mlflow is imported inside the functions: `kronos-mlflow compare --help` and bad flags answer at once.
+
 LOCAL_UI = "http://127.0.0.1:5000"
 PARENT_TAG = "mlflow.parentRunId"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -20,6 +20,7 @@ from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_sta
 from .server import hide_uri_printing, mlflow_limits, probe_tracking_server
 
 log = logging.getLogger("kronos_mlflow.tracking")
+# mlflow is imported inside the methods: `kronos-mlflow --help` and the no-MLflow paths stay fast.
 
 class MLflowLogger(OutageQueue):
     """Logs to one MLflow run through an explicit ``MlflowClient`` (no fluent global state).

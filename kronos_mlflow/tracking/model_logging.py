@@ -19,6 +19,8 @@ import numpy as np
 from .. import mlflow_model
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
 
+# mlflow, torch and the data layer are imported inside the functions (only rank 0 at the end needs them).
+
 
 def _pip_requirements() -> list[str]:
     from importlib.metadata import version
