@@ -88,6 +88,29 @@ def train_step(model, optimizer, batch_x, config, precision: str | None = None):
     return (total / accum if accum > 1 else total), parts
 
 
+def train_epoch(model, optimizer, scheduler, loader, device, config, precision: str, logger: ExperimentLogger,
+                console: Console, global_step: int, desc: str) -> tuple[float, int]:
+    """One pass over ``loader``: per batch a step, a schedule step and the step's metrics.
+    Returns the summed training loss and the global step after the epoch."""
+    running = 0.0
+    for batch_x, _ in console.progress(loader, len(loader), desc):
+        batch_x = batch_x.to(device, non_blocking=True)
+        loss, parts = train_step(model, optimizer, batch_x, config, precision)
+        scheduler.step()
+        # One device read for the four numbers (one GPU sync per step, not four).
+        avg, bsq, recon_pre, recon_all = torch.stack(
+            [loss.float(), parts["bsq"].float(), parts["recon_pre"].float(), parts["recon_all"].float()]
+        ).tolist()
+        running += avg
+        lr = optimizer.param_groups[0]["lr"]
+        logger.log_metrics({TRAIN_LOSS: avg, TRAIN_BSQ_LOSS: bsq, TRAIN_RECON_PRE: recon_pre,
+                            TRAIN_RECON: recon_all, LEARNING_RATE: lr}, step=global_step)
+        global_step += 1
+        if global_step % config["log_interval"] == 0:
+            console.print(f"step {global_step}: loss={avg:.6f} lr={lr:.3e}")
+    return running, global_step
+
+
 # --------------------------------------------------------------------------- the model as trained
 
 
@@ -269,22 +292,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         t0 = time.time()
         train_ds.set_epoch_seed(epoch)
         val_ds.set_epoch_seed(0)
-        running = 0.0
-        for batch_x, _ in console.progress(train_loader, steps_per_epoch, f"epoch {epoch + 1}/{config['epochs']}"):
-            batch_x = batch_x.to(device, non_blocking=True)
-            loss, parts = train_step(model, optimizer, batch_x, config, precision)
-            scheduler.step()
-            # One device read for the four numbers (one GPU sync per step, not four).
-            avg, bsq, recon_pre, recon_all = torch.stack(
-                [loss.float(), parts["bsq"].float(), parts["recon_pre"].float(), parts["recon_all"].float()]
-            ).tolist()
-            running += avg
-            lr = optimizer.param_groups[0]["lr"]
-            logger.log_metrics({TRAIN_LOSS: avg, TRAIN_BSQ_LOSS: bsq, TRAIN_RECON_PRE: recon_pre,
-                                TRAIN_RECON: recon_all, LEARNING_RATE: lr}, step=global_step)
-            global_step += 1
-            if global_step % config["log_interval"] == 0:
-                console.print(f"step {global_step}: loss={avg:.6f} lr={lr:.3e}")
+        running, global_step = train_epoch(model, optimizer, scheduler, train_loader, device, config, precision,
+                                           logger, console, global_step, f"epoch {epoch + 1}/{config['epochs']}")
 
         stats = ValidationStats.for_model(raw_model, device) if has_val else None
         val_loss = global_val_loss(raw_model, val_loader, device, stats) if has_val else None
@@ -326,16 +335,21 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     if math.isfinite(best_val_loss):
         logger.log_metrics({BEST_METRIC: best_val_loss}, step=best_epoch)
     if has_val and best_stats is None and best_epoch >= 0:
-        # Resumed after the best epoch: its validation statistics are recomputed from best_model
-        # (every rank takes part: it is a collective).
-        from .model import KronosTokenizer
-
-        best_model = KronosTokenizer.from_pretrained(files.layout.best_model, map_location=device)
-        best_stats = ValidationStats.for_model(best_model, device)
-        global_val_loss(best_model, val_loader, device, best_stats)
+        # Resumed after the best epoch: its statistics are recomputed from best_model.
+        best_stats = best_model_stats(files.layout.best_model, val_loader, device)
         result["best_val_quality"] = best_stats.metrics()
     files.log_plots(logger, config, val_ds if has_val else None, best_stats, best_epoch)
     return result
+
+
+def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
+    """Validation statistics of the checkpoint in ``best_dir`` (a collective: every rank)."""
+    from .model import KronosTokenizer
+
+    best_model = KronosTokenizer.from_pretrained(best_dir, map_location=device)
+    stats = ValidationStats.for_model(best_model, device)
+    global_val_loss(best_model, val_loader, device, stats)
+    return stats
 
 
 def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
