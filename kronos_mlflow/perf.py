@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import ConfigError
@@ -316,8 +317,9 @@ class DeviceWindowLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        self.x = torch.from_numpy(ds.x).to(self.device)
-        self.x_stamp = torch.from_numpy(ds.x_stamp).to(self.device)
+        # The dataset's arrays are read-only memory maps: copy them out once, on their way to the device.
+        self.x = torch.from_numpy(np.array(ds.x, dtype=np.float32)).to(self.device)
+        self.x_stamp = torch.from_numpy(np.asarray(ds.x_stamp, dtype=np.float32).copy()).to(self.device)
         self.steps = torch.arange(ds.window, device=self.device)
         self.lookback = int(ds.lookback)
         self.clip = float(ds.clip)

@@ -101,7 +101,7 @@ class QlibDataset(Dataset):
         self.symbols: list[str] = list(info["symbols"])
         try:
             self.x = self._load("x")  # (rows, 6) float32, raw features
-            self.x_stamp = self._load("stamp")  # (rows, 5) float32, calendar features
+            self.x_stamp = self._load("stamp")  # (rows, 5) uint8, calendar features (float32 per batch)
             self.starts = self._load("starts")  # (windows,) int64 row index of each window's first row
             self.offsets = self._load("offsets")  # (symbols + 1,) row offsets of each symbol
         except (OSError, ValueError):
@@ -124,8 +124,11 @@ class QlibDataset(Dataset):
                           f"'{cfg['instrument']}': this {split} split is empty (len 0)", DataWarning, stacklevel=2)
 
     def _load(self, name: str) -> np.ndarray:
-        arr = np.load(self.cache_dir / f"{self.split}_{name}.npy", allow_pickle=False)
-        return np.ascontiguousarray(arr)
+        # Memory-mapped: a process's memory does not grow with the market (pages are shared with
+        # the other ranks through the page cache). Small index arrays are read in.
+        arr = np.load(self.cache_dir / f"{self.split}_{name}.npy", allow_pickle=False,
+                      mmap_mode="r" if name in ("x", "stamp") else None)
+        return arr if name in ("x", "stamp") else np.ascontiguousarray(arr)
 
     # The collate function DataLoaders should use (``make_loader`` does).
     collate_fn = staticmethod(collate_windows)
@@ -167,12 +170,12 @@ class QlibDataset(Dataset):
     def __getitem__(self, i: int):
         start = int(self._rows(i))
         x = normalize_windows(self.x[start : start + self.window], self.lookback, self.clip)
-        return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].copy())
+        return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].astype(np.float32))
 
     def __getitems__(self, indices) -> WindowBatch:
         rows = self._rows(indices)[:, None] + self._steps  # (B, T)
         x = normalize_windows(self.x[rows], self.lookback, self.clip)
-        return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows]))
+        return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows].astype(np.float32)))
 
     def raw_windows(self, indices) -> np.ndarray:
         """The epoch's windows before normalisation, float32 ``(len(indices), window, features)``
