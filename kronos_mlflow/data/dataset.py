@@ -192,6 +192,12 @@ class QlibDataset(Dataset):
                 "last": str(dates[start + self.window - 1]),
                 "same_symbol": bool(start + self.window <= self.offsets[sym + 1])}
 
+    def window_times(self, i: int) -> list[str]:
+        """The timestamps of the epoch's i-th window's bars (ISO text: dates, or date-times)."""
+        start = int(self._rows(i))
+        dates = np.load(self.cache_dir / f"{self.split}_dates.npy", mmap_mode="r", allow_pickle=False)
+        return [str(d) for d in dates[start : start + self.window]]
+
     def __repr__(self) -> str:
         return (f"QlibDataset(split={self.split!r}, windows={self.n_windows}, len={len(self)}, "
                 f"window={self.window}, epoch_seed={self.epoch_seed})")
