@@ -6,15 +6,19 @@
 
 What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
 
-1. ``qlib.init`` on the provider directory and ``D.features`` of ``$open $high $low $close $volume``
-   for the instrument's symbols (their listing spans applied) from ``dataset_begin_time`` -
-   ``lookback_window`` trading days to ``dataset_end_time`` + ``predict_window`` days;
+1. ``qlib.init`` on the provider directory and ``D.features(..., freq=freq)`` of ``$open $high
+   $low $close $volume`` for the instrument's symbols from ``dataset_begin_time`` -
+   ``lookback_window`` bars to ``dataset_end_time`` + ``predict_window`` bars, a chunk of symbols
+   (about two million bars) at a time; each symbol's membership spans applied, each span its own
+   series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
    (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN/inf feature dropped;
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
    (:func:`~kronos_mlflow.features.time_features`);
-3. per split: each symbol's rows whose dates lie in the split's range, and the start row of every
-   window of consecutive rows inside them (the ranges may overlap, as upstream's do).
+3. per split: each series' rows whose times lie in the split's range (a date as a range end
+   covers all its bars), and the start row of every window of consecutive rows inside them (the
+   ranges may overlap, as upstream's do), appended to the split's ``.npy`` files as they come:
+   memory holds one chunk, never the market; ``QlibDataset`` opens the files memory-mapped.
 
 The cache lives in ``{dataset_path}/kronos-<digest>/`` where the digest covers everything that
 produced it (:func:`data_digest`): the resolved data directory and a fingerprint of its files,
