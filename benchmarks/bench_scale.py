@@ -100,7 +100,7 @@ def stage_prepare(args, home: Path) -> dict:
     import qlib  # noqa: F401 - imported before the clock starts (seconds of imports, whatever the market)
 
     t0, c0 = time.perf_counter(), time.process_time()
-    out = prepare_splits(cfg, progress=False)
+    out = prepare_splits(cfg, progress=False, force=True)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     m = read_manifest(out)
     size = sum(p.stat().st_size for p in out.iterdir())
@@ -127,8 +127,10 @@ def stage_load(args, home: Path, market: str, freq: str) -> dict:
             n += x.shape[0]
         rates.append(n / (time.perf_counter() - t0))
         cpu_rates.append(n / (time.process_time() - c0))
+        if epoch == 0:
+            first = _status()
     return {"open_s": open_s, "epoch_windows": len(ds), "windows_per_s": sorted(rates)[len(rates) // 2],
-            "windows_per_cpu_s": sorted(cpu_rates)[len(cpu_rates) // 2], "rates": rates, "windows_total": ds.n_windows, "before": before, **_status()}
+            "windows_per_cpu_s": sorted(cpu_rates)[len(cpu_rates) // 2], "rates": rates, "after_first_epoch": first, "windows_total": ds.n_windows, "before": before, **_status()}
 
 
 def _child(stage: str, args, home: Path, extra: list[str]) -> dict:
@@ -201,7 +203,9 @@ def _run(args, home: Path) -> int:
         ("cache on disk (MiB)", f"{prep['cache_bytes'] / mib:,.0f}"),
         ("windows train / val / test", "{train:,} / {val:,} / {test:,}".format(**prep["windows"])),
         ("open QlibDataset('train') (s)", f"{load['open_s']:.2f}"),
-        (f"loader epoch of {load['epoch_windows']:,} windows: peak RSS (MiB)", f"{load['ru_maxrss_mib']:.0f}"),
+        (f"loader, one epoch of {load['epoch_windows']:,} windows: peak RSS (MiB)",
+         f"{load['after_first_epoch']['ru_maxrss_mib']:.0f}"),
+        (f"loader, after {args.epochs} epochs: peak RSS (MiB)", f"{load['ru_maxrss_mib']:.0f}"),
         ("  of which anonymous / file-backed at the end (MiB)",
          f"{load.get('RssAnon', 0):.0f} / {load.get('RssFile', 0):.0f}"),
         (f"loader windows/s (wall / CPU), median of {args.epochs}",

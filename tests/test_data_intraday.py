@@ -193,6 +193,7 @@ def test_prepare_5min_windows_and_time_features(market5, tmp_path):
 
     # freq is part of the data digest; the prepared arrays are memory-mapped.
     assert isinstance(ds.x, np.memmap) and isinstance(ds.x_stamp, np.memmap)
+    np.testing.assert_array_equal(ds.start_rows(np.arange(ds.n_windows)), ds.starts)
     assert ds.manifest["freq"] == "5min" and ds.manifest["key"]["freq"] == "5min"
     assert data_digest(cfg) != data_digest({**cfg, "train_time_range": "2024-06-17T10:05/2024-06-19T14:00"})
 
