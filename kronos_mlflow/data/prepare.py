@@ -172,6 +172,17 @@ def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: in
 _CHUNK_BARS = 2_000_000
 
 
+def _drop_qlib_feature_cache() -> None:
+    """Qlib keeps the last 500 series it loaded in memory (``H["f"]``, ``mem_cache_size_limit``):
+    at minute scale that is gigabytes. Each chunk is read once, so the cache only costs."""
+    try:
+        from qlib.data.cache import H
+
+        H["f"].clear()
+    except Exception:  # pragma: no cover - a Qlib without that cache
+        pass
+
+
 def merge_spans(spans, calendar_days: np.ndarray) -> list[tuple[np.datetime64, np.datetime64]]:
     """One symbol's membership spans (``(start, end)`` pairs of anything ``numpy.datetime64``
     accepts) as day ranges, sorted, with spans merged when no trading day of ``calendar_days``
@@ -241,6 +252,7 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
                 raise DataError(f"Qlib cannot read symbols {names[0]}..{names[-1]} of '{path}': "
                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                                 "a file may be truncated or not in Qlib's format") from None
+            _drop_qlib_feature_cache()
             if len(df):
                 inst = df.index.get_level_values(0).to_numpy()
                 dates = df.index.get_level_values(1).to_numpy().astype(f"datetime64[{unit}]")
