@@ -294,6 +294,14 @@ def describe(config: Mapping[str, Any], device: torch.device, steps: int | None 
 # ----------------------------------------------------------------------------------- device-side windows
 
 
+def _to_device(arr, device: torch.device, rows: int = 1 << 20) -> torch.Tensor:
+    """A float32 copy of ``arr`` (a numpy array or memory map) on ``device``, ``rows`` at a time."""
+    out = torch.empty(tuple(arr.shape), dtype=torch.float32, device=device)
+    for i in range(0, len(arr), rows):
+        out[i : i + rows] = torch.from_numpy(np.array(arr[i : i + rows], dtype=np.float32))
+    return out
+
+
 class DeviceWindowLoader:
     """Training batches of a ``QlibDataset``, gathered and normalised on ``device``.
 
@@ -317,9 +325,10 @@ class DeviceWindowLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        # The dataset's arrays are read-only memory maps: copy them out once, on their way to the device.
-        self.x = torch.from_numpy(np.array(ds.x, dtype=np.float32)).to(self.device)
-        self.x_stamp = torch.from_numpy(np.asarray(ds.x_stamp, dtype=np.float32).copy()).to(self.device)
+        # The dataset's arrays are read-only memory maps: copied to the device a slice at a time, so
+        # the host never holds a whole split (minute markets: gigabytes).
+        self.x = _to_device(ds.x, self.device)
+        self.x_stamp = _to_device(ds.x_stamp, self.device)
         self.steps = torch.arange(ds.window, device=self.device)
         self.lookback = int(ds.lookback)
         self.clip = float(ds.clip)
