@@ -210,11 +210,15 @@ def parse_time_range(key: str, value: Any) -> list[str]:
     date-times such as ``2024-06-18T09:30/2024-08-29T15:00``), ``[START, END]`` or ``START,END``."""
     if isinstance(value, str):
         text = value.strip()
-        if "/" in text:
-            parts = [p.strip() for p in text.split("/")]
+        if "/" in text:  # ISO 8601 interval
+            parts = text.split("/")
+        elif "," in text:
+            parts = text.split(",")
+        elif re.search(r"\d[T ]\d", text):  # date-times hold ':' themselves: only START/END is unambiguous
+            parts = [text]
         else:
-            parts = re.split(r"\s*[:,]\s*", text) if text and "T" not in text else (
-                [p.strip() for p in text.split(",")] if "," in text else [text] if text else [])
+            parts = text.split(":") if text else []
+        parts = [p.strip() for p in parts]
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:

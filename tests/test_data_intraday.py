@@ -117,6 +117,9 @@ def test_freq_and_iso_interval_config():
     assert flat["val_time_range"] == "2022-09-01:2024-06-30"  # dates keep START:END
     assert load_config({"train_time_range": "2024-06-18/2024-06-20"})["train_time_range"] == ["2024-06-18", "2024-06-20"]
     assert load_config({})["freq"] == "day" and load_config({})["membership_gaps"] == "split"
+    assert load_config({"train_time_range": ["2024-06-18 09:30", "2024-06-20"]})["train_time_range"] == \
+        ["2024-06-18T09:30", "2024-06-20"]
+    assert load_config({"train_time_range": " 2011-01-01 : 2022-12-31 "})["train_time_range"] == ["2011-01-01", "2022-12-31"]
     for bad, needle in [({"freq": "2min"}, "freq: '2min' is not one of day, 1min, 5min"),
                         ({"train_time_range": "2024-06-18T09:30:2024-08-29T15:00"}, "ISO 8601 interval"),
                         ({"train_time_range": "2024-06-18T16:00/2024-06-18T09:30"}, "after end"),
