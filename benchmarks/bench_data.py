@@ -2,6 +2,7 @@
 
     python benchmarks/bench_data.py                    # default demo market, batch 50, 5 epochs
     python benchmarks/bench_data.py --workers 0,2 --epochs 7 --json
+    nice -n 10 python benchmarks/bench_data.py --minute-market 30000000   # intraday scale (bench_scale.py)
 
 Each "epoch" is a full pass over ``len(train_ds)`` windows (n_train_iter = 100,000 by default,
 i.e. 2,000 batches of 50); the table reports the median windows/s over the epochs. Reference
@@ -92,8 +93,17 @@ def main(argv=None) -> int:
     p.add_argument("--n-train-iter", type=int, default=None, help="windows per epoch (default: config default)")
     p.add_argument("--home", default=None, help="KRONOS_MLFLOW_HOME and dataset_path root (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.add_argument("--minute-market", type=int, default=None, metavar="BARS",
+                   help="instead: the intraday scale benchmark on a generated 1-minute market of BARS bars "
+                        "(benchmarks/bench_scale.py)")
     args = p.parse_args(argv)
 
+    if args.minute_market:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_scale
+
+        extra = ["--home", args.home] if args.home else []
+        return bench_scale.main(["--bars", str(args.minute_market), *extra] + (["--json"] if args.json else []))
     if args.home:
         return _bench(args, Path(args.home).expanduser())
     with tempfile.TemporaryDirectory(prefix="kronos-bench-") as tmp:

@@ -46,6 +46,9 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "dataset_path": ("./data/processed_datasets", "Where prepared splits are cached (safe formats, keyed)."),
     "clip": (5.0, "Normalised features are clipped to +-clip."),
     "num_workers": (0, "DataLoader worker processes per rank (windows are cheap: 0 is usually fastest)."),
+    "freq": ("day", "Bar frequency read from Qlib: day, 1min, 5min, 15min, 30min or 60min."),
+    "membership_gaps": ("split", "Index membership spans of one symbol: split (a window never crosses the gap between "
+                                 "two spans) or join (the spans' bars form one series, as upstream)."),
     # ---- training (upstream names and defaults) ----
     "epochs": (30, "Training epochs."),
     "log_interval": (100, "Optimizer steps between console summaries."),
@@ -113,7 +116,10 @@ ALIASES: dict[str, str] = {
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 DATE_KEYS = ("dataset_begin_time", "dataset_end_time")
+FREQS = ("day", "1min", "5min", "15min", "30min", "60min")
 CHOICES: dict[str, tuple[str, ...]] = {
+    "freq": FREQS,
+    "membership_gaps": ("split", "join"),
     "comet": ("auto", "online", "offline", "off"),
     "device": ("auto", "cpu", "cuda"),
     "weight_decay_scope": ("all", "matrices"),
@@ -170,26 +176,63 @@ def _unknown(key: str) -> ConfigError:
 
 
 def parse_date(key: str, value: Any) -> str:
-    """Validate a YYYY-MM-DD date and return it normalised."""
+    """Validate a YYYY-MM-DD date (or a YYYY-MM-DDTHH:MM[:SS] date-time) and return it normalised."""
     text = str(value).strip()
     try:
         return _dt.date.fromisoformat(text).isoformat()
     except ValueError:
-        raise ConfigError(f"{key}: '{value}' is not a date; expected YYYY-MM-DD") from None
+        pass
+    try:
+        moment = _dt.datetime.fromisoformat(text.replace(" ", "T", 1)) if len(text) > 10 else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is not None:
+        raise ConfigError(f"{key}: '{value}' is not a date; expected YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
+    return moment.isoformat(timespec="seconds" if moment.second else "minutes")
+
+
+def time_bounds(start: str, end: str):
+    """``(first, last)`` inclusive bounds as ``numpy.datetime64[s]`` of a time range's two ends:
+    a date starts at its midnight and ends at its last second (it covers every bar of that day)."""
+    import numpy as np
+
+    a = np.datetime64(start, "s")
+    b = np.datetime64(end, "s")
+    if len(end) == 10:
+        b = b + np.timedelta64(86399, "s")
+    return a, b
+
+
+def format_time_range(value) -> str:
+    """A time range as its parameter text: ``START:END`` for dates, ``START/END`` (ISO 8601
+    interval) when either end carries a time."""
+    start, end = value
+    return f"{start}/{end}" if "T" in start or "T" in end else f"{start}:{end}"
 
 
 def parse_time_range(key: str, value: Any) -> list[str]:
-    """Accept ``START:END`` (MLproject format), ``[START, END]`` or ``START,END``."""
+    """Accept ``START:END`` (MLproject format, dates), ``START/END`` (ISO 8601 interval, dates or
+    date-times such as ``2024-06-18T09:30/2024-08-29T15:00``), ``[START, END]`` or ``START,END``."""
     if isinstance(value, str):
-        parts = re.split(r"\s*[:,]\s*", value.strip()) if value.strip() else []
+        text = value.strip()
+        if "/" in text:  # ISO 8601 interval
+            parts = text.split("/")
+        elif "," in text:
+            parts = text.split(",")
+        elif re.search(r"\d[T ]\d", text):  # date-times hold ':' themselves: only START/END is unambiguous
+            parts = [text]
+        else:
+            parts = text.split(":") if text else []
+        parts = [p.strip() for p in parts]
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:
         parts = []
     if len(parts) != 2:
-        raise ConfigError(f"{key}: '{value}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD")
+        raise ConfigError(f"{key}: '{value}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD "
+                          "or an ISO 8601 interval YYYY-MM-DDTHH:MM/YYYY-MM-DDTHH:MM")
     start, end = parse_date(key, parts[0]), parse_date(key, parts[1])
-    if start > end:
+    if time_bounds(start, start)[0] > time_bounds(end, end)[1]:
         raise ConfigError(f"{key}: start {start} is after end {end}; expected START <= END")
     return [start, end]
 
@@ -282,7 +325,8 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"feature_list: {out['feature_list']} must name 6 features (open high low close vol amt)")
     if len(out["time_feature_list"]) != 5:
         raise ConfigError(f"time_feature_list: {out['time_feature_list']} must name 5 calendar features")
-    if out["dataset_begin_time"] > out["dataset_end_time"]:
+    if time_bounds(out["dataset_begin_time"], out["dataset_begin_time"])[0] > \
+            time_bounds(out["dataset_end_time"], out["dataset_end_time"])[1]:
         raise ConfigError(
             f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
         )
@@ -351,7 +395,7 @@ def flatten(config: Mapping[str, Any]) -> dict[str, str]:
         if is_secret_key(key):
             continue
         if key in TIME_RANGE_KEYS:
-            out[key] = ":".join(value)
+            out[key] = format_time_range(value)
         elif isinstance(value, (list, tuple)):
             out[key] = ",".join(map(str, value))
         else:

@@ -36,6 +36,8 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "nproc_per_node": "nproc_per_node",
     "qlib_data_path": "qlib_data_path",
     "instrument": "instrument",
+    "freq": "freq",
+    "membership_gaps": "membership_gaps",
     "train_time_range": "train_time_range",
     "val_time_range": "val_time_range",
     "test_time_range": "test_time_range",

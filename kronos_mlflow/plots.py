@@ -66,12 +66,24 @@ def denormalize(z: np.ndarray, raw: np.ndarray, lookback: int, eps: float = NORM
     return np.asarray(z, dtype=np.float64) * (std + eps) + mean
 
 
+def time_ticks(stamps) -> tuple[list[int], list[str]]:
+    """About six tick positions over a window's bars and their labels: dates for daily bars,
+    ``MM-DD HH:MM`` for intraday ones (bars sit at integer positions, so lunch breaks and nights
+    leave no holes)."""
+    text = [str(t).replace("T", " ") for t in stamps]
+    intraday = any(len(t) > 10 and t[11:16] != "00:00" for t in text)
+    n = len(text)
+    pos = sorted(set(np.linspace(0, n - 1, min(n, 6)).round().astype(int).tolist())) if n else []
+    return pos, [text[i][5:16] if intraday else text[i][:10] for i in pos]
+
+
 def plot_reconstruction(raw: np.ndarray, x_norm: np.ndarray, z_pre: np.ndarray, z: np.ndarray, lookback: int,
-                        out_path: str, title: str = "") -> str:
+                        out_path: str, title: str = "", stamps=None) -> str:
     """Input window beside its s1-only and full reconstructions; see the module docstring.
 
     ``raw`` (T, 6) in data units; ``x_norm``, ``z_pre``, ``z`` (T, 6) normalised (what the model
-    saw and gave back). Returns ``out_path``.
+    saw and gave back); ``stamps`` (T) the bars' timestamps, which label the time axis. Returns
+    ``out_path``.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -106,7 +118,12 @@ def plot_reconstruction(raw: np.ndarray, x_norm: np.ndarray, z_pre: np.ndarray, 
             a.grid(True, color="0.92", linewidth=0.6)
         ax.set_title(name if mse is None else f"{name}\nMSE {mse:.4f} (normalised units)", fontsize=11)
         ax.tick_params(labelbottom=False)
-        vax.set_xlabel("time step in window (dashed: end of lookback)")
+        if stamps is not None and len(stamps) == len(t):
+            ticks, labels = time_ticks(stamps)
+            vax.set_xticks(ticks, labels, rotation=30, ha="right", fontsize=8)
+            vax.set_xlabel("bar time (dashed: end of lookback)")
+        else:
+            vax.set_xlabel("time step in window (dashed: end of lookback)")
         if col == 0:
             ax.set_ylabel("price (data units)")
             vax.set_ylabel("volume (data units)")
@@ -188,6 +205,7 @@ def reconstruction_inputs(model, val_ds, index: int = 0, epoch_seed: int = 0) ->
         x_norm = val_ds[index][0]
         raw = np.asarray(val_ds.raw_windows([index])[0], dtype=np.float64)
         info = val_ds.window_info(index) if hasattr(val_ds, "window_info") else {}
+        stamps = val_ds.window_times(index) if hasattr(val_ds, "window_times") else None
     finally:
         val_ds.set_epoch_seed(previous)
     device = next(model.parameters()).device
@@ -197,7 +215,7 @@ def reconstruction_inputs(model, val_ds, index: int = 0, epoch_seed: int = 0) ->
         (z_pre, z), _, _, _ = model(x_norm[None].to(device))
     model.train(was_training)
     return {"raw": raw, "x_norm": x_norm.numpy(), "z_pre": z_pre[0].float().cpu().numpy(),
-            "z": z[0].float().cpu().numpy(), "info": info}
+            "z": z[0].float().cpu().numpy(), "info": info, "stamps": stamps}
 
 
 def write_validation_plots(out_dir: str, model, val_ds, stats, config: Mapping[str, Any],
@@ -210,11 +228,13 @@ def write_validation_plots(out_dir: str, model, val_ds, stats, config: Mapping[s
     if val_ds is not None and len(val_ds):
         inputs = reconstruction_inputs(model, val_ds)
         info = inputs["info"]
-        where = f"{info.get('symbol', '?')} {info.get('first', '')[:10]} .. {info.get('last', '')[:10]}" if info else ""
+        cut = 10 if str(config.get("freq", "day")) == "day" else 16
+        where = (f"{info.get('symbol', '?')} {info.get('first', '')[:cut].replace('T', ' ')} .. "
+                 f"{info.get('last', '')[:cut].replace('T', ' ')}") if info else ""
         title = (f"Validation window 0 (epoch seed 0): {where} | {at}" + (f" | run {run}" if run else "")).strip()
         paths.append(plot_reconstruction(inputs["raw"], inputs["x_norm"], inputs["z_pre"], inputs["z"],
                                          int(config["lookback_window"]), os.path.join(out_dir, RECONSTRUCTION_PNG),
-                                         title=title))
+                                         title=title, stamps=inputs.get("stamps")))
     if stats is not None and stats.rows:
         s1_ids, s1_counts = stats.s1.ids_and_counts()
         full_ids, full_counts = stats.full.ids_and_counts()

@@ -111,8 +111,14 @@ def _good(tmp_path, name="S1.csv"):
      ["'2024-13-45'", "row 3", "bad.csv"]),
     ("date,open,high,low,close,volume\nnot-a-date,1,2,0.5,1.5,10\n", ["'not-a-date'"]),
     ("date,open,high,low,close,volume\n2024-01-02,1,2,0.5,abc,10\n", ["'abc'", "close"]),
-    ("date,open,high,low,close,volume\n2024-01-02 09:30,1,2,0.5,1.5,10\n2024-01-02 09:35,1,2,0.5,1.5,10\n",
-     ["several rows on 2024-01-02", "daily"]),
+    ("date,open,high,low,close,volume\n2024-01-02 09:30,1,2,0.5,1.5,10\n2024-01-02 09:30,1,2,0.5,1.5,10\n",
+     ["duplicated timestamp 2024-01-02 09:30:00", "row 3"]),
+    ("date,open,high,low,close,volume\n2024-01-03,1,2,0.5,1.5,10\n2024-01-02,1,2,0.5,1.5,10\n",
+     ["2024-01-02 comes before", "sorted"]),
+    ("date,open,high,low,close,volume\n2024-01-02 09:30,1,2,0.5,1.5,10\n2024-01-02 09:37,1,2,0.5,1.5,10\n",
+     ["7 minute(s) apart", "not a Qlib frequency"]),
+    ("date,open,high,low,close,volume\n2024-01-02 09:35,1,2,0.5,1.5,10\n2024-01-02 09:40,1,2,0.5,1.5,10\n"
+     "2024-01-02 09:45,1,2,0.5,1.5,10\n2024-01-02 09:46,1,2,0.5,1.5,10\n", ["mixed spacings", "09:45:00"]),
     ("", ["empty"]),
     ("date,open,high,low,close,volume\n", ["no rows"]),
 ])

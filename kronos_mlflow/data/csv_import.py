@@ -1,4 +1,4 @@
-"""Turn daily K-line CSV files into a Qlib provider directory.
+"""Turn K-line CSV files (daily or 1- to 60-minute bars) into a Qlib provider directory.
 
     kronos-mlflow import-csv prices/*.csv --out ./my_qlib                  # one file per symbol
     kronos-mlflow import-csv all_prices.csv --out ./my_qlib --instrument mine  # long file, `symbol` column
@@ -8,12 +8,16 @@ Accepted columns (names case-insensitive): a date column named ``timestamps`` (u
 ``finetune_csv`` format), ``date`` or ``datetime``; ``open, high, low, close, volume``; optional
 ``amount`` (missing: ``mean(open, high, low, close) * volume`` as upstream computes it); optional
 ``symbol`` (otherwise the file name without ``.csv`` is the symbol). Other columns are ignored.
-One row per symbol and day: intraday files must be resampled to daily bars first. Empty cells
-are kept as missing days (NaN), which ``prepare`` drops.
+One row per symbol and bar, sorted by time (duplicated or unsorted timestamps are refused). The
+frequency is inferred: ``day`` when no symbol has two rows on one date, otherwise the spacing of
+bars within a day (1, 5, 15, 30 or 60 minutes; a missing bar is fine, a spacing that is not a
+multiple of the frequency is refused); ``--freq`` overrides it. Every bar is kept. Empty cells
+are kept as missing bars (NaN), which ``prepare`` drops.
 
-The output holds ``calendars/day.txt`` (the union of all dates), ``instruments/all.txt`` (each
+The output holds ``calendars/<freq>.txt`` (the union of all timestamps, in ``dump_bin.py``'s
+formats), ``instruments/all.txt`` (each
 symbol's first and last date) and, with ``--instrument NAME``, ``instruments/NAME.txt``;
-``features/<symbol>/{open,high,low,close,volume,amount,vwap,factor}.day.bin``. It is written to a
+``features/<symbol>/{open,high,low,close,volume,amount,vwap,factor}.<freq>.bin``. It is written to a
 temporary directory and renamed, and a non-empty ``--out`` is refused unless ``--force``.
 """
 
@@ -53,7 +57,7 @@ def _expand(files: Iterable) -> list[Path]:
 
 
 def _read_one(path: Path):
-    """-> list of (symbol, dates datetime64[D] sorted, {column: float64 array})."""
+    """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array})."""
     import pandas as pd
 
     try:
@@ -86,7 +90,7 @@ def _read_one(path: Path):
                         "expected dates such as 2024-01-31")
     if getattr(dates.dt, "tz", None) is not None:
         dates = dates.dt.tz_localize(None)
-    days = dates.dt.normalize().to_numpy().astype("datetime64[D]")
+    days = dates.to_numpy().astype("datetime64[s]")
 
     values: dict[str, np.ndarray] = {}
     for col in PRICE_COLUMNS + (("amount",) if "amount" in df.columns else ()):
@@ -116,18 +120,89 @@ def _read_one(path: Path):
     out = []
     for sym, rows in groups:
         pv.check_name(kind, sym)
-        order = rows[np.argsort(days[rows], kind="stable")]
-        d = days[order]
-        dup = np.flatnonzero(d[1:] == d[:-1])
-        if dup.size:
-            raise DataError(f"'{path}': symbol {sym} has several rows on {d[dup[0]]}; import-csv writes daily bars "
-                            "(one row per symbol and day): resample intraday data to daily first")
-        out.append((sym, d, {k: v[order] for k, v in values.items()}))
+        d = days[rows]
+        step = np.diff(d.astype(np.int64))
+        if (step == 0).any():
+            i = int(np.flatnonzero(step == 0)[0])
+            raise DataError(f"'{path}' row {rows[i + 1] + 2}: symbol {sym} has a duplicated timestamp {_show(d[i])}; "
+                            "expected one row per symbol and bar")
+        if (step < 0).any():
+            i = int(np.flatnonzero(step < 0)[0])
+            raise DataError(f"'{path}' row {rows[i + 1] + 2}: symbol {sym}'s timestamp {_show(d[i + 1])} comes before "
+                            f"the previous row's {_show(d[i])}; expected rows sorted by time")
+        out.append((sym, d, {k: v[rows] for k, v in values.items()}))
     return out
 
 
-def import_csv(files, out, *, instrument: str | None = None, force: bool = False, progress: bool = False) -> Path:
-    """Write the CSV files' K-lines as a Qlib directory at ``out``; return its absolute path."""
+def _show(t) -> str:
+    text = str(np.datetime64(t, "s")).replace("T", " ")
+    return text[:10] if text.endswith("00:00:00") else text
+
+
+FREQ_MINUTES = {"1min": 1, "5min": 5, "15min": 15, "30min": 30, "60min": 60}
+
+
+def infer_freq(series, freq: str | None = None) -> str:
+    """The Qlib frequency of ``series`` (``(symbol, timestamps, ...)`` from the files, each
+    sorted): ``day`` when no symbol has two bars on one date, otherwise the spacing of bars within
+    a day, which must be 1, 5, 15, 30 or 60 minutes (gaps of whole bars allowed: missing bars).
+    ``freq`` (``--freq``) overrides the inference and is checked against the timestamps."""
+    counts: dict[int, int] = {}
+    where: dict[int, tuple] = {}
+    for path, sym, d in series:
+        days = d.astype("datetime64[D]")
+        same = days[1:] == days[:-1]
+        if not same.any():
+            continue
+        values, n = np.unique(np.diff(d.astype(np.int64))[same], return_counts=True)
+        for v, c in zip(values.tolist(), n.tolist()):
+            counts[v] = counts.get(v, 0) + c
+            where.setdefault(v, (path, sym))
+    # The spacing most bars have (missing bars make some steps longer, never shorter).
+    smallest = max(counts, key=lambda v: (counts[v], -v)) if counts else None
+    where = where.get(smallest)
+    if freq is None:
+        if smallest is None:
+            return "day"
+        names = [n for n, m in FREQ_MINUTES.items() if m * 60 == smallest]
+        if not names:
+            path, sym = where
+            raise DataError(f"'{path}': symbol {sym}'s bars are {smallest // 60 if smallest % 60 == 0 else smallest / 60:g} "
+                            f"minute(s) apart, which is not a Qlib frequency; expected 1, 5, 15, 30 or 60 minutes, "
+                            "or pass --freq")
+        freq = names[0]
+    if freq == "day":
+        if smallest is not None:
+            path, sym = where
+            raise DataError(f"'{path}': symbol {sym} has several bars on one day, but --freq is day; "
+                            "expected one row per symbol and day, or an intraday --freq")
+        return freq
+    if freq not in FREQ_MINUTES:
+        raise DataError(f"--freq '{freq}' is not a Qlib frequency; expected day, {', '.join(FREQ_MINUTES)}")
+    unit = FREQ_MINUTES[freq] * 60
+    for path, sym, d in series:
+        days = d.astype("datetime64[D]")
+        same = days[1:] == days[:-1]
+        steps = np.diff(d.astype(np.int64))[same]
+        bad = steps % unit != 0
+        if bad.any():
+            i = int(np.flatnonzero(same)[np.flatnonzero(bad)[0]])
+            raise DataError(f"'{path}': symbol {sym}'s bars at {_show(d[i])} and {_show(d[i + 1])} are "
+                            f"{steps[bad][0] / 60:g} minutes apart, not a multiple of {freq}: mixed spacings; "
+                            "expected bars of one frequency (1, 5, 15, 30 or 60 minutes)")
+    for path, sym, d in series:
+        days = d.astype("datetime64[D]")
+        if len(d) > 1 and not (days[1:] == days[:-1]).any() and (d.astype(np.int64) % 86400 == 0).all():
+            raise DataError(f"'{path}': symbol {sym} has daily bars while other bars are {freq} apart: mixed "
+                            "spacings; import daily and intraday files separately")
+    return freq
+
+
+def import_csv(files, out, *, instrument: str | None = None, force: bool = False, progress: bool = False,
+               freq: str | None = None) -> Path:
+    """Write the CSV files' K-lines as a Qlib directory at ``out``; return its absolute path.
+
+    The frequency is inferred from the timestamps (:func:`infer_freq`) unless ``freq`` is given."""
     paths = _expand([files] if isinstance(files, (str, Path)) else files)
     if instrument is not None:
         pv.check_name("--instrument", instrument)
@@ -148,13 +223,17 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
             seen[low] = sym
             series[sym] = (path, d, vals)
 
+    freq = infer_freq([(p, sym, d) for sym, (p, d, _) in series.items()], freq)
+    if freq == "day":
+        series = {sym: (p, d.astype("datetime64[D]"), v) for sym, (p, d, v) in series.items()}
     calendar = np.unique(np.concatenate([d for _, d, _ in series.values()]))
-    cal_text = [str(x) for x in calendar]
+    # Qlib's dump_bin.py formats: YYYY-MM-DD for days, YYYY-MM-DD HH:MM:SS for intraday bars.
+    cal_text = [str(x) if freq == "day" else str(x).replace("T", " ") for x in calendar]
     symbols = sorted(series)
     spans = []
     final = Path(out).expanduser().absolute()
     with pv.atomic_output_dir(final, force=force) as tmp:
-        pv.write_calendar(tmp, cal_text)
+        pv.write_calendar(tmp, cal_text, freq)
         for sym in symbols:
             _, d, vals = series[sym]
             pos = np.searchsorted(calendar, d)
@@ -171,7 +250,7 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
             factor = np.full(n, np.nan, dtype=np.float32)
             factor[pos - a] = 1.0
             fields["factor"] = factor
-            pv.write_series(tmp, pv.SymbolSeries(sym, a, fields))
+            pv.write_series(tmp, pv.SymbolSeries(sym, a, fields), freq)
             spans.append((sym, cal_text[a], cal_text[b]))
         pv.write_instruments(tmp, "all", spans)
         if instrument is not None and instrument.lower() != "all":
@@ -190,13 +269,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="Qlib directory to write (must be missing or empty)")
     parser.add_argument("--instrument", default=None,
                         help="also write instruments/NAME.txt listing every imported symbol")
+    parser.add_argument("--freq", default=None,
+                        help="bar frequency (day, 1min, 5min, 15min, 30min, 60min); default: inferred from "
+                             "the timestamps")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = import_csv(args.files, args.out, instrument=args.instrument, force=args.force, progress=True)
+    out = import_csv(args.files, args.out, instrument=args.instrument, force=args.force, progress=True,
+                     freq=args.freq)
     syms = pv.read_instrument_file(out, "all")
-    cal = (out / pv.CALENDAR_FILE).read_text(encoding="utf-8").split()
+    freq = pv.available_freqs(out)[0]
+    cal = (out / pv.calendar_file(freq)).read_text(encoding="utf-8").splitlines()
     names = "all" + (f", {args.instrument}" if args.instrument and args.instrument.lower() != "all" else "")
-    print(f"imported {len(syms)} symbol(s), {len(cal)} days ({cal[0]}..{cal[-1]}) into {out}; instruments: {names}")
+    unit = "days" if freq == "day" else f"{freq} bars"
+    print(f"imported {len(syms)} symbol(s), {len(cal)} {unit} ({cal[0]}..{cal[-1]}) into {out}; "
+          f"instruments: {names}; freq: {freq}")
     return 0

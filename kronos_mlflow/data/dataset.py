@@ -12,7 +12,8 @@ How the training loop should build and use its loaders::
         ...
 
 Sampling. An epoch is a deterministic permutation of all windows of the split, drawn by
-``numpy.random.default_rng((seed, epoch_seed, split))``; ``ds[i]`` is its i-th window and
+``numpy.random.default_rng((seed, epoch_seed, split))`` (above two million windows: a sample
+without replacement, ``Generator.choice(..., replace=False)``); ``ds[i]`` is its i-th window and
 ``len(ds) = min(n_train_iter | n_val_iter, windows available)``. So an epoch never repeats a
 window, is the same whatever ``num_workers``, and ``DistributedSampler(shuffle=False,
 drop_last=True)`` gives each rank a disjoint slice (``make_loader`` does that when
@@ -45,6 +46,9 @@ from ..features import normalize_windows
 from .prepare import SPLITS, DataWarning, _cfg, prepare_splits, read_manifest
 
 _SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
+# Up to this many windows an epoch is a prefix of a permutation of all windows; above it (minute
+# markets: tens of millions) a sample without replacement drawn in O(epoch) memory.
+_PERMUTE_UP_TO = 2_000_000
 
 
 class WindowBatch(Sequence):
@@ -101,13 +105,17 @@ class QlibDataset(Dataset):
         self.symbols: list[str] = list(info["symbols"])
         try:
             self.x = self._load("x")  # (rows, 6) float32, raw features
-            self.x_stamp = self._load("stamp")  # (rows, 5) float32, calendar features
+            self.x_stamp = self._load("stamp")  # (rows, 5) uint8, calendar features (float32 per batch)
             self.starts = self._load("starts")  # (windows,) int64 row index of each window's first row
             self.offsets = self._load("offsets")  # (symbols + 1,) row offsets of each symbol
         except (OSError, ValueError):
             raise DataError(f"prepared splits at '{self.cache_dir}' are damaged; delete that directory and "
                             "run `kronos-mlflow prepare` again") from None
         self.n_windows = int(len(self.starts))
+        # Window k of the split starts at offsets[j] + (k - first_window[j]) for its series j: the
+        # starts file is never read whole (it is as long as the split has windows).
+        per_series = np.maximum(np.diff(self.offsets) - self.window + 1, 0)
+        self._first_window = np.r_[0, np.cumsum(per_series)].astype(np.int64)
         limit = int(cfg["n_train_iter"] if split == "train" else cfg["n_val_iter"])
         self.n_samples = min(limit, self.n_windows)
         self._steps = np.arange(self.window, dtype=np.int64)
@@ -124,8 +132,11 @@ class QlibDataset(Dataset):
                           f"'{cfg['instrument']}': this {split} split is empty (len 0)", DataWarning, stacklevel=2)
 
     def _load(self, name: str) -> np.ndarray:
-        arr = np.load(self.cache_dir / f"{self.split}_{name}.npy", allow_pickle=False)
-        return np.ascontiguousarray(arr)
+        # Memory-mapped: a process's memory does not grow with the market (pages are shared with
+        # the other ranks through the page cache). The per-series offsets are read in.
+        arr = np.load(self.cache_dir / f"{self.split}_{name}.npy", allow_pickle=False,
+                      mmap_mode=None if name == "offsets" else "r")
+        return np.ascontiguousarray(arr) if name == "offsets" else arr
 
     # The collate function DataLoaders should use (``make_loader`` does).
     collate_fn = staticmethod(collate_windows)
@@ -147,10 +158,19 @@ class QlibDataset(Dataset):
         seed = int(self._epoch[0])
         if self._order is None or seed != self._order_seed:
             rng = np.random.default_rng([self.seed, seed, _SPLIT_CODE[self.split]])
-            perm = rng.permutation(self.n_windows)[: self.n_samples]
-            self._order = np.ascontiguousarray(self.starts[perm])
+            if self.n_windows <= _PERMUTE_UP_TO:
+                perm = rng.permutation(self.n_windows)[: self.n_samples]
+            else:  # a sample without replacement in O(n_samples) memory (Floyd's algorithm)
+                perm = rng.choice(self.n_windows, self.n_samples, replace=False)
+            self._order = self.start_rows(perm)
             self._order_seed = seed
         return self._order
+
+    def start_rows(self, windows) -> np.ndarray:
+        """First rows of windows (indices into the split's windows, as in the starts file)."""
+        k = np.asarray(windows, dtype=np.int64)
+        j = np.searchsorted(self._first_window, k, side="right") - 1
+        return np.ascontiguousarray(self.offsets[j] + (k - self._first_window[j]))
 
     def __len__(self) -> int:
         return self.n_samples
@@ -167,12 +187,12 @@ class QlibDataset(Dataset):
     def __getitem__(self, i: int):
         start = int(self._rows(i))
         x = normalize_windows(self.x[start : start + self.window], self.lookback, self.clip)
-        return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].copy())
+        return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].astype(np.float32))
 
     def __getitems__(self, indices) -> WindowBatch:
         rows = self._rows(indices)[:, None] + self._steps  # (B, T)
         x = normalize_windows(self.x[rows], self.lookback, self.clip)
-        return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows]))
+        return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows].astype(np.float32)))
 
     def raw_windows(self, indices) -> np.ndarray:
         """The epoch's windows before normalisation, float32 ``(len(indices), window, features)``
@@ -188,6 +208,12 @@ class QlibDataset(Dataset):
         return {"symbol": self.symbols[sym], "start_row": start, "first": str(dates[start]),
                 "last": str(dates[start + self.window - 1]),
                 "same_symbol": bool(start + self.window <= self.offsets[sym + 1])}
+
+    def window_times(self, i: int) -> list[str]:
+        """The timestamps of the epoch's i-th window's bars (ISO text: dates, or date-times)."""
+        start = int(self._rows(i))
+        dates = np.load(self.cache_dir / f"{self.split}_dates.npy", mmap_mode="r", allow_pickle=False)
+        return [str(d) for d in dates[start : start + self.window]]
 
     def __repr__(self) -> str:
         return (f"QlibDataset(split={self.split!r}, windows={self.n_windows}, len={len(self)}, "

@@ -200,34 +200,46 @@ def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> Non
         pv.write_series(root, s)
 
 
-def write_demo_market(out, n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, *,
-                      start: str = DEFAULT_START, end: str = DEFAULT_END, force: bool = False,
-                      progress: bool = False) -> Path:
+def write_demo_market(out, n_symbols: int | None = None, seed: int = DEFAULT_SEED, *,
+                      start: str | None = None, end: str = DEFAULT_END, force: bool = False,
+                      progress: bool = False, freq: str = "day") -> Path:
     """Write the demo market as a Qlib directory at ``out`` (atomically); return its path.
 
-    ``out`` must be missing or empty unless ``force``.
+    ``out`` must be missing or empty unless ``force``. ``freq`` other than ``day`` writes an
+    intraday market (:func:`generate_intraday_market`).
     """
-    market = generate_demo_market(n_symbols, seed, start, end)
+    if freq == "day":
+        market = generate_demo_market(DEFAULT_SYMBOLS if n_symbols is None else n_symbols, seed, start or DEFAULT_START, end)
+    else:
+        market = generate_intraday_market(freq, INTRADAY_DEFAULT_SYMBOLS if n_symbols is None else n_symbols, seed,
+                                          start or INTRADAY_DEFAULT_START, end)
     final = Path(out).expanduser().absolute()
     with pv.atomic_output_dir(final, force=force) as tmp:
-        _write_market(tmp, market, progress)
+        (_write_market if freq == "day" else _write_intraday)(tmp, market, progress)
     return final
 
 
-def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED) -> Path:
-    return kronos_home() / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}"
+def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, freq: str = "day") -> Path:
+    tail = "" if freq == "day" else f"-{freq}"
+    return kronos_home() / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}{tail}"
 
 
-def ensure_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, progress: bool = False) -> Path:
+def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, progress: bool = False,
+                       freq: str = "day") -> Path:
     """The cached default demo market, generated on first use (safe under concurrent ranks)."""
+    if n_symbols is None:
+        n_symbols = DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS
     _check_size(n_symbols, seed)
-    final = demo_market_path(n_symbols, seed)
+    final = demo_market_path(n_symbols, seed, freq)
 
     def build(tmp: Path) -> None:
-        _write_market(tmp, generate_demo_market(n_symbols, seed), progress)
+        if freq == "day":
+            _write_market(tmp, generate_demo_market(n_symbols, seed), progress)
+        else:
+            _write_intraday(tmp, generate_intraday_market(freq, n_symbols, seed), progress)
 
     try:
-        pv.build_once(final, build, lambda p: (p / pv.CALENDAR_FILE).is_file())
+        pv.build_once(final, build, lambda p: (p / pv.calendar_file(freq)).is_file())
     except OSError as exc:
         raise DataError(
             f"cannot write the demo market under '{final.parent}' ({exc.strerror or exc}); "
@@ -244,9 +256,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="directory to write (must be missing or empty); default: the shared cache "
                              "used when qlib_data_path is empty")
-    parser.add_argument("--symbols", type=int, default=DEFAULT_SYMBOLS, help=f"number of symbols (default {DEFAULT_SYMBOLS})")
+    parser.add_argument("--freq", default="day", choices=("day", *INTRADAY_FREQS),
+                        help="bar frequency: day, or intraday bars in two sessions a day (default day)")
+    parser.add_argument("--symbols", type=int, default=None,
+                        help=f"number of symbols (default {DEFAULT_SYMBOLS}; intraday {INTRADAY_DEFAULT_SYMBOLS})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED})")
-    parser.add_argument("--start", default=DEFAULT_START, help=f"first calendar day (default {DEFAULT_START})")
+    parser.add_argument("--start", default=None,
+                        help=f"first calendar day (default {DEFAULT_START}; intraday {INTRADAY_DEFAULT_START})")
     parser.add_argument("--end", default=DEFAULT_END, help=f"last calendar day (default {DEFAULT_END})")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
@@ -255,14 +271,128 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     t0 = time.perf_counter()
+    symbols = args.symbols if args.symbols is not None else (
+        DEFAULT_SYMBOLS if args.freq == "day" else INTRADAY_DEFAULT_SYMBOLS)
     if args.out is None:
-        if (args.start, args.end) != (DEFAULT_START, DEFAULT_END):
+        if (args.start, args.end) != (None, DEFAULT_END):
             raise DataError("--start/--end need --out; the shared demo cache always uses the default dates")
-        _check_size(args.symbols, args.seed)
-        path = ensure_demo_market(args.symbols, args.seed, progress=True)
+        _check_size(symbols, args.seed)
+        path = ensure_demo_market(symbols, args.seed, progress=True, freq=args.freq)
     else:
-        path = write_demo_market(args.out, args.symbols, args.seed, start=args.start, end=args.end,
-                                 force=args.force, progress=True)
-    print(f"demo market ({args.symbols} symbols, seed {args.seed}) at {path} "
+        path = write_demo_market(args.out, symbols, args.seed, start=args.start, end=args.end,
+                                 force=args.force, progress=True, freq=args.freq)
+    print(f"demo market ({symbols} symbols, {args.freq} bars, seed {args.seed}) at {path} "
           f"[{time.perf_counter() - t0:.1f}s]; instruments: all, {UNIVERSE}")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Intraday demo markets (1- to 60-minute bars)
+# ----------------------------------------------------------------------------------------------
+
+INTRADAY_FREQS = {"1min": 1, "5min": 5, "15min": 15, "30min": 30, "60min": 60}
+INTRADAY_DEFAULT_SYMBOLS = 12
+INTRADAY_DEFAULT_START = "2022-07-01"
+# Two trading sessions (A-share hours); a bar is stamped with its closing minute, as Qlib's
+# minute data is, so the lunch break and the night lie between two consecutive bars.
+SESSIONS = (("09:30", "11:30"), ("13:00", "15:00"))
+
+
+def session_minutes(freq: str) -> list[str]:
+    """``HH:MM`` stamps of one day's bars at ``freq`` (``09:35 .. 11:30, 13:05 .. 15:00`` at 5min)."""
+    step = INTRADAY_FREQS[freq]
+    out = []
+    for a, b in SESSIONS:
+        t0 = int(a[:2]) * 60 + int(a[3:])
+        t1 = int(b[:2]) * 60 + int(b[3:])
+        out.extend(f"{m // 60:02d}:{m % 60:02d}" for m in range(t0 + step, t1 + 1, step))
+    return out
+
+
+def generate_intraday_market(freq: str, n_symbols: int = INTRADAY_DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
+                             start: str = INTRADAY_DEFAULT_START, end: str = DEFAULT_END) -> DemoMarket:
+    """A demo market of ``freq`` bars over the business days ``start..end``, two sessions a day.
+
+    Per bar: log returns with a U-shaped intraday volatility (busy open and close), Student-t
+    shocks and an overnight gap at each day's first bar; high/low beyond max/min(open, close);
+    volume following the same U shape and the bar's absolute return. Symbol 1 lists late, symbol
+    2 is delisted, and symbol 0 leaves ``csi300`` for a third of the period and comes back (two
+    membership spans).
+    """
+    if freq not in INTRADAY_FREQS:
+        raise DataError(f"--freq '{freq}' is not a demo frequency; expected day, {', '.join(INTRADAY_FREQS)}")
+    _check_size(n_symbols, seed)
+    n = int(n_symbols)
+    days = _business_days(start, end)
+    minutes = session_minutes(freq)
+    per_day = len(minutes)
+    if len(days) < 5:
+        raise DataError(f"demo market {start}..{end} has {len(days)} business days; expected at least 5")
+    calendar = [f"{d} {m}:00" for d in days for m in minutes]
+    T = len(calendar)
+    rng = np.random.default_rng([GENERATOR_VERSION, int(seed), n, INTRADAY_FREQS[freq]])
+    pos = np.tile(np.linspace(-1.0, 1.0, per_day), len(days))
+    shape = 0.7 + 0.8 * pos**2  # U-shaped activity over the day
+    daily_vol = rng.uniform(0.012, 0.026, n)
+    bar_vol = daily_vol / np.sqrt(per_day)
+    shocks = rng.standard_t(5.0, size=(T, n)) / np.sqrt(5.0 / 3.0)
+    ret = shocks * bar_vol * shape[:, None]
+    ret[::per_day] += 0.3 * daily_vol * rng.standard_normal((len(days), n))  # overnight gaps
+    close = rng.lognormal(np.log(15.0), 0.7, n) * np.exp(np.cumsum(ret, axis=0))
+    open_ = np.vstack([close[:1] / np.exp(ret[:1]), close[:-1]])
+    wick = bar_vol * shape[:, None] * 0.6
+    high = np.maximum(open_, close) * np.exp(wick * np.abs(rng.standard_normal((T, n))))
+    low = np.minimum(open_, close) * np.exp(-wick * np.abs(rng.standard_normal((T, n))))
+    vwap = np.clip((high + low + open_ + close) / 4.0, low, high)
+    base = rng.lognormal(np.log(2e6 / per_day), 0.8, n)
+    volume = np.round(base * shape[:, None] * np.exp(0.4 * np.abs(ret) / bar_vol)).clip(min=100.0)
+    amount = vwap * volume
+
+    starts = np.zeros(n, dtype=int)
+    ends = np.full(n, T - 1, dtype=int)
+    if n > 1:
+        starts[1] = (T // 3) // per_day * per_day
+    if n > 2:
+        ends[2] = (2 * T // 3) // per_day * per_day - 1
+    fields_all = {"open": open_, "high": high, "low": low, "close": close, "volume": volume,
+                  "amount": amount, "vwap": vwap}
+    width = max(3, len(str(n)))
+    names = [f"DEMO{i:0{width}d}" for i in range(n)]
+    series = []
+    for i in range(n):
+        a, b = int(starts[i]), int(ends[i])
+        fields = {k: arr[a : b + 1, i].astype(np.float32) for k, arr in fields_all.items()}
+        fields["factor"] = np.ones(b - a + 1, dtype=np.float32)
+        series.append(pv.SymbolSeries(names[i], a, fields))
+    k = max(1, round(0.75 * n)) if n > 1 else 1
+    market = DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: sorted(names[:k])})
+    market.freq = freq
+    return market
+
+
+def _write_intraday(root: Path, market: DemoMarket, progress: bool = False) -> None:
+    freq = market.freq
+    pv.write_calendar(root, market.calendar, freq)
+    day = [c[:10] for c in market.calendar]
+    pv.write_instruments(root, "all", [(s.symbol, day[s.start], day[s.end]) for s in market.series])
+    spans = []
+    members = set(market.universes[UNIVERSE])
+    for s in market.series:
+        if s.symbol not in members:
+            continue
+        if s.symbol == market.series[0].symbol and len(market.series) > 1:
+            # Out of the index for the middle third of its listing: two membership spans.
+            n_days = (s.end - s.start + 1) // (len(market.calendar) // len(set(day)))
+            d = sorted(set(day[s.start : s.end + 1]))
+            spans.append((s.symbol, d[0], d[n_days // 3 - 1]))
+            spans.append((s.symbol, d[2 * n_days // 3], d[-1]))
+        else:
+            spans.append((s.symbol, day[s.start], day[s.end]))
+    pv.write_instruments(root, UNIVERSE, spans)
+    items = market.series
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc=f"demo market ({freq})", unit="symbol", leave=False)
+    for s in items:
+        pv.write_series(root, s, freq)

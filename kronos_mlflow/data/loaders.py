@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -51,6 +52,14 @@ def val_loader_for(ds, config, rank: int, world_size: int):
                    num_workers=config["num_workers"])
 
 
+def _to_device(arr, device: torch.device, rows: int = 1 << 20) -> torch.Tensor:
+    """A float32 copy of ``arr`` (a numpy array or memory map) on ``device``, ``rows`` at a time."""
+    out = torch.empty(tuple(arr.shape), dtype=torch.float32, device=device)
+    for i in range(0, len(arr), rows):
+        out[i : i + rows] = torch.from_numpy(np.array(arr[i : i + rows], dtype=np.float32))
+    return out
+
+
 class DeviceWindowLoader:
     """Training batches of a ``QlibDataset``, gathered and normalised on ``device``.
 
@@ -74,8 +83,10 @@ class DeviceWindowLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        self.x = torch.from_numpy(ds.x).to(self.device)
-        self.x_stamp = torch.from_numpy(ds.x_stamp).to(self.device)
+        # The dataset's arrays are read-only memory maps: copied to the device a slice at a time, so
+        # the host never holds a whole split (minute markets: gigabytes).
+        self.x = _to_device(ds.x, self.device)
+        self.x_stamp = _to_device(ds.x_stamp, self.device)
         self.steps = torch.arange(ds.window, device=self.device)
         self.lookback = int(ds.lookback)
         self.clip = float(ds.clip)

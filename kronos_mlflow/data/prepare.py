@@ -6,15 +6,19 @@
 
 What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
 
-1. ``qlib.init`` on the provider directory and ``D.features`` of ``$open $high $low $close $volume``
-   for the instrument's symbols (their listing spans applied) from ``dataset_begin_time`` -
-   ``lookback_window`` trading days to ``dataset_end_time`` + ``predict_window`` days;
+1. ``qlib.init`` on the provider directory and ``D.features(..., freq=freq)`` of ``$open $high
+   $low $close $volume`` for the instrument's symbols from ``dataset_begin_time`` -
+   ``lookback_window`` bars to ``dataset_end_time`` + ``predict_window`` bars, a chunk of symbols
+   (about two million bars) at a time; each symbol's membership spans applied, each span its own
+   series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
    (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN/inf feature dropped;
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
    (:func:`~kronos_mlflow.features.time_features`);
-3. per split: each symbol's rows whose dates lie in the split's range, and the start row of every
-   window of consecutive rows inside them (the ranges may overlap, as upstream's do).
+3. per split: each series' rows whose times lie in the split's range (a date as a range end
+   covers all its bars), and the start row of every window of consecutive rows inside them (the
+   ranges may overlap, as upstream's do), appended to the split's ``.npy`` files as they come:
+   memory holds one chunk, never the market; ``QlibDataset`` opens the files memory-mapped.
 
 The cache lives in ``{dataset_path}/kronos-<digest>/`` where the digest covers everything that
 produced it (:func:`data_digest`): the resolved data directory and a fingerprint of its files,
@@ -47,7 +51,7 @@ from . import provider as pv
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 SPLITS = ("train", "val", "test")
 QLIB_FIELDS = ("$open", "$high", "$low", "$close", "$volume")
 MANIFEST = "manifest.json"
@@ -78,8 +82,8 @@ def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
     if not raw:
         from .demo import ensure_demo_market
 
-        return ensure_demo_market()
-    return pv.check_provider(Path(raw).expanduser().resolve())
+        return ensure_demo_market(freq=str(config.get("freq") or "day"))
+    return pv.check_provider(Path(raw).expanduser().resolve(), freq=str(config.get("freq") or "day"))
 
 
 def _feature_indices(cfg: Mapping[str, Any]) -> tuple[list[int], list[int]]:
@@ -99,7 +103,9 @@ def _cache_key(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return {
         "format": CACHE_FORMAT_VERSION,
         "qlib_data_path": str(path),
-        "provider_fingerprint": pv.provider_fingerprint(path),
+        "provider_fingerprint": pv.provider_fingerprint(path, cfg["freq"]),
+        "freq": cfg["freq"],
+        "membership_gaps": cfg["membership_gaps"],
         "instrument": cfg["instrument"],
         "dataset_begin_time": cfg["dataset_begin_time"],
         "dataset_end_time": cfg["dataset_end_time"],
@@ -145,36 +151,79 @@ def _init_qlib(path: Path, n_symbols: int) -> None:
 
 
 def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: int, predict: int, path: Path):
-    """Upstream's read range: begin - lookback days .. end + predict days, clipped to the calendar."""
-    b, e = np.datetime64(begin, "D"), np.datetime64(end, "D")
-    start = int(np.searchsorted(calendar, b, side="left"))
-    stop = int(np.searchsorted(calendar, e, side="right")) - 1  # last day <= end
+    """Upstream's read range: begin - lookback bars .. end + predict bars, clipped to the calendar."""
+    from ..config import time_bounds
+
+    b, e = time_bounds(begin, end)
+    cal = calendar.astype("datetime64[s]")
+    start = int(np.searchsorted(cal, b, side="left"))
+    stop = int(np.searchsorted(cal, e, side="right")) - 1  # last bar <= end
     if start > stop:
         raise DataError(
             f"dataset_begin_time..dataset_end_time {begin}..{end} holds no trading day of '{path}' "
             f"(its calendar covers {calendar[0]}..{calendar[-1]}); choose dates inside it"
         )
-    return calendar[max(start - lookback, 0)], calendar[min(stop + predict, len(calendar) - 1)]
+    return calendar[max(start - lookback, 0)], calendar[min(stop + predict, len(calendar) - 1)], \
+        min(stop + predict, len(calendar) - 1) - max(start - lookback, 0) + 1
+
+
+# At most this many bars are asked of Qlib at once (symbols x calendar bars): a chunk's
+# DataFrame stays around 100 MB whatever the market's size or frequency.
+_CHUNK_BARS = 2_000_000
+
+
+def _drop_qlib_feature_cache() -> None:
+    """Qlib keeps the last 500 series it loaded in memory (``H["f"]``, ``mem_cache_size_limit``):
+    at minute scale that is gigabytes. Each chunk is read once, so the cache only costs."""
+    try:
+        from qlib.data.cache import H
+
+        H["f"].clear()
+    except Exception:  # pragma: no cover - a Qlib without that cache
+        pass
+
+
+def merge_spans(spans, calendar_days: np.ndarray) -> list[tuple[np.datetime64, np.datetime64]]:
+    """One symbol's membership spans (``(start, end)`` pairs of anything ``numpy.datetime64``
+    accepts) as day ranges, sorted, with spans merged when no trading day of ``calendar_days``
+    (sorted ``datetime64[D]``) lies strictly between them (touching or overlapping spans)."""
+    days = sorted((np.datetime64(str(a)[:10], "D"), np.datetime64(str(b)[:10], "D")) for a, b in spans)
+    out: list[list[np.datetime64]] = []
+    for a, b in days:
+        if out:
+            between = int(np.searchsorted(calendar_days, a, side="left")) - \
+                int(np.searchsorted(calendar_days, out[-1][1], side="right"))
+            if between <= 0:
+                out[-1][1] = max(out[-1][1], b)
+                continue
+        out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, predict: int,
-              progress: bool = False):
-    """Yield ``(symbol, dates datetime64[D], values float32 (n, 5))`` for each symbol of
-    ``instrument`` (open, high, low, close, volume) read through ``D.features``, listing spans applied.
+              progress: bool = False, freq: str = "day", membership_gaps: str = "split"):
+    """Yield ``(symbol, times, values float32 (n, 5))`` series of ``instrument`` (open, high, low,
+    close, volume) read through ``D.features(..., freq=freq)``, membership spans applied.
 
-    Qlib's exceptions are turned into one-line DataErrors.
+    ``times`` is ``datetime64[D]`` for daily bars, ``datetime64[s]`` for intraday ones. With
+    ``membership_gaps="split"`` each membership span of a symbol is its own series (a symbol that
+    left the index and came back yields two); with ``"join"`` the bars of all its spans are one
+    series (upstream: mask to the spans, then ``dropna``). Qlib's exceptions become one-line
+    DataErrors.
     """
+    unit = "D" if freq == "day" else "s"
     try:
         _init_qlib(path, len(pv.read_instrument_file(path, instrument)))
         import pandas as pd
         from qlib.data import D
 
-        calendar = np.asarray(D.calendar(freq="day"), dtype="datetime64[D]")
+        calendar = np.asarray(D.calendar(freq=freq), dtype=f"datetime64[{unit}]")
         if len(calendar) == 0:
-            raise DataError(f"qlib_data_path '{path}': calendars/day.txt holds no dates; expected one YYYY-MM-DD a line")
-        lo, hi = _date_range_indices(calendar, begin, end, lookback, predict, path)
-        lo_s, hi_s = str(lo), str(hi)
-        spans = D.list_instruments(D.instruments(instrument), start_time=lo_s, end_time=hi_s, as_list=False)
+            raise DataError(f"qlib_data_path '{path}': calendars/{freq}.txt holds no dates; expected one date a line")
+        lo, hi, n_bars = _date_range_indices(calendar, begin, end, lookback, predict, path)
+        lo_s, hi_s = str(pd.Timestamp(lo)), str(pd.Timestamp(hi))
+        spans = D.list_instruments(D.instruments(instrument), start_time=lo_s, end_time=hi_s, as_list=False,
+                                   freq=freq)
         symbols = sorted(spans)
     except DataError:
         raise
@@ -186,33 +235,41 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
             f"instrument '{instrument}' in '{path}' lists no symbol trading between {lo_s} and {hi_s}; "
             "choose another instrument or dataset_begin_time/dataset_end_time"
         )
+    calendar_days = np.unique(calendar.astype("datetime64[D]"))
     chunk = 25 if len(symbols) <= _PARALLEL_SYMBOLS else 400
+    chunk = max(1, min(chunk, _CHUNK_BARS // max(1, n_bars)))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(symbols), desc=f"reading {instrument}", unit="symbol")
+        bar = tqdm(total=len(symbols), desc=f"reading {instrument} ({freq})", unit="symbol")
     try:
         for i in range(0, len(symbols), chunk):
             names = symbols[i : i + chunk]
             try:
-                df = D.features(names, list(QLIB_FIELDS), start_time=lo_s, end_time=hi_s, freq="day")
+                df = D.features(names, list(QLIB_FIELDS), start_time=lo_s, end_time=hi_s, freq=freq)
             except Exception as exc:
                 raise DataError(f"Qlib cannot read symbols {names[0]}..{names[-1]} of '{path}': "
                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                                 "a file may be truncated or not in Qlib's format") from None
+            _drop_qlib_feature_cache()
             if len(df):
                 inst = df.index.get_level_values(0).to_numpy()
-                dates = df.index.get_level_values(1).to_numpy().astype("datetime64[D]")
+                dates = df.index.get_level_values(1).to_numpy().astype(f"datetime64[{unit}]")
                 values = df[list(QLIB_FIELDS)].to_numpy(dtype=np.float32)
+                del df
                 bounds = np.flatnonzero(inst[1:] != inst[:-1]) + 1
                 for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(inst)]):
                     sym = str(inst[a])
                     d = dates[a:b]
-                    keep = np.zeros(len(d), dtype=bool)
-                    for s0, s1 in spans.get(sym, []):  # Qlib applies spans only to market configs
-                        keep |= (d >= np.datetime64(pd.Timestamp(s0), "D")) & (d <= np.datetime64(pd.Timestamp(s1), "D"))
-                    yield sym, d[keep], values[a:b][keep]
+                    day = d.astype("datetime64[D]")
+                    # Qlib applies spans only to market configs: mask here, one span at a time.
+                    masks = [(day >= s0) & (day <= s1) for s0, s1 in merge_spans(spans.get(sym, []), calendar_days)]
+                    if membership_gaps == "join" and masks:
+                        masks = [np.logical_or.reduce(masks)]
+                    for keep in masks:
+                        if keep.any():
+                            yield sym, d[keep], values[a:b][keep]
             if bar is not None:
                 bar.update(len(names))
     finally:
@@ -224,61 +281,118 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
 # Building the splits
 # ----------------------------------------------------------------------------------------------
 
+class _NpyWriter:
+    """Append rows to a ``.npy`` file without holding them: the header (a fixed 128 bytes) is
+    written last, once the row count is known. ``np.load(..., mmap_mode="r")`` opens the result."""
+
+    HEADER = 128
+
+    def __init__(self, path: Path, dtype, tail: tuple[int, ...] = ()):
+        self.path, self.dtype, self.tail = Path(path), np.dtype(dtype), tuple(tail)
+        self.n = 0
+        self._fh = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._fh.write(b"\0" * self.HEADER)
+
+    def append(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr.shape[1:] != self.tail:
+            raise ValueError(f"rows of shape {arr.shape[1:]} appended to {self.path.name} of rows {self.tail}")
+        self._fh.write(arr.tobytes())
+        self.n += len(arr)
+
+    def close(self) -> None:
+        import struct
+
+        header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                       "shape": (self.n, *self.tail)}).encode("latin1")
+        room = self.HEADER - 10 - 1
+        if len(header) > room:  # pragma: no cover - a shape of 20+ digit dimensions
+            raise ValueError(f"header of {self.path.name} too long")
+        self._fh.seek(0)
+        self._fh.write(np.lib.format.magic(1, 0) + struct.pack("<H", self.HEADER - 10) + header
+                       + b" " * (room - len(header)) + b"\n")
+        self._fh.close()
+
+
 def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any], digest: str, progress: bool) -> dict:
+    """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
+    never the market. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
+    (bar times); ``starts`` int64 (each window's first row); ``offsets`` (each series' first row)."""
+    from ..config import time_bounds
+
     t0 = time.perf_counter()
     lookback, predict = cfg["lookback_window"], cfg["predict_window"]
     window = lookback + predict + 1
     fidx, tidx = _feature_indices(cfg)
-    ranges = {s: [np.datetime64(d, "D") for d in cfg[f"{s}_time_range"]] for s in SPLITS}
-    parts: dict[str, dict[str, list]] = {s: {"x": [], "stamp": [], "dates": [], "symbols": [], "lengths": []} for s in SPLITS}
-    stats = {"symbols_read": 0, "symbols_kept": 0, "symbols_dropped_short": 0, "rows_read": 0,
-             "rows_dropped_nonfinite": 0, "rows_kept": 0}
-    for sym, dates, raw in read_qlib(path, cfg["instrument"], cfg["dataset_begin_time"], cfg["dataset_end_time"],
-                                     lookback, predict, progress):
-        stats["symbols_read"] += 1
-        stats["rows_read"] += len(dates)
-        o, h, lo, c, v = (raw[:, j] for j in range(5))
-        full = np.stack([o, h, lo, c, v, amount_from_ohlcv(o, h, lo, c, v)], axis=1).astype(np.float32, copy=False)
-        ok = np.isfinite(full).all(axis=1)
-        stats["rows_dropped_nonfinite"] += int((~ok).sum())
-        feats, dates = np.ascontiguousarray(full[ok][:, fidx]), dates[ok]
-        if len(dates) < window:
-            stats["symbols_dropped_short"] += 1
-            continue
-        stats["symbols_kept"] += 1
-        stats["rows_kept"] += len(dates)
-        stamps = time_features(dates.astype("datetime64[ns]"))[:, tidx]
-        for split, (a, b) in ranges.items():
-            i0, i1 = np.searchsorted(dates, a, side="left"), np.searchsorted(dates, b, side="right")
-            if i1 - i0 >= window:
-                p = parts[split]
-                p["x"].append(feats[i0:i1])
-                p["stamp"].append(stamps[i0:i1])
-                p["dates"].append(dates[i0:i1])
-                p["symbols"].append(sym)
-                p["lengths"].append(i1 - i0)
+    freq = cfg["freq"]
+    date_dtype = "datetime64[D]" if freq == "day" else "datetime64[s]"
+    ranges = {s: time_bounds(*cfg[f"{s}_time_range"]) for s in SPLITS}
+    writers = {s: {"x": _NpyWriter(out / f"{s}_x.npy", np.float32, (len(fidx),)),
+                   "stamp": _NpyWriter(out / f"{s}_stamp.npy", np.uint8, (len(tidx),)),
+                   "dates": _NpyWriter(out / f"{s}_dates.npy", date_dtype),
+                   "starts": _NpyWriter(out / f"{s}_starts.npy", np.int64)} for s in SPLITS}
+    series = {s: {"symbols": [], "lengths": []} for s in SPLITS}
+    stats = {"symbols_read": 0, "symbols_kept": 0, "symbols_dropped_short": 0, "series_read": 0, "series_kept": 0,
+             "series_dropped_short": 0, "rows_read": 0, "rows_dropped_nonfinite": 0, "rows_kept": 0}
+    seen: dict[str, bool] = {}  # symbol -> kept (some series long enough)
+    try:
+        for sym, dates, raw in read_qlib(path, cfg["instrument"], cfg["dataset_begin_time"], cfg["dataset_end_time"],
+                                         lookback, predict, progress, freq=freq,
+                                         membership_gaps=cfg["membership_gaps"]):
+            stats["series_read"] += 1
+            seen.setdefault(sym, False)
+            stats["rows_read"] += len(dates)
+            o, h, lo, c, v = (raw[:, j] for j in range(5))
+            full = np.stack([o, h, lo, c, v, amount_from_ohlcv(o, h, lo, c, v)], axis=1).astype(np.float32, copy=False)
+            ok = np.isfinite(full).all(axis=1)
+            stats["rows_dropped_nonfinite"] += int((~ok).sum())
+            feats, dates = np.ascontiguousarray(full[ok][:, fidx]), dates[ok]
+            if len(dates) < window:
+                stats["series_dropped_short"] += 1
+                continue
+            seen[sym] = True
+            stats["series_kept"] += 1
+            stats["rows_kept"] += len(dates)
+            stamps = time_features(dates.astype("datetime64[ns]"))[:, tidx].astype(np.uint8)
+            seconds = dates.astype("datetime64[s]")
+            for split, (a, b) in ranges.items():
+                i0, i1 = np.searchsorted(seconds, a, side="left"), np.searchsorted(seconds, b, side="right")
+                if i1 - i0 >= window:
+                    w = writers[split]
+                    first = w["x"].n
+                    w["x"].append(feats[i0:i1])
+                    w["stamp"].append(stamps[i0:i1])
+                    w["dates"].append(dates[i0:i1])
+                    w["starts"].append(np.arange(first, first + (i1 - i0) - window + 1, dtype=np.int64))
+                    series[split]["symbols"].append(sym)
+                    series[split]["lengths"].append(int(i1 - i0))
+    finally:
+        for w in writers.values():
+            for f in w.values():
+                f.close()
+    stats["symbols_read"] = len(seen)
+    stats["symbols_kept"] = sum(seen.values())
+    stats["symbols_dropped_short"] = stats["symbols_read"] - stats["symbols_kept"]
 
     splits_info = {}
     for split in SPLITS:
-        p = parts[split]
-        lengths = np.asarray(p["lengths"], dtype=np.int64)
+        lengths = np.asarray(series[split]["lengths"], dtype=np.int64)
         offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
-        starts = (np.concatenate([np.arange(o, o + n - window + 1) for o, n in zip(offsets[:-1], lengths)])
-                  if len(lengths) else np.zeros(0)).astype(np.int64)
+        np.save(out / f"{split}_offsets.npy", offsets, allow_pickle=False)
         splits_info[split] = {
             "time_range": list(cfg[f"{split}_time_range"]),
-            "symbols": p["symbols"],
+            "symbols": series[split]["symbols"],
             "rows": int(offsets[-1]),
-            "windows": int(len(starts)),
-            "arrays": (p, offsets, starts),
+            "windows": int(writers[split]["starts"].n),
         }
 
     inst, where = cfg["instrument"], path
+    unit = "trading days" if freq == "day" else f"{freq} bars"
     if splits_info["train"]["windows"] == 0:
         a, b = cfg["train_time_range"]
         raise DataError(
             f"no training windows: train_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol with "
-            f"{window} consecutive valid trading days (lookback_window {lookback} + predict_window {predict} + 1); "
+            f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1); "
             "widen train_time_range, choose another instrument, or shorten the windows"
         )
     for split in ("val", "test"):
@@ -286,31 +400,21 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
             a, b = cfg[f"{split}_time_range"]
             warnings.warn(
                 f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
-                f"with {window} consecutive valid trading days; training runs without the {split} split",
+                f"with {window} consecutive valid {unit}; training runs without the {split} split",
                 DataWarning, stacklevel=3,
             )
 
-    manifest_splits = {}
-    for split, info in splits_info.items():
-        p, offsets, starts = info.pop("arrays")
-        x = np.concatenate(p["x"]) if p["x"] else np.zeros((0, len(fidx)), np.float32)
-        st = np.concatenate(p["stamp"]) if p["stamp"] else np.zeros((0, len(tidx)), np.float32)
-        dt = np.concatenate(p["dates"]) if p["dates"] else np.zeros(0, "datetime64[D]")
-        np.save(out / f"{split}_x.npy", np.ascontiguousarray(x, dtype=np.float32), allow_pickle=False)
-        np.save(out / f"{split}_stamp.npy", np.ascontiguousarray(st, dtype=np.float32), allow_pickle=False)
-        np.save(out / f"{split}_dates.npy", dt.astype("datetime64[D]"), allow_pickle=False)
-        np.save(out / f"{split}_offsets.npy", offsets, allow_pickle=False)
-        np.save(out / f"{split}_starts.npy", starts, allow_pickle=False)
-        manifest_splits[split] = info
     manifest = {
         "format": CACHE_FORMAT_VERSION,
         "digest": digest,
         "key": dict(key),
+        "freq": freq,
+        "membership_gaps": cfg["membership_gaps"],
         "window": window,
         "feature_list": list(cfg["feature_list"]),
         "time_feature_list": list(cfg["time_feature_list"]),
         "stats": stats,
-        "splits": manifest_splits,
+        "splits": splits_info,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -355,7 +459,7 @@ def read_manifest(cache_dir: Path) -> dict[str, Any]:
 # kronos-mlflow prepare
 # ----------------------------------------------------------------------------------------------
 
-_FLAGS = ("qlib_data_path", "instrument", "dataset_begin_time", "dataset_end_time", "train_time_range",
+_FLAGS = ("qlib_data_path", "freq", "membership_gaps", "instrument", "dataset_begin_time", "dataset_end_time", "train_time_range",
           "val_time_range", "test_time_range", "lookback_window", "predict_window", "dataset_path")
 
 
@@ -382,12 +486,13 @@ def run(args: argparse.Namespace) -> int:
     m = read_manifest(out)
     s = m["stats"]
     src = m["key"]["qlib_data_path"]
-    print(f"prepared splits of '{m['key']['instrument']}' from {src} in {time.perf_counter() - t0:.1f}s")
+    print(f"prepared {m['freq']} splits of '{m['key']['instrument']}' from {src} in {time.perf_counter() - t0:.1f}s")
     print(f"  cache: {out}")
     print(f"  symbols: {s['symbols_kept']} kept, {s['symbols_dropped_short']} dropped (shorter than {m['window']} rows)")
     print(f"  rows: {s['rows_kept']} kept, {s['rows_dropped_nonfinite']} dropped (NaN/inf)")
     for split in SPLITS:
         info = m["splits"][split]
         a, b = info["time_range"]
-        print(f"  {split:5s} {a}:{b}  {len(info['symbols']):5d} symbols  {info['windows']:9d} windows")
+        print(f"  {split:5s} {a}:{b}  {len(set(info['symbols'])):5d} symbols  {len(info['symbols']):5d} series  "
+              f"{info['windows']:9d} windows")
     return 0

@@ -65,8 +65,21 @@ def check_name(kind: str, name: str) -> str:
 # Writing
 # ----------------------------------------------------------------------------------------------
 
-def write_calendar(root: Path, dates: Sequence[str]) -> None:
-    path = root / CALENDAR_FILE
+def calendar_file(freq: str = FREQ) -> Path:
+    """``calendars/<freq>.txt`` (Qlib's name for a frequency's calendar)."""
+    return Path("calendars") / f"{freq}.txt"
+
+
+def available_freqs(path: Path) -> list[str]:
+    """The frequencies a provider directory holds a calendar for (``calendars/*.txt``)."""
+    try:
+        return sorted(p.stem for p in (Path(path) / "calendars").glob("*.txt") if p.is_file())
+    except OSError:
+        return []
+
+
+def write_calendar(root: Path, dates: Sequence[str], freq: str = FREQ) -> None:
+    path = root / calendar_file(freq)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{d}\n" for d in dates), encoding="utf-8")
 
@@ -79,7 +92,7 @@ def write_instruments(root: Path, name: str, spans: Iterable[tuple[str, str, str
     path.write_text("".join(f"{s}\t{a}\t{b}\n" for s, a, b in spans), encoding="utf-8")
 
 
-def write_series(root: Path, series: SymbolSeries) -> None:
+def write_series(root: Path, series: SymbolSeries, freq: str = FREQ) -> None:
     """One ``<field>.day.bin`` per field, in Qlib's format (start index, then the values)."""
     folder = root / FEATURES_DIR / series.symbol.lower()
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,12 +100,12 @@ def write_series(root: Path, series: SymbolSeries) -> None:
         out = np.empty(len(values) + 1, dtype="<f4")
         out[0] = series.start
         out[1:] = values
-        out.tofile(folder / f"{name.lower()}.{FREQ}.bin")
+        out.tofile(folder / f"{name.lower()}.{freq}.bin")
 
 
-def read_series(root: Path, symbol: str, name: str) -> tuple[int, np.ndarray]:
+def read_series(root: Path, symbol: str, name: str, freq: str = FREQ) -> tuple[int, np.ndarray]:
     """Read back one bin file: (start calendar index, float32 values)."""
-    raw = np.fromfile(Path(root) / FEATURES_DIR / symbol.lower() / f"{name}.{FREQ}.bin", dtype="<f4")
+    raw = np.fromfile(Path(root) / FEATURES_DIR / symbol.lower() / f"{name}.{freq}.bin", dtype="<f4")
     return int(raw[0]), raw[1:]
 
 
@@ -218,9 +231,10 @@ _PROVIDER_HINT = (
 )
 
 
-def check_provider(path: Path, key: str = "qlib_data_path") -> Path:
-    """Raise DataError unless ``path`` looks like a daily Qlib provider directory."""
+def check_provider(path: Path, key: str = "qlib_data_path", freq: str = FREQ) -> Path:
+    """Raise DataError unless ``path`` looks like a Qlib provider directory with ``freq`` bars."""
     path = Path(path)
+    CALENDAR_FILE = calendar_file(freq)  # noqa: N806 - the daily module constant, per frequency
     if not path.exists():
         raise DataError(f"{key} '{path}' does not exist; {_PROVIDER_HINT}")
     if not path.is_dir():
@@ -229,6 +243,10 @@ def check_provider(path: Path, key: str = "qlib_data_path") -> Path:
         raise DataError(f"{key} '{path}' is an empty directory; {_PROVIDER_HINT}")
     cal = path / CALENDAR_FILE
     if not cal.is_file():
+        have = available_freqs(path)
+        if have:
+            raise DataError(f"freq '{freq}': {key} '{path}' has no {freq} bars ({CALENDAR_FILE} is missing); "
+                            f"it has: {', '.join(have)}")
         raise DataError(f"{key} '{path}' is not a Qlib provider directory ({CALENDAR_FILE} is missing); {_PROVIDER_HINT}")
     if cal.stat().st_size == 0:
         raise DataError(f"{key} '{path}': {CALENDAR_FILE} is empty; {_PROVIDER_HINT}")
@@ -236,16 +254,17 @@ def check_provider(path: Path, key: str = "qlib_data_path") -> Path:
         raise DataError(f"{key} '{path}' is not a Qlib provider directory (no instruments/*.txt); {_PROVIDER_HINT}")
     if not (path / FEATURES_DIR).is_dir():
         raise DataError(f"{key} '{path}' is not a Qlib provider directory (features/ is missing); {_PROVIDER_HINT}")
-    _check_calendar(path, key)
-    _check_feature_files(path, key)
+    _check_calendar(path, key, freq)
+    _check_feature_files(path, key, freq)
     return path
 
 
 _MAX_CALENDAR_BYTES = 16 << 20  # a century of minute bars is far less
 
 
-def _check_calendar(path: Path, key: str) -> None:
-    """``calendars/day.txt`` is UTF-8 text with one date a line (Qlib's own errors name no file)."""
+def _check_calendar(path: Path, key: str, freq: str = FREQ) -> None:
+    """``calendars/<freq>.txt`` is UTF-8 text with one date a line (Qlib's own errors name no file)."""
+    CALENDAR_FILE = calendar_file(freq)  # noqa: N806
     cal = path / CALENDAR_FILE
     size = cal.stat().st_size
     if size > _MAX_CALENDAR_BYTES:
@@ -271,7 +290,7 @@ def _check_calendar(path: Path, key: str) -> None:
                             "expected one YYYY-MM-DD date a line") from None
 
 
-def _check_feature_files(path: Path, key: str) -> None:
+def _check_feature_files(path: Path, key: str, freq: str = FREQ) -> None:
     """Every ``features/*/*.day.bin`` holds whole little-endian float32 values, at least the start
     index (a stat each; Qlib would fail later with no file name)."""
     features = path / FEATURES_DIR
@@ -280,7 +299,7 @@ def _check_feature_files(path: Path, key: str) -> None:
     for sym in symbols:
         with os.scandir(features / sym) as it:
             for entry in sorted(it, key=lambda e: e.name):
-                if not entry.name.endswith(f".{FREQ}.bin"):
+                if not entry.name.endswith(f".{freq}.bin"):
                     continue
                 size = entry.stat().st_size
                 if size < 4 or size % 4:
@@ -323,13 +342,13 @@ def read_instrument_file(path: Path, instrument: str) -> dict[str, list[tuple[st
 # Fingerprint (what keys the prepared-split cache)
 # ----------------------------------------------------------------------------------------------
 
-def provider_fingerprint(path: Path) -> str:
+def provider_fingerprint(path: Path, freq: str = FREQ) -> str:
     """sha256 over the calendar and instrument files' contents and every feature file's
     name, size and mtime: any re-import, regeneration or edit changes it, while reading
     tens of thousands of bins is avoided (a stat each)."""
     root = Path(path)
     h = hashlib.sha256()
-    h.update((root / CALENDAR_FILE).read_bytes())
+    h.update((root / calendar_file(freq)).read_bytes())
     for name in list_instruments(root):
         h.update(b"\0inst\0" + name.encode())
         h.update((root / INSTRUMENTS_DIR / f"{name}.txt").read_bytes())
@@ -338,7 +357,7 @@ def provider_fingerprint(path: Path) -> str:
         symbols = sorted((e.name for e in it if e.is_dir()))
     for sym in symbols:
         with os.scandir(features / sym) as it:
-            entries = sorted((e.name, e.stat()) for e in it if e.name.endswith(f".{FREQ}.bin"))
+            entries = sorted((e.name, e.stat()) for e in it if e.name.endswith(f".{freq}.bin"))
         for name, st in entries:
             h.update(f"\0{sym}/{name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()

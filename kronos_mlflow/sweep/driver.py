@@ -39,7 +39,7 @@ PARAMS = ("learning_rate", "weight_decay")
 TRAIN_PASSTHROUGH = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "qlib_data_path", "instrument",
     "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
-    "seed", "accumulation_steps",
+    "seed", "accumulation_steps", "freq", "membership_gaps",
 )
 
 

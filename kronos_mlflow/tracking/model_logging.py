@@ -103,6 +103,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
             signature=signature,
             input_example=x,
             pip_requirements=_pip_requirements(),
+            metadata={"freq": str(config.get("freq", "day")), "instrument": str(config["instrument"])},
             step=int(step),
         )
     with _tracking_uri(mlflow_logger.tracking_uri):
@@ -128,6 +129,7 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
+    from ..config import format_time_range
     from ..data import resolve_qlib_path
 
     path = str(resolve_qlib_path(config))
@@ -136,13 +138,17 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
         warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
         source = resolve_dataset_source(path)
     name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
+    if config.get("freq", "day") != "day":
+        name += f"-{config['freq']}"
     dataset = MetaDataset(source=source, name=name, digest=digest[:32])
     tags = [
         InputTag(key="mlflow.data.context", value="training"),
         InputTag(key="instrument", value=str(config["instrument"])),
-        InputTag(key="train_time_range", value=":".join(config["train_time_range"])),
-        InputTag(key="val_time_range", value=":".join(config["val_time_range"])),
-        InputTag(key="test_time_range", value=":".join(config["test_time_range"])),
+        InputTag(key="freq", value=str(config.get("freq", "day"))),
+        InputTag(key="membership_gaps", value=str(config.get("membership_gaps", "split"))),
+        InputTag(key="train_time_range", value=format_time_range(config["train_time_range"])),
+        InputTag(key="val_time_range", value=format_time_range(config["val_time_range"])),
+        InputTag(key="test_time_range", value=format_time_range(config["test_time_range"])),
     ]
     entry = DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)
     # Runs that start together (sweep workers) race to create the same dataset row; the loser
