@@ -16,6 +16,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 # Shared fixtures. The helpers behind them (importable by tests that need another scope or a
 # subprocess environment): tests/tiny_runs.py (the one tiny config, isolated environments, the
 # sqlite store) and tests/servers.py (mlflow server, PostgreSQL, wait_until).
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -70,10 +72,16 @@ def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory) -> Iterator[str]:
+def postgres() -> Iterator[str]:
     """A PostgreSQL server URL: ``KRONOS_TEST_POSTGRES_URL`` (.ci/run starts one), else a
     throwaway cluster from scripts/pg_throwaway.sh; skipped when neither is possible."""
     if not postgres_available():
         pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); .ci/run installs them")
-    with postgres_server(tmp_path_factory.mktemp("pg")) as url:
-        yield url
+    # Not under pytest's basetemp: pytest resets /tmp/pytest-of-<user> to 0700 whenever a pytest
+    # starts, and the cluster runs as the postgres user when we are root.
+    base = Path(tempfile.mkdtemp(prefix="kronos-test-pg-"))
+    try:
+        with postgres_server(base) as url:
+            yield url
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
