@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from servers import MlflowServer, postgres_available, postgres_server  # noqa: E402
-from tiny_runs import TRACKING_ENV, create_sqlite_store, isolated_vars, tiny_config  # noqa: E402
+from tiny_runs import TRACKING_ENV, create_sqlite_store, isolate, tiny_config  # noqa: E402
 
 
 @pytest.fixture()
@@ -31,11 +31,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """This process, isolated: cwd, demo cache, Comet's offline dir and a sqlite MLflow store
     (``tmp_path/mlflow.db``, created on first use) all under ``tmp_path``; no inherited run,
     experiment or credential. Returns ``tmp_path``."""
-    for name in TRACKING_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in isolated_vars(tmp_path).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)
+    isolate(monkeypatch, tmp_path)
     return tmp_path
 
 

@@ -11,7 +11,7 @@ import sys
 import urllib.parse
 
 import pytest
-from tiny_runs import TRACKING_ENV, isolated_vars, sqlite_uri, tiny_config
+from tiny_runs import isolate, sqlite_uri, tiny_config
 
 from kronos_mlflow import compare
 from kronos_mlflow.cli import main as cli_main
@@ -211,11 +211,7 @@ def trained(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("trained")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(tmp)
-        for name in TRACKING_ENV:
-            mp.delenv(name, raising=False)
-        for name, value in isolated_vars(tmp).items():
-            mp.setenv(name, value)
+        isolate(mp, tmp)
         uri = sqlite_uri(tmp)
         try:
             result = train.main(tiny_config(tmp, learning_rate=1e-3, experiment_name="tiny"))

@@ -74,6 +74,16 @@ def isolated_env(tmp: Path, tracking_uri: str | None = None, extra: Mapping[str,
     return env
 
 
+def isolate(mp: Any, tmp: Path) -> None:
+    """Isolate this process with ``mp`` (a pytest MonkeyPatch): no inherited tracking variable,
+    ``isolated_vars(tmp)`` set, cwd = ``tmp``."""
+    for name in TRACKING_ENV:
+        mp.delenv(name, raising=False)
+    for name, value in isolated_vars(tmp).items():
+        mp.setenv(name, value)
+    mp.chdir(tmp)
+
+
 def sqlite_uri(root: Path) -> str:
     return f"sqlite:///{Path(root) / 'mlflow.db'}"
 
