@@ -292,13 +292,12 @@ def test_real_server_stopped_and_restarted_mid_run(server_env, tmp_path, capsys)
     slowest = 0.0
     for step in range(30, 90):  # "training" goes on while the server is away
         t0 = time.monotonic()
-        logger.log_metrics(_metrics(step), step)
+        # one refused connection at most per call, never MLflow's minutes of retries (a deadline, not a timing)
+        returns_within(10, logger.log_metrics, _metrics(step), step)
         slowest = max(slowest, time.monotonic() - t0)  # a figure, printed below
         time.sleep(0.02)  # a training step's pace, so that timed flushes (every 0.1 s) happen during the outage
     logger.log_artifact(str(tmp_path / "summary.json"))
     logger.set_tags({"during_outage": "yes"})
-    # one refused connection at most per call, never MLflow's minutes of retries (a deadline, not a timing)
-    assert slowest < 10, slowest
     restart_s = server.start()
     for step in range(90, 120):
         logger.log_metrics(_metrics(step), step)
