@@ -12,3 +12,72 @@ os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
 os.environ.setdefault("COMET_AUTO_LOG_ENV_DETAILS", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+# Shared fixtures. The helpers behind them (importable by tests that need another scope or a
+# subprocess environment): tests/tiny_runs.py (the one tiny config, isolated environments, the
+# sqlite store) and tests/servers.py (mlflow server, PostgreSQL, wait_until).
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from servers import MlflowServer, postgres_available, postgres_server  # noqa: E402
+from tiny_runs import TRACKING_ENV, create_sqlite_store, isolate, tiny_config  # noqa: E402
+
+
+@pytest.fixture()
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process, isolated: cwd, demo cache, Comet's offline dir and a sqlite MLflow store
+    (``tmp_path/mlflow.db``, created on first use) all under ``tmp_path``; no inherited run,
+    experiment or credential. Returns ``tmp_path``."""
+    isolate(monkeypatch, tmp_path)
+    return tmp_path
+
+
+@pytest.fixture()
+def tiny(isolated: Path):
+    """``tiny(**extra)``: a validated TINY config with every output under the isolated ``tmp_path``."""
+    return lambda **extra: tiny_config(isolated, **extra)
+
+
+@pytest.fixture(scope="module")
+def sqlite_store(tmp_path_factory) -> str:
+    """One MLflow sqlite store per test module, schema created; its URI."""
+    return create_sqlite_store(tmp_path_factory.mktemp("mlflow-sqlite"))
+
+
+@pytest.fixture()
+def tracking_env(sqlite_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """No inherited tracking variables, ``MLFLOW_TRACKING_URI`` = the module's sqlite store,
+    cwd = ``tmp_path``. Returns the URI."""
+    for name in TRACKING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
+    monkeypatch.chdir(tmp_path)
+    return sqlite_store
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` (sqlite under ``tmp_path/server``, proxied artifacts, one worker)
+    on a free 127.0.0.1 port, healthy; stopped and reaped whatever happens. ``.url``, ``.port``,
+    ``.root``, ``.log_path``, ``.stop()``, ``.start()``."""
+    with MlflowServer(tmp_path / "server") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server URL: ``KRONOS_TEST_POSTGRES_URL`` (.ci/run starts one), else a
+    throwaway cluster from scripts/pg_throwaway.sh; skipped when neither is possible."""
+    if not postgres_available():
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); .ci/run installs them")
+    # Not under pytest's basetemp: pytest resets /tmp/pytest-of-<user> to 0700 whenever a pytest
+    # starts, and the cluster runs as the postgres user when we are root.
+    base = Path(tempfile.mkdtemp(prefix="kronos-test-pg-"))
+    try:
+        with postgres_server(base) as url:
+            yield url
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

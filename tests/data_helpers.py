@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_runs import isolated_vars
 
 SMALL = {"n_symbols": 8, "seed": 3, "start": "2020-01-01", "end": "2021-12-31"}
 _MARKETS: dict[tuple, Path] = {}
@@ -36,8 +37,8 @@ def small_market() -> Path:
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every data test writes its demo cache and prepared splits under tmp_path only."""
-    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TQDM_DISABLE", "1")
+    for name, value in isolated_vars(tmp_path).items():
+        monkeypatch.setenv(name, value)
     return tmp_path / "home"
 
 

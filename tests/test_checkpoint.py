@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_runs
 import torch
 
 
@@ -28,11 +29,7 @@ from kronos_mlflow.config import load_config, model_kwargs
 from kronos_mlflow.errors import CheckpointError, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
-    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
-    "epochs": 2, "log_interval": 1000, "precision": "fp32",
-}
+TINY = {**tiny_runs.TINY, "precision": "fp32"}
 STEPS_PER_EPOCH = 3
 RUN_IDS = {"mlflow_run_id": "0123456789abcdef0123456789abcdef", "comet_experiment_key": "c0ffee" * 5}
 

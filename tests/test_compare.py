@@ -4,14 +4,14 @@ compare shows it)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
-import time
 import urllib.parse
 
 import pytest
-from tiny_runs import tiny_config
+from tiny_runs import isolate, sqlite_uri, tiny_config
 
 from kronos_mlflow import compare
 from kronos_mlflow.cli import main as cli_main
@@ -26,9 +26,12 @@ def _cli(capsys, *args):
     return rc, out, err
 
 
+_START_MS = itertools.count(1_700_000_000_000, 1000)  # distinct, increasing start times, one second apart
+
+
 def _make_run(client, exp_id, name, *, lr=None, wd=0.1, epochs=3, val=(), usage=(), status="FINISHED",
               tags=None, best=None):
-    run = client.create_run(exp_id, run_name=name, tags=tags or {})
+    run = client.create_run(exp_id, start_time=next(_START_MS), run_name=name, tags=tags or {})
     rid = run.info.run_id
     if lr is not None:
         for key, value in (("learning_rate", lr), ("weight_decay", wd), ("epochs", epochs)):
@@ -44,7 +47,6 @@ def _make_run(client, exp_id, name, *, lr=None, wd=0.1, epochs=3, val=(), usage=
         client.log_metric(rid, "best_val_loss", best, step=list(val).index(best) if best in val else 0)
     if status != "RUNNING":
         client.set_terminated(rid, status)
-    time.sleep(0.01)  # distinct start times
     return rid
 
 
@@ -209,12 +211,8 @@ def trained(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("trained")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(tmp)
-        mp.setenv("KRONOS_MLFLOW_HOME", str(tmp / "home"))
-        uri = f"sqlite:///{tmp}/mlflow.db"
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-            mp.delenv(name, raising=False)
+        isolate(mp, tmp)
+        uri = sqlite_uri(tmp)
         try:
             result = train.main(tiny_config(tmp, learning_rate=1e-3, experiment_name="tiny"))
         finally:

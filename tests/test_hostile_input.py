@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tiny_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "hostile-input.md"
@@ -49,11 +50,7 @@ FLAG_SECRET = "tok-FLAG-SECRET-123456"
 URI_PASSWORD = "uri-PASSWORD-SECRET-2468"
 NEVER_PRINTED = [*SECRETS.values(), CONFIG_SECRET, FLAG_SECRET, URI_PASSWORD]
 
-TINY = {
-    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
-    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
-    "epochs": 2, "log_interval": 1000, "comet": "off",
-}
+TINY = {**tiny_runs.TINY, "comet": "off"}
 DATES = {
     "dataset_begin_time": "2020-01-01", "dataset_end_time": "2021-12-31", "instrument": "csi300",
     "train_time_range": "2020-01-01:2021-06-30", "val_time_range": "2021-05-01:2021-09-30",
@@ -389,16 +386,7 @@ def _run_case(case: Case, template: Path, root: Path) -> Result:
     if case.make:
         case.make(inp, ws)
     before = _hashes(ws)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MLFLOW_", "KRONOS_")) and k not in ("COMET_API_KEY",)}
-    env.update({
-        **SECRETS,
-        "KRONOS_MLFLOW_HOME": str(ws / "home"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-        "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-        "COMET_DISABLE_AUTO_LOGGING": "1", "COMET_OFFLINE_DIRECTORY": str(ws / "comet"),
-        "PYTHONPATH": str(ROOT),
-    })
+    env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     env.update(case.env)
     market = root.parent / "market"
     fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market)}

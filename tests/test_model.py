@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 
 import pytest
 import torch
@@ -140,13 +139,16 @@ def test_base_config_matches_spec_names_shapes_and_size():
     assert len(model.encoder) == 3 and len(model.decoder) == 3
 
 
+def _no_build(*args, **kwargs):
+    raise AssertionError("a layer was built before the config was checked")
+
+
 def test_config_attribute_and_constructor_validation():
     model = KronosTokenizer(**TINY)
     assert model.config == TINY and list(model.config) == sorted(TINY)
-    t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match="d_model"):
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(ConfigError, match="d_model"):
+        mp.setattr(torch.nn.Linear, "__init__", _no_build)  # rejected before any allocation
         KronosTokenizer(**{**TINY, "d_model": 10_000_000})
-    assert time.perf_counter() - t0 < 1.0
     with pytest.raises(ConfigError, match="n_heads"):
         KronosTokenizer(**{**TINY, "n_heads": True})
 
@@ -369,14 +371,9 @@ def test_absurd_config_fails_fast_without_building(tmp_path, monkeypatch):
     tiny_model().save_pretrained(directory)
     _edit_config(d_model=10_000_000, ff_dim=200_000)(directory)
 
-    def no_build(*args, **kwargs):
-        raise AssertionError("a model was built before the config was checked")
-
-    monkeypatch.setattr(torch.nn.Linear, "__init__", no_build)
-    t0 = time.perf_counter()
+    monkeypatch.setattr(torch.nn.Linear, "__init__", _no_build)
     with pytest.raises(CheckpointError, match="d_model is 10000000, too large"):
         KronosTokenizer.from_pretrained(directory)
-    assert time.perf_counter() - t0 < 1.0
 
 
 # ---------------------------------------------------------------------------------------------

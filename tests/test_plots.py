@@ -8,7 +8,6 @@ import logging
 import numpy as np
 import pytest
 import torch
-from tiny_runs import tiny_config
 
 from kronos_mlflow import plots
 from kronos_mlflow.features import normalize_windows
@@ -67,7 +66,7 @@ def test_token_usage_png(tmp_path, s1_bits, s2_bits):
 
 
 @pytest.fixture()
-def trained_dir(tmp_path, monkeypatch):
+def trained_dir(tmp_path, tiny):
     """A best_model checkpoint, the validation split and stats of a fresh TINY model (no training)."""
     from kronos_mlflow.config import model_kwargs
     from kronos_mlflow.data import QlibDataset, prepare_splits
@@ -75,8 +74,7 @@ def trained_dir(tmp_path, monkeypatch):
     from kronos_mlflow.data.loaders import val_loader_for
     from kronos_mlflow.trainer import global_val_loss
 
-    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(tmp_path / "home"))
-    config = tiny_config(tmp_path, run_name="plot-test")
+    config = tiny(run_name="plot-test")
     prepare_splits(config, progress=False)
     torch.manual_seed(0)
     model = KronosTokenizer(**model_kwargs(config))

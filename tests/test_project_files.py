@@ -57,3 +57,12 @@ def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"^python3 -m venv .*pytest.*$", readme, flags=re.M)
     assert commands, "README.md must show the test command"
     assert commands[0].strip() in ci
+
+
+def test_requires_python_covers_what_the_tests_import_and_conda_pins():
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    major, minor = (int(x) for x in re.fullmatch(r">=(\d+)\.(\d+)", floor).groups())
+    assert (major, minor) >= (3, 11), floor  # tomllib, imported above, is new in 3.11
+    conda = yaml.safe_load((ROOT / "conda.yaml").read_text())
+    pinned = next(d for d in conda["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert tuple(int(x) for x in pinned.split("=")[1].split(".")[:2]) >= (major, minor), pinned

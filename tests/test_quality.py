@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_runs import tiny_config
 
 from kronos_mlflow.data import loaders
 from kronos_mlflow import trainer
@@ -147,11 +146,10 @@ class _CountingLoader:
 
 
 @pytest.fixture()
-def val_setup(tmp_path, monkeypatch):
+def val_setup(tiny):
     from kronos_mlflow.data import QlibDataset, prepare_splits
 
-    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(tmp_path / "home"))
-    config = tiny_config(tmp_path, n_val_iter=37, batch_size=5)  # odd count: uneven shards
+    config = tiny(n_val_iter=37, batch_size=5)  # odd count: uneven shards
     prepare_splits(config, progress=False)
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)

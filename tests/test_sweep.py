@@ -3,7 +3,6 @@ two workers on one study, pruning from inside torchrun, the champion alias, plot
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,24 +16,15 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 # the sweep sets epochs itself
-TINY = {**{k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}, "n_val_iter": 32}
+TINY = {**tiny_runs.TINY_NO_EPOCHS, "n_val_iter": 32}
 
 
 @pytest.fixture()
 def sweep_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow puts a new store's artifact root under the cwd
-    config = {**TINY, "dataset_path": str(tmp_path / "cache")}
-    (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
-    env = dict(os.environ)
-    env.update({
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-        "KRONOS_MLFLOW_HOME": str(tmp_path / "home"),
-        "TQDM_DISABLE": "1",
-    })
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-        env.pop(name, None)
+    tiny_runs.write_config(tmp_path / "tiny.yaml", **TINY, dataset_path=str(tmp_path / "cache"))
     # Create the MLflow store once, before several processes race to migrate it.
-    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()
+    env = tiny_runs.isolated_env(tmp_path, tiny_runs.create_sqlite_store(tmp_path))
     return tmp_path, env
 
 

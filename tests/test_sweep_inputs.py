@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from tiny_runs import isolated_env
 
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.sweep.driver import load_search_space, make_pruner, suggest
@@ -16,11 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sweep(*args, cwd, env_extra=None):
-    import os
-
-    env = dict(os.environ)
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{cwd}/mlflow.db"
-    env.update(env_extra or {})
+    env = isolated_env(cwd, extra=env_extra)
     return subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 

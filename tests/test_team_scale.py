@@ -4,117 +4,40 @@ one PostgreSQL-backed Optuna study, and a two-node torchrun rendezvous on one ma
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
-import tiny_runs
+from servers import MlflowServer, create_database, free_port
+from tiny_runs import TINY_NO_EPOCHS, create_sqlite_store, isolated_env, write_config
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-# each test sets epochs itself
-TINY = {k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    """A PostgreSQL server URL: the one .ci/run started, or a throwaway cluster of our own."""
-    url = os.environ.get("KRONOS_TEST_POSTGRES_URL")
-    if url:
-        yield url
-        return
-    if not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
-        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql); .ci/run installs them")
-    base = tmp_path_factory.mktemp("pg")
-    port = _free_port()
-    script = ROOT / "scripts" / "pg_throwaway.sh"
-    out = subprocess.run([str(script), "start", str(base / "cluster"), str(port)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    try:
-        yield out.stdout.strip()
-    finally:
-        subprocess.run([str(script), "stop", str(base / "cluster")], timeout=60)
-
-
-def _create_db(server_url: str) -> str:
-    import psycopg
-
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 
 @pytest.fixture()
-def mlflow_server(postgres, tmp_path):
-    port = _free_port()
-    backend = _create_db(postgres)
-    log = open(tmp_path / "mlflow-server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise AssertionError((tmp_path / "mlflow-server.log").read_text()[-3000:])
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
-def _env(tmp_path, tracking_uri):
-    env = dict(os.environ)
-    env.update({"MLFLOW_TRACKING_URI": tracking_uri, "KRONOS_MLFLOW_HOME": str(tmp_path / "home"),
-                "TQDM_DISABLE": "1"})
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-        env.pop(name, None)
-    return env
+def pg_mlflow_server(postgres, tmp_path):
+    """The shared ``mlflow server``, on a fresh PostgreSQL database."""
+    with MlflowServer(tmp_path / "server", backend=create_database(postgres)) as server:
+        yield server.url
 
 
 def _write_config(tmp_path, **extra) -> Path:
-    path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.yaml"
-    config = {**TINY, "dataset_path": str(tmp_path / "cache"), **extra}
-    path.write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
-    return path
+    # each test sets epochs itself
+    return write_config(tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.yaml",
+                        **{**TINY_NO_EPOCHS, "dataset_path": str(tmp_path / "cache"), **extra})
 
 
-def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, mlflow_server, tmp_path):
+def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
-    storage = _create_db(postgres)
-    env = _env(tmp_path, mlflow_server)
+    mlflow_server = pg_mlflow_server
+    storage = create_database(postgres)
+    env = isolated_env(tmp_path, mlflow_server)
     config = _write_config(tmp_path)
     cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--config", str(config), "--storage", storage,
            "--study-name", "team", "--n-trials", "3", "--pruner", "none", "--qlib-data-path", "", "--comet", "off",
@@ -122,7 +45,7 @@ def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, mlflow_se
     # prepare the demo data once so both workers start training at once
     subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(config),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
-    t0 = time.time()
+    t0 = time.monotonic()
     workers = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for _ in range(2)]
     errs = []
@@ -130,7 +53,7 @@ def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, mlflow_se
         _, err = w.communicate(timeout=900)
         assert w.returncode == 0, err[-3000:]
         errs.append(err)
-    elapsed = time.time() - t0
+    elapsed = time.monotonic() - t0  # printed, never asserted
 
     import optuna
 
@@ -166,13 +89,12 @@ def _launch(tmp_path, env, nnodes, nproc, save, port, node_rank=None):
 
 def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow puts a new store's artifact root under the cwd
-    env = _env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
+    env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
     from mlflow import MlflowClient
 
-    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # create the store once
     subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(_write_config(tmp_path)),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
-    port = _free_port()
+    port = free_port()
     nodes = [_launch(tmp_path, env, 2, 1, "two_nodes", port) for _ in range(2)]
     for n in nodes:
         _, err = n.communicate(timeout=600)

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tiny_runs import TINY, tiny_config, write_config
 import torch
 import torch.nn.functional as F
 
@@ -22,11 +23,6 @@ from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
-    "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
-    "epochs": 2, "log_interval": 1000,
-}
 SECRETS = {
     "COMET_API_KEY": "cometkey-SHOULD-NOT-LEAK-1234",
     "MLFLOW_TRACKING_TOKEN": "mlflowtoken-SHOULD-NOT-LEAK-5678",
@@ -35,24 +31,16 @@ SECRETS = {
 
 
 @pytest.fixture()
-def workdir(tmp_path, monkeypatch):
-    """A clean cwd with MLflow, the demo cache, Comet and outputs all inside tmp_path."""
-    home = tmp_path / "home"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(home))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-        monkeypatch.delenv(name, raising=False)
+def workdir(isolated):
+    """conftest's ``isolated`` tmp_path (cwd, MLflow, demo cache, Comet) plus tiny.yaml."""
     # `mlflow run` runs in the project directory: keep its outputs and caches in tmp_path.
-    paths = {"save_path": str(tmp_path / "outputs" / "models"), "dataset_path": str(tmp_path / "cache")}
-    (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in {**TINY, **paths}.items()))
-    return tmp_path
+    write_config(isolated / "tiny.yaml", **TINY, save_path=str(isolated / "outputs" / "models"),
+                 dataset_path=str(isolated / "cache"))
+    return isolated
 
 
 def _tiny_config(workdir, **extra):
-    return load_config({**TINY, "qlib_data_path": "", "comet": "off", "dataset_path": str(workdir / "cache"),
-                        "save_path": str(workdir / "outputs" / "models"), **extra})
+    return tiny_config(workdir, save_path=str(workdir / "outputs" / "models"), **extra)
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -243,7 +231,6 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
 
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("TQDM_DISABLE", "1")
     cmd = ["mlflow", "run", str(ROOT), "--env-manager", "local", "-P", f"nproc_per_node={nproc}",
            "-P", f"config_file={workdir / 'tiny.yaml'}", "-P", "comet=offline", "-P", "epochs=2",
            "-P", "batch_size=8", "-P", "n_train_iter=64", "-P", "n_val_iter=36"]

@@ -16,12 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -40,77 +36,6 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM),
                        reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the server (it stops its uvicorn workers and job runner), then kill its group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # anything left in the server's own process group (started with a new session)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
-def _start_server(tmp_path: Path, attempt: int) -> tuple[subprocess.Popen, str, Path] | None:
-    """One try at ``mlflow server`` on a free port; None when it exited (e.g. the port was taken)."""
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / f"server-{attempt}.log"
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-           "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=isolated_env(tmp_path, base), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while proc.poll() is None:
-        # Only our own server counts: another process may have grabbed the port since _free_port.
-        if f"Uvicorn running on {base}" in log_path.read_text(errors="replace"):
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return proc, base, log_path
-            except OSError:
-                pass
-        if time.monotonic() > deadline:
-            _stop(proc)
-            tail = log_path.read_text(errors="replace")[-3000:]
-            pytest.fail(f"mlflow server did not become healthy in 90 s:\n{tail}")
-        time.sleep(0.5)
-    _stop(proc)
-    return None
-
-
-@pytest.fixture()
-def mlflow_server(tmp_path):
-    """A real tracking server (sqlite, proxied artifacts, one worker); stopped whatever happens."""
-    started = None
-    for attempt in range(3):
-        started = _start_server(tmp_path, attempt)
-        if started is not None:
-            break
-    if started is None:
-        logs = (tmp_path / "server-2.log").read_text(errors="replace")[-3000:]
-        pytest.fail(f"mlflow server exited at start three times:\n{logs}")
-    proc, base, log_path = started
-    try:
-        yield base, log_path
-    finally:
-        _stop(proc)
 
 
 def _train_both(tmp_path: Path, base: str, server_log: Path) -> None:
@@ -195,7 +120,7 @@ def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
     from mlflow import MlflowClient
     from playwright.sync_api import sync_playwright
 
-    base, server_log = mlflow_server
+    base, server_log = mlflow_server.url, mlflow_server.log_path
     client = MlflowClient(base)
     exp_id = client.create_experiment(EXPERIMENT)
     _train_both(tmp_path, base, server_log)

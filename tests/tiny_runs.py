@@ -1,6 +1,7 @@
-"""Tiny trainings for the quality, plots, compare and browser tests (a few seconds each).
+"""Tiny trainings for the tests (a few seconds each): the one tiny config and isolated environments.
 
-``TINY`` is the architecture and data size of ``test_train.py``'s end-to-end runs.
+``TINY`` is the architecture and data size of every end-to-end run in ``tests/``. Fixtures that
+wrap these helpers live in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -16,39 +17,85 @@ TINY: dict[str, Any] = {
     "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
     "epochs": 2, "log_interval": 1000,
 }
+# TINY without epochs, for sweeps and tests that set the epochs themselves
+TINY_NO_EPOCHS: dict[str, Any] = {k: v for k, v in TINY.items() if k != "epochs"}
+# Variables that point a process at some tracking store, run, experiment or credential.
+TRACKING_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
+                "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "COMET_API_KEY",
+                "COMET_OFFLINE_DIRECTORY")
+
+
+def tiny_values(tmp: Path, **extra: Any) -> dict[str, Any]:
+    """TINY on the demo market, Comet off, every output under ``tmp`` (plain values, not validated)."""
+    return {**TINY, "qlib_data_path": "", "comet": "off", "dataset_path": str(Path(tmp) / "cache"),
+            "save_path": str(Path(tmp) / "outputs"), **extra}
 
 
 def tiny_config(tmp: Path, **extra: Any) -> dict:
     """A validated config: TINY on the demo market, Comet off, every output under ``tmp``."""
     from kronos_mlflow.config import load_config
 
-    return load_config({**TINY, "qlib_data_path": "", "comet": "off", "dataset_path": str(Path(tmp) / "cache"),
-                        "save_path": str(Path(tmp) / "outputs"), **extra})
+    return load_config(tiny_values(tmp, **extra))
 
 
 def train_command(tmp: Path, **extra: Any) -> list[str]:
     """``python -m kronos_mlflow.train`` with TINY (plus ``extra``) as flags."""
-    values = {**TINY, "qlib_data_path": "", "comet": "off", "dataset_path": str(Path(tmp) / "cache"),
-              "save_path": str(Path(tmp) / "outputs"), **extra}
     flags: list[str] = []
-    for key, value in values.items():
+    for key, value in tiny_values(tmp, **extra).items():
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return [sys.executable, "-m", "kronos_mlflow.train", *flags]
 
 
-def isolated_env(tmp: Path, tracking_uri: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a training subprocess: demo market, caches and MLflow all under ``tmp``."""
-    env = dict(os.environ)
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "COMET_API_KEY"):
-        env.pop(name, None)
-    env.update({
+def write_config(path: Path, **values: Any) -> Path:
+    """A YAML config file at ``path`` (flat ``key: value`` lines, as users write them)."""
+    Path(path).write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
+    return Path(path)
+
+
+def isolated_vars(tmp: Path, tracking_uri: str | None = None) -> dict[str, str]:
+    """What every isolated process gets: demo cache, Comet and (by default sqlite) MLflow under ``tmp``."""
+    return {
         "KRONOS_MLFLOW_HOME": str(Path(tmp) / "home"),
-        "MLFLOW_TRACKING_URI": tracking_uri,
+        "MLFLOW_TRACKING_URI": tracking_uri or sqlite_uri(tmp),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "true",
         "TQDM_DISABLE": "1",
         "COMET_DISABLE_AUTO_LOGGING": "1",
         "COMET_OFFLINE_DIRECTORY": str(Path(tmp) / "comet"),
-        **(extra or {}),
-    })
+    }
+
+
+def isolated_env(tmp: Path, tracking_uri: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a subprocess: demo market, caches and MLflow all under ``tmp``; no
+    inherited MLFLOW_*/KRONOS_* variable, run, experiment or credential (``extra`` adds its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in TRACKING_ENV and not k.startswith(("MLFLOW_", "KRONOS_"))}
+    env.update({**isolated_vars(tmp, tracking_uri), **(extra or {})})
     return env
+
+
+def isolate(mp: Any, tmp: Path) -> None:
+    """Isolate this process with ``mp`` (a pytest MonkeyPatch): no inherited tracking variable,
+    ``isolated_vars(tmp)`` set, cwd = ``tmp``."""
+    for name in TRACKING_ENV:
+        mp.delenv(name, raising=False)
+    for name, value in isolated_vars(tmp).items():
+        mp.setenv(name, value)
+    mp.chdir(tmp)
+
+
+def sqlite_uri(root: Path) -> str:
+    return f"sqlite:///{Path(root) / 'mlflow.db'}"
+
+
+def create_sqlite_store(root: Path) -> str:
+    """An MLflow sqlite store under ``root`` with its schema created (which costs seconds, and
+    must happen once before several processes race to migrate it); its URI."""
+    import pytest
+    from mlflow import MlflowClient
+
+    uri = sqlite_uri(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)  # the store (cached per process) resolves its default artifact root ./mlruns now
+        MlflowClient(uri).search_experiments()
+    return uri
