@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .config import TIME_RANGE_KEYS
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, short_reason
 from .secrets import install_secret_filter, redact, redact_uri, scrub_params, secret_values
 
 log = logging.getLogger(__name__)
@@ -440,7 +440,8 @@ class MLflowLogger:
         self.spool_file: str | None = None
         self._skip_steps: dict[str, set[int]] = {}
 
-        run_id = run_id or os.environ.get("MLFLOW_RUN_ID", "").strip() or None
+        launcher_run_id = os.environ.get("MLFLOW_RUN_ID", "").strip() or None
+        run_id = run_id or launcher_run_id
         user_tags = {str(k): v for k, v in (tags or {}).items()}
         if run_id:
             run = self._attach(run_id, run_name)
@@ -456,7 +457,23 @@ class MLflowLogger:
         self._adopt_spool()
         if user_tags:
             self.set_tags(user_tags)
+        if launcher_run_id and launcher_run_id != self.run_id:
+            self._point_launcher_run(launcher_run_id)
         atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def _point_launcher_run(self, launcher_run_id: str) -> None:
+        """A resumed training continues its saved run; the run ``mlflow run`` (or a sweep) made for
+        this launch gets a tag and a note naming it, so it is not mistaken for a lost training."""
+        note = (f"Training continued in run {self.run_id} (resumed from the saved training state); "
+                "this run holds only the launch's parameters.")
+        try:
+            self.client.set_tag(launcher_run_id, "kronos.continued_in_run", self.run_id)
+            self.client.set_tag(launcher_run_id, "mlflow.note.content", note)
+        except Exception as exc:  # the launcher's run is a courtesy; training goes on without it
+            print(f"[kronos] MLflow: could not tag run {launcher_run_id} ({short_reason(exc)})", flush=True)
+            return
+        print(f"[kronos] MLflow: resuming into saved run {self.run_id}; run {launcher_run_id} of this launch is "
+              "tagged kronos.continued_in_run", flush=True)
 
     # ---- run resolution -------------------------------------------------------------------
 

@@ -434,13 +434,6 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
                 step=global_step,
             )
             global_step += 1
-            if (os.environ.get("KRONOS_TEST_KILL_AT_STEP") == str(global_step)
-                    and rank == int(os.environ.get("KRONOS_TEST_KILL_RANK", "0"))
-                    and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
-                # Tests only: a preemption mid-epoch, on the first attempt of the group only.
-                if is_main:
-                    logger.persist()  # the worst case: replayed steps already on the server
-                os.kill(os.getpid(), 9)
             if is_main and global_step % config["log_interval"] == 0:
                 print(f"[kronos] step {global_step}: loss={avg:.6f} lr={optimizer.param_groups[0]['lr']:.3e}", flush=True)
 
