@@ -2,18 +2,20 @@
 
     python benchmarks/fault_injection.py            # both scenarios, a table, --json for one line
 
-1. SIGKILL: a tiny model trains 3 epochs under ``torchrun --nproc_per_node 2 --max-restarts 2``;
-   one worker is killed with SIGKILL mid-epoch (rank 0 in epoch 2, then rank 1 in epoch 1 in a
-   second run). torchrun restarts the group, training resumes from the last checkpoint into
-   the same MLflow run. Compared with an uninterrupted run of the same seed: epochs, every
+1. SIGKILL: a tiny model trains 3 epochs under plain ``torchrun --standalone --nproc_per_node 2
+   --max-restarts 2`` (no extra environment); once the training state holds an epoch, one worker
+   is killed with SIGKILL from outside (rank 0 after epoch 1, then rank 1 after epoch 2, in a
+   second run). torchrun restarts the group, training resumes from the last checkpoint into the
+   same MLflow run. Compared with an uninterrupted run of the same seed: epochs, every
    validation loss, best_val_loss, metric steps logged twice, metric steps missing.
 2. Outage: a tiny training logs to a real ``mlflow server`` on 127.0.0.1 (sqlite) that is
    stopped (SIGTERM) mid-run and started again on the same port and database. Counted: metric
    values delayed, lost, and logged twice.
 
-The kill comes from the trainer's test hook ``KRONOS_TEST_KILL_AT_STEP`` / ``KRONOS_TEST_KILL_RANK``
-(first attempt only), so it lands at a chosen step. torchrun needs
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for restarts to rendezvous again (torch 2.13).
+The kill comes from outside the trainer: :func:`preempt` waits for ``checkpoints/last/state.json``
+to reach an epoch, finds the worker of a rank among the launcher's descendants (``/proc``: a
+``kronos_mlflow.train`` process with torchrun's ``RANK`` in its environment) and sends SIGKILL.
+The tests in ``tests/test_preemption.py`` use the same helpers on ``mlflow run``.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ STEP_METRICS = ("train_tokenizer_loss_batch", "train_vqvae_vq_loss_each_batch", 
 TINY = ["--d-model", "16", "--n-heads", "2", "--ff-dim", "32", "--n-enc-layers", "2", "--n-dec-layers", "2",
         "--s1-bits", "4", "--s2-bits", "4", "--lookback-window", "20", "--predict-window", "5", "--batch-size", "8",
         "--n-val-iter", "36", "--log-interval", "100000", "--qlib-data-path", "", "--comet", "off"]
+N_TRAIN = 1600  # samples per epoch: epochs of a few seconds, so a kill after one lands inside the next
 
 
 def _env(workdir: Path, tracking_uri: str, home: Path) -> dict:
     env = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri, KRONOS_MLFLOW_HOME=str(home), TQDM_DISABLE="1",
-               MLFLOW_DISABLE_TELEMETRY="true", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+               MLFLOW_DISABLE_TELEMETRY="true")
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
         env.pop(name, None)
     return env
 
@@ -59,27 +63,129 @@ def _run_metrics(tracking_uri: str) -> dict:
     return out
 
 
-def train_torchrun(workdir: Path, home: Path, kill_at_step: int | None = None, kill_rank: int = 0,
+# --------------------------------------------------------------------------- killing from outside
+
+
+def _proc_children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, read from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _read_nul_separated(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return []
+
+
+def training_workers(root_pid: int) -> dict[int, tuple[int, int]]:
+    """Rank -> (pid, restart count) of the torchrun workers below ``root_pid``: descendants that
+    run ``kronos_mlflow.train`` with ``RANK`` and ``TORCHELASTIC_RESTART_COUNT`` in their
+    environment (the ``--check`` process of ``mlflow run`` has neither)."""
+    children, found, todo = _proc_children(), {}, [root_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            if "kronos_mlflow.train" not in _read_nul_separated(f"/proc/{child}/cmdline"):
+                continue
+            env = dict(item.split("=", 1) for item in _read_nul_separated(f"/proc/{child}/environ") if "=" in item)
+            if "RANK" in env and "TORCHELASTIC_RESTART_COUNT" in env:
+                found[int(env["RANK"])] = (child, int(env["TORCHELASTIC_RESTART_COUNT"]))
+    return found
+
+
+def descendants(root_pid: int) -> list[int]:
+    """Every process below ``root_pid`` (children first found first)."""
+    children, found, todo = _proc_children(), [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(root_pid: int) -> None:
+    """SIGKILL ``root_pid`` and everything below it at once, as a machine that dies would. (A
+    process-group kill is not enough: torchrun starts each worker in a session of its own.)"""
+    for pid in [root_pid, *descendants(root_pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def state_epoch(save_dir: Path) -> int | None:
+    """The epoch of the training state under ``save_dir`` (-1: before the first), None: no state."""
+    try:
+        return int(json.loads((Path(save_dir) / "checkpoints" / "last" / "state.json").read_text())["epoch"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def wait_for_epoch(save_dir: Path, epoch: int, proc: subprocess.Popen, timeout_s: float = 900) -> None:
+    """Return once the training state holds ``epoch`` (or later); fail if ``proc`` ends first."""
+    deadline = time.monotonic() + timeout_s
+    while (saved := state_epoch(save_dir)) is None or saved < epoch:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the launcher exited (code {proc.returncode}) before epoch {epoch} was saved")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"epoch {epoch} was not saved within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def preempt(proc: subprocess.Popen, save_dir: Path, rank: int, after_epoch: int, timeout_s: float = 900) -> int:
+    """SIGKILL the worker of ``rank`` (first attempt) once epoch ``after_epoch`` is saved; its pid."""
+    wait_for_epoch(save_dir, after_epoch, proc, timeout_s)
+    workers = training_workers(proc.pid)
+    if rank not in workers or workers[rank][1] != 0:
+        raise RuntimeError(f"no first-attempt worker of rank {rank} under pid {proc.pid}: {workers}")
+    os.kill(workers[rank][0], signal.SIGKILL)
+    return workers[rank][0]
+
+
+def train_torchrun(workdir: Path, home: Path, kill_rank: int | None = None, kill_after_epoch: int = 0,
                    epochs: int = 3) -> dict:
-    """One 2-process torchrun job in ``workdir`` (own MLflow store); returns its figures."""
+    """One 2-process plain torchrun job in ``workdir`` (own MLflow store); returns its figures."""
     from mlflow import MlflowClient
 
     workdir.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{workdir}/mlflow.db"
     env = _env(workdir, uri, home)
     MlflowClient(uri).search_experiments()  # create the store once, before two ranks race
-    if kill_at_step is not None:
-        env.update(KRONOS_TEST_KILL_AT_STEP=str(kill_at_step), KRONOS_TEST_KILL_RANK=str(kill_rank))
+    save_dir = workdir / "out" / "finetune_tokenizer_demo"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "2", "-m", "kronos_mlflow.train", *TINY, "--n-train-iter", "64",
+           "--max-restarts", "2", "-m", "kronos_mlflow.train", *TINY, "--n-train-iter", str(N_TRAIN),
            "--epochs", str(epochs), "--dataset-path", str(home / "cache"), "--save-path", str(workdir / "out")]
-    proc = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=900)
-    summary_path = workdir / "out" / "finetune_tokenizer_demo" / "summary.json"
+    with open(workdir / "torchrun.log", "w+", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            if kill_rank is not None:
+                preempt(proc, save_dir, kill_rank, kill_after_epoch)
+            proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+                proc.wait()
+        log.seek(0)
+        output = log.read()
+    summary_path = save_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     result = summary.get("final_result", {})
-    return {"rc": proc.returncode, "restarts": proc.stderr.count("Restarting"),
+    return {"rc": proc.returncode, "resumed": "[kronos] resuming after epoch" in output,
             "best_val_loss": result.get("best_val_loss"), "val_loss_history": result.get("val_loss_history"),
-            "global_steps": result.get("steps"), **_run_metrics(uri), "stderr_tail": proc.stderr[-1500:]}
+            "global_steps": result.get("steps"), **_run_metrics(uri), "stderr_tail": output[-1500:]}
 
 
 def _duplicates_and_missing(figures: dict, expected_steps: int, epochs: int) -> tuple[int, int]:
@@ -98,12 +204,11 @@ def sigkill_scenario(base: Path, home: Path) -> dict:
         raise SystemExit(f"uninterrupted run failed:\n{reference['stderr_tail']}")
     steps = reference["global_steps"]
     rows = []
-    for name, step, rank in (("kill rank 0 mid-epoch 2", steps // epochs + 2, 0),
-                             ("kill rank 1 mid-epoch 1", 2, 1)):
-        figures = train_torchrun(base / name.replace(" ", "_"), home, kill_at_step=step, kill_rank=rank,
+    for name, rank, after in (("kill rank 0 after epoch 1", 0, 0), ("kill rank 1 after epoch 2", 1, 1)):
+        figures = train_torchrun(base / name.replace(" ", "_"), home, kill_rank=rank, kill_after_epoch=after,
                                  epochs=epochs)
         dup, missing = _duplicates_and_missing(figures, steps, epochs)
-        ok = (figures["rc"] == 0 and figures["runs"] == 1 and figures["status"] == ["FINISHED"]
+        ok = (figures["rc"] == 0 and figures["resumed"] and figures["runs"] == 1 and figures["status"] == ["FINISHED"]
               and figures["val_loss_history"] is not None and len(figures["val_loss_history"]) == epochs)
         rel = (abs(figures["best_val_loss"] - reference["best_val_loss"]) / reference["best_val_loss"]
                if ok else None)

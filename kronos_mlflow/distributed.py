@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from .errors import ConfigError, UserError, short_reason
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class DistInfo:
     @property
     def distributed(self) -> bool:
         return self.backend is not None
+
+
+SETUP_TIMEOUT_S = 120.0  # every rank of a (re)started group arrives well within this
 
 
 def _env_int(name: str, default: int) -> int:
@@ -61,8 +65,13 @@ def resolve_device(preference: str, local_rank: int = 0, local_world_size: int =
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(device_preference: str = "auto", timeout_s: float = 1800.0) -> DistInfo:
-    """Join torchrun's process group when launched by it; otherwise describe one process."""
+def init_distributed(device_preference: str = "auto", timeout_s: float = 1800.0,
+                     setup_timeout_s: float = SETUP_TIMEOUT_S) -> DistInfo:
+    """Join torchrun's process group when launched by it; otherwise describe one process.
+
+    ``timeout_s`` bounds each collective; ``setup_timeout_s`` bounds joining the group (all
+    ranks must arrive within it, see :func:`_join_group`).
+    """
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -74,9 +83,73 @@ def init_distributed(device_preference: str = "auto", timeout_s: float = 1800.0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        _join_group(backend, rank, world_size, timedelta(seconds=timeout_s), setup_timeout_s)
     return DistInfo(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
                     device=device, backend=backend)
+
+
+class GroupSetupError(UserError):
+    """The ranks of a torchrun group did not all arrive to form the process group in time."""
+
+
+def _group_store(rank: int, world_size: int, setup_timeout: timedelta):
+    """The store the process group is formed on, under a key prefix of its own per group attempt.
+
+    torchrun's agent (c10d rendezvous, ``TORCHELASTIC_USE_AGENT_STORE=True``) hands every worker
+    group the same TCPStore, across restarts. ``init_process_group("env://")`` writes its keys
+    there without an attempt prefix, so a restarted group reads the dead group's addresses and
+    waits forever (torch 2.13; pytorch issue 135712). Here each attempt gets its own prefix,
+    ``TORCHELASTIC_RESTART_COUNT`` (one agent restarts all ranks of a node together, so every
+    rank of a single-node group sees the same count). Without the agent store (torchrun with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, or a plain launcher) rank 0 serves a fresh store
+    on a fresh port each attempt, as ``env://`` would.
+    """
+    addr = os.environ.get("MASTER_ADDR", "")
+    port = _env_int("MASTER_PORT", -1)
+    if not addr or not 0 <= port < 2**16:
+        raise UserError(f"MASTER_ADDR/MASTER_PORT ({addr!r}:{port}) must name the rendezvous store when RANK "
+                        "is set; launch with torchrun, which sets them")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(addr, port, world_size, is_master=not agent_store and rank == 0,
+                              timeout=setup_timeout, multi_tenant=True, wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as exc:
+        raise GroupSetupError(
+            f"process group set-up: rank {rank} could not reach the rendezvous store at {addr}:{port} within "
+            f"{setup_timeout.total_seconds():.0f} s ({short_reason(exc)})") from None
+    if not agent_store:
+        return store, "kronos_pg"
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return dist.PrefixStore(f"kronos_pg/{run_id}/attempt_{attempt}", store), f"attempt {attempt}"
+
+
+def _arrive(store, rank: int, world_size: int, setup_timeout_s: float, what: str) -> None:
+    """Every rank counts itself in and waits (bounded) until all ``world_size`` have."""
+    arrived = store.add("arrived", 1)
+    deadline = time.monotonic() + setup_timeout_s
+    while arrived < world_size:
+        if time.monotonic() > deadline:
+            raise GroupSetupError(
+                f"process group set-up: {arrived} of {world_size} ranks arrived within {setup_timeout_s:.0f} s "
+                f"({what}); a rank that stays away means its node restarted a different number of times: "
+                "launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment")
+        time.sleep(0.05)
+        arrived = store.add("arrived", 0)
+
+
+def _join_group(backend: str, rank: int, world_size: int, timeout: timedelta, setup_timeout_s: float) -> None:
+    """``init_process_group`` on a store of this group attempt; fails within ``setup_timeout_s``
+    with one line instead of waiting forever when the ranks cannot meet."""
+    setup_timeout = timedelta(seconds=setup_timeout_s)
+    store, what = _group_store(rank, world_size, setup_timeout)
+    _arrive(store, rank, world_size, setup_timeout_s, what)
+    try:
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    except (RuntimeError, dist.DistError) as exc:
+        raise GroupSetupError(f"process group set-up ({backend}, {what}) failed on rank {rank}: "
+                              f"{short_reason(exc)}") from None
+    store.set_timeout(timeout)  # later store traffic (new groups, barriers) waits like a collective
 
 
 def seed_everything(seed: int, rank: int = 0) -> None:

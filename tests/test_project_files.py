@@ -27,9 +27,10 @@ def test_conda_pip_dependencies_match_pyproject():
 
 def test_mlproject_main_parameters_are_the_interface():
     params = _mlproject()["entry_points"]["main"]["parameters"]
-    assert set(params) - {"config_file"} == set(MLPROJECT_PARAMS)
+    launcher = {"config_file", "max_restarts"}  # read by the command itself / torchrun, not config keys
+    assert set(params) - launcher == set(MLPROJECT_PARAMS)
     for name, spec in params.items():
-        if name == "config_file":
+        if name in launcher:
             continue
         default = cfg.DEFAULTS[MLPROJECT_PARAMS[name]]
         if name == "qlib_data_path":

@@ -205,10 +205,13 @@ def open_study(storage, study_name: str, pruner, sampler_seed: int | None):
 # --------------------------------------------------------------------------- worker side
 
 
+TRIAL_MAX_RESTARTS = 3  # a trial that loses a worker resumes from its last epoch (as MLproject main does)
+
+
 def _train_command(nproc: int, flags: Sequence[str]) -> list[str]:
     if nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "kronos_mlflow.train", *flags]
+                f"--max-restarts={TRIAL_MAX_RESTARTS}", "-m", "kronos_mlflow.train", *flags]
     return [sys.executable, "-m", "kronos_mlflow.train", *flags]
 
 

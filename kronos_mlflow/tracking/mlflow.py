@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UserError, short_reason
 from ..secrets import redact, redact_uri, scrub_params, secret_values
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line, same_param
@@ -100,7 +100,8 @@ class MLflowLogger(OutageQueue):
                           http_timeout_s=http_timeout_s, finalize_wait_s=finalize_wait_s,
                           retry_backoff_s=retry_backoff_s)
 
-        run_id = run_id or os.environ.get("MLFLOW_RUN_ID", "").strip() or None
+        launcher_run_id = os.environ.get("MLFLOW_RUN_ID", "").strip() or None
+        run_id = run_id or launcher_run_id
         user_tags = {str(k): v for k, v in (tags or {}).items()}
         if run_id:
             run = self._attach(run_id, run_name)
@@ -116,7 +117,23 @@ class MLflowLogger(OutageQueue):
         self._adopt_spool()
         if user_tags:
             self.set_tags(user_tags)
+        if launcher_run_id and launcher_run_id != self.run_id:
+            self._point_launcher_run(launcher_run_id)
         atexit.register(flush_at_exit, weakref.ref(self))
+
+    def _point_launcher_run(self, launcher_run_id: str) -> None:
+        """A resumed training continues its saved run; the run ``mlflow run`` (or a sweep) made for
+        this launch gets a tag and a note naming it, so it is not mistaken for a lost training."""
+        note = (f"Training continued in run {self.run_id} (resumed from the saved training state); "
+                "this run holds only the launch's parameters.")
+        try:
+            self.client.set_tag(launcher_run_id, "kronos.continued_in_run", self.run_id)
+            self.client.set_tag(launcher_run_id, "mlflow.note.content", note)
+        except Exception as exc:  # the launcher's run is a courtesy; training goes on without it
+            print(f"[kronos] MLflow: could not tag run {launcher_run_id} ({short_reason(exc)})", flush=True)
+            return
+        print(f"[kronos] MLflow: resuming into saved run {self.run_id}; run {launcher_run_id} of this launch is "
+              "tagged kronos.continued_in_run", flush=True)
 
     # ---- run resolution -------------------------------------------------------------------
 
