@@ -1,6 +1,6 @@
 """Pruning pays: the same sweep with the default pruner and without pruning, on the demo market.
 
-    nice -n 10 python benchmarks/bench_sweep.py --n-trials 10 --epochs 6
+    nice -n 10 python benchmarks/bench_sweep.py --n-trials 6 --epochs 6
 
 Both sweeps use the same sampler seed, tiny architecture and data, each in its own study and
 MLflow store under a temporary directory. The sweep without pruning runs N_TRIALS trials of
@@ -91,7 +91,7 @@ def epochs_to_reach(curve, target: float) -> int | None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n-trials", type=int, default=10, help="trials of the sweep without pruning")
+    p.add_argument("--n-trials", type=int, default=6, help="trials of the sweep without pruning")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--pruner", default=DEFAULT_PRUNER, help="the pruner compared with none (default: the sweep's)")
     p.add_argument("--d-model", type=int, default=16)

@@ -304,7 +304,7 @@ def repeated_trial(study, trial) -> int | None:
     live = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
 
     def blocker() -> int | None:
-        mine = param_key(study._storage.get_trial(trial._trial_id).params)
+        mine = param_key(trial.params)
         for other in study.get_trials(deepcopy=False, states=live):
             if other.number == trial.number or param_key(other.params) != mine:
                 continue

@@ -179,11 +179,13 @@ def _check_study_and_runs(tmp_path, env, n_parents, n_trials):
         m = parent.data.metrics
         assert parent.info.status == "FINISHED"
         assert m["trials_complete"] + m["trials_pruned"] + m["trials_failed"] == n_trials // n_parents
-        assert m["trials_failed"] == 0 and m["trials_complete"] >= 1
+        assert m["trials_failed"] == 0
         mine = [c for c in children if c.data.tags["mlflow.parentRunId"] == parent.info.run_id]
         assert m["trial_epochs"] == sum(len(client.get_metric_history(c.info.run_id, "val_tokenizer_loss_epoch"))
                                         for c in mine)
         assert parent.data.params["pruner"] == DEFAULT_PRUNER and parent.data.params["sampler_seed"] == "0"
+    # the first trial to reach a rung always goes on, so one trial at least is complete
+    assert any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     last = max(parents, key=lambda r: r.info.end_time)
     assert last.data.metrics["best_val_loss"] == pytest.approx(study.best_value)
     assert float(last.data.tags["best_learning_rate"]) == pytest.approx(study.best_params["learning_rate"])
