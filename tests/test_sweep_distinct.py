@@ -133,7 +133,7 @@ def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, args, needle):
 
 # --------------------------------------------------------------------------- the user's commands
 
-TINY_P = ["-P", "epochs=2", "-P", "batch_size=8", "-P", f"n_train_iter={tiny_runs.TINY['n_train_iter']}",
+TINY_P = ["-P", "batch_size=8", "-P", f"n_train_iter={tiny_runs.TINY['n_train_iter']}",
           "-P", "n_val_iter=32", "-P", "qlib_data_path=", "-P", "comet=off"]
 
 
@@ -149,10 +149,10 @@ def project_env(tmp_path, monkeypatch):
     return tmp_path, env
 
 
-def _mlflow_run_sweep(tmp_path, *params):
+def _mlflow_run_sweep(tmp_path, *params, epochs=2):
     return [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "sweep",
             "-P", f"config_file={tmp_path / 'tiny.yaml'}", "-P", f"storage=sqlite:///{tmp_path}/optuna.db",
-            *TINY_P, *params]
+            "-P", f"epochs={epochs}", *TINY_P, *params]
 
 
 def _pairs(study):
@@ -231,7 +231,7 @@ def test_a_draw_that_repeats_a_finished_trial_is_not_run(project_env):
     # ... is that trial, finished: the worker must not train it again, and draws anew.
     study = optuna.create_study(study_name="kronos-lr-wd", storage=url, direction="minimize")
     study.add_trial(optuna.trial.create_trial(params=drawn.params, distributions=drawn.distributions, value=0.5))
-    cmd = _mlflow_run_sweep(tmp_path, "-P", "n_trials=1", "-P", "sampler_seed=5", "-P", "epochs=1")
+    cmd = _mlflow_run_sweep(tmp_path, "-P", "n_trials=1", "-P", "sampler_seed=5", epochs=1)
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trial 1 repeats trial 0" in proc.stdout
