@@ -121,7 +121,7 @@ def main() -> int:
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:
-        cells = [f"{r[c]:.6f}" if isinstance(r[c], float) else ("not reached" if r[c] is None else str(r[c]))
+        cells = [f"{r[c]:.6f}" if c.startswith("best") else ("not reached" if r[c] is None else str(r[c]))
                  for c in cols]
         print("| " + " | ".join(cells) + " |")
     reach = pruned["epochs_to_reach_no_pruning_best"]
