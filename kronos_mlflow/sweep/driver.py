@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_USAGE, ConfigError, UserError
-from .trial import ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
+from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.yaml"
 PARAMS = ("learning_rate", "weight_decay")
@@ -52,7 +52,10 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
 
     path = Path(path or DEFAULT_SPACE)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = _load_yaml_unique(path.read_text(encoding="utf-8")) or {}
+    except DuplicateKey as exc:
+        raise ConfigError(f"search space file '{path}' gives '{exc.key}' twice (line {exc.line}); "
+                          "each parameter and option may appear once") from None
     except FileNotFoundError:
         raise ConfigError(f"search space file '{path}' does not exist") from None
     except IsADirectoryError:
@@ -90,6 +93,32 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
     return space
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key: str, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _load_yaml_unique(text: str):
+    """``yaml.safe_load`` that refuses a mapping key given twice (PyYAML keeps the last one)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def suggest(trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """Draw learning_rate and weight_decay. ``include_zero`` adds a categorical switch to 0."""
     values = {}
@@ -106,11 +135,13 @@ def suggest(trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 
 def make_pruner(spec: str):
-    """``median`` (default: MedianPruner(n_startup_trials=2, n_warmup_steps=1)), ``none``,
-    ``percentile:25``, ``hyperband``, ``successive_halving``; options as ``median:n_startup_trials=3``."""
+    """``successive_halving`` (default: min_resource=1, reduction_factor=3, so rungs after epochs
+    2, 4, 10, 28), ``median`` (MedianPruner(n_startup_trials=2, n_warmup_steps=1)), ``none``,
+    ``percentile:25``, ``hyperband`` (min_resource=1, reduction_factor=3); options as
+    ``median:n_startup_trials=3``."""
     import optuna
 
-    name, _, opts = (spec or "median").partition(":")
+    name, _, opts = (spec or DEFAULT_PRUNER).partition(":")
     name = name.strip().lower()
     kwargs: dict[str, Any] = {}
     if name == "percentile" and opts and "=" not in opts:
@@ -135,12 +166,16 @@ def make_pruner(spec: str):
             kwargs.setdefault("n_warmup_steps", 1)
             return optuna.pruners.PercentilePruner(**kwargs)
         if name == "hyperband":
+            kwargs.setdefault("min_resource", 1)
+            kwargs.setdefault("reduction_factor", 3)
             return optuna.pruners.HyperbandPruner(**kwargs)
         if name == "successive_halving":
+            kwargs.setdefault("min_resource", 1)
+            kwargs.setdefault("reduction_factor", 3)
             return optuna.pruners.SuccessiveHalvingPruner(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"pruner '{spec}': {exc}") from None
-    raise ConfigError(f"pruner '{spec}' is not one of median, none, percentile, hyperband, successive_halving")
+    raise ConfigError(f"pruner '{spec}' is not one of successive_halving, hyperband, median, percentile, none")
 
 
 def default_storage() -> str:
@@ -197,9 +232,140 @@ def open_study(storage, study_name: str, pruner, sampler_seed: int | None):
             f"study '{study_name}' exists with direction {existing.direction.name.lower()}; this sweep "
             "minimises best_val_loss: choose another --study-name"
         )
-    sampler = optuna.samplers.TPESampler(seed=sampler_seed)
-    return optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
-                               pruner=pruner, sampler=sampler, load_if_exists=True)
+    study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+                                pruner=pruner, load_if_exists=True)
+    study.sampler_seed_used = seed_sampler(study, sampler_seed)
+    return study
+
+
+# --------------------------------------------------------------------------- distinct trials
+#
+# A seeded TPE sampler draws the same points in every process given the same seed and history:
+# a resumed study or a second worker would repeat trials. Two guards, both per process:
+# 1. the sampler seed is derived from --sampler-seed and the number of trials already in the
+#    study (a fresh study uses the seed itself, so one fresh sweep stays reproducible);
+# 2. before a trial trains, its (learning_rate, weight_decay) is checked against every other
+#    trial of the study that is not FAIL; a repeat is not run: it ends FAIL with user attr
+#    ``duplicate_of``, the sampler is reseeded from OS entropy, and the worker draws again
+#    (Optuna has no cross-process uniqueness: optuna/optuna#1547, #2021 advise this check).
+
+
+def derive_sampler_seed(seed: int | None, trials_in_study: int) -> int | None:
+    """``seed`` for a fresh study; a stable mix of seed and trial count for a resumed one."""
+    import hashlib
+
+    if seed is None:
+        return None
+    if trials_in_study == 0:
+        return seed
+    digest = hashlib.sha256(f"kronos-sweep:{seed}:{trials_in_study}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def seed_sampler(study, seed: int | None) -> int | None:
+    """Give ``study`` this process's TPE sampler; returns the seed it got."""
+    import optuna
+
+    used = derive_sampler_seed(seed, len(study.get_trials(deepcopy=False)))
+    study.sampler = optuna.samplers.TPESampler(seed=used)
+    return used
+
+
+def param_key(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(learning_rate, weight_decay) as exact text, weight decay 0 when the zero switch is on."""
+    if "learning_rate" not in params:
+        return None
+    wd = 0.0 if params.get("weight_decay_is_zero") else params.get("weight_decay")
+    return repr(float(params["learning_rate"])), repr(None if wd is None else float(wd))
+
+
+_CLAIMED = "params_claimed"
+
+
+def repeated_trial(study, trial) -> int | None:
+    """The number of a trial this one would repeat, or None once its params are claimed.
+
+    Called after the params are drawn, before training. Two workers may draw the same point at
+    the same moment, so the check runs twice around a ``params_claimed`` mark: a trial yields to
+    a same-params trial that is finished, has a lower number, or has claimed the params. Two
+    such trials can never both train (the later checker always sees the earlier one), and
+    trials marked FAIL (crashed, or yielded) never block a retry.
+    """
+    import optuna
+
+    live = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
+
+    def blocker() -> int | None:
+        mine = param_key(trial.params)
+        for other in study.get_trials(deepcopy=False, states=live):
+            if other.number == trial.number or param_key(other.params) != mine:
+                continue
+            if (other.state != optuna.trial.TrialState.RUNNING or other.number < trial.number
+                    or other.user_attrs.get(_CLAIMED)):
+                return other.number
+        return None
+
+    first = blocker()
+    if first is not None:
+        return first
+    trial.set_user_attr(_CLAIMED, True)
+    again = blocker()
+    if again is not None and again < trial.number:
+        return again
+    return None
+
+
+class DuplicateTrial(Exception):
+    """The trial's params repeat another trial's; it is not run (FAIL, user attr duplicate_of)."""
+
+
+def optimize_distinct(study, objective, worker, n_trials: int, timeout: float | None, catch) -> None:
+    """``study.optimize`` until this worker has run ``n_trials`` trials that are not repeats.
+
+    Repeats are drawn again (each draw is a FAIL trial with ``duplicate_of``); after
+    ``4 * n_trials`` repeats the search space is taken as exhausted and the worker stops.
+    """
+    started = time.monotonic()
+    while worker.trials_run < n_trials and not worker.budget_spent():
+        left = None
+        if timeout:
+            left = timeout - (time.monotonic() - started)
+            if left <= 0:
+                return
+        before = (worker.trials_run, worker.duplicates)
+        study.optimize(objective, n_trials=n_trials - worker.trials_run, timeout=left,
+                       catch=(*catch, DuplicateTrial), gc_after_trial=False, callbacks=[worker.stop_on_budget])
+        if worker.stopped or (worker.trials_run, worker.duplicates) == before:
+            return  # the budget stopped it, or nothing ran
+        if worker.duplicates >= 4 * n_trials:
+            print(f"[sweep] {worker.duplicates} draws repeated earlier trials; the search space looks exhausted",
+                  flush=True)
+            return
+
+
+def sweep_output_dir(save_path: str | None) -> str:
+    """``sweeps`` next to the training save_path (./outputs/models gives ./outputs/sweeps)."""
+    parent = os.path.dirname(str(save_path or "./outputs/models").rstrip("/\\")) or "."
+    return os.path.join(parent, "sweeps")
+
+
+def sweep_summary(study, worker) -> dict[str, float]:
+    """Metrics and tags for the parent run: this worker's trial counts and work, the study's best."""
+    import optuna
+
+    metrics = {
+        "trials_complete": worker.counts["COMPLETE"],
+        "trials_pruned": worker.counts["PRUNED"],
+        "trials_failed": worker.counts["FAIL"],
+        "trials_repeat_skipped": worker.duplicates,
+        "trial_epochs": worker.trial_epochs,
+    }
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    metrics["study_trials_complete"] = states.count(optuna.trial.TrialState.COMPLETE)
+    metrics["study_trials_pruned"] = states.count(optuna.trial.TrialState.PRUNED)
+    metrics["study_trial_epochs"] = sum(int(t.user_attrs.get("epochs_trained", 0)) for t in trials)
+    return metrics
 
 
 # --------------------------------------------------------------------------- worker side
@@ -233,11 +399,47 @@ class SweepWorker:
         self.storage, self.study, self.client = storage, study, client
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         self.trial_epochs = 0
+        self.trials_run = self.duplicates = 0
+        self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
+        self.stopped = False
+
+    def budget_spent(self) -> bool:
+        budget = getattr(self.args, "trial_epochs_budget", 0)
+        return bool(budget) and self.trial_epochs >= budget
+
+    def stop_on_budget(self, study, trial) -> None:
+        """Optuna callback: no new trial once --trial-epochs-budget epochs are spent."""
+        if self.budget_spent():
+            self.stopped = True
+            study.stop()
 
     def objective(self, trial) -> float:
+        values = suggest(trial, self.space)
+        repeat = repeated_trial(self.study, trial)
+        if repeat is not None:
+            self.duplicates += 1
+            trial.set_user_attr("duplicate_of", repeat)
+            self.study.sampler.reseed_rng()
+            print(f"[sweep] trial {trial.number} repeats trial {repeat} (learning_rate={values['learning_rate']!r}, "
+                  f"weight_decay={values['weight_decay']!r}); not run, drawing again", flush=True)
+            raise DuplicateTrial(f"repeats trial {repeat}")
+        self.trials_run += 1
+        try:
+            value = self._run_trial(trial, values)
+        except TrialFailed:
+            self.counts["FAIL"] += 1
+            raise
+        except Exception as exc:
+            import optuna
+
+            self.counts["PRUNED" if isinstance(exc, optuna.TrialPruned) else "FAIL"] += 1
+            raise
+        self.counts["COMPLETE"] += 1
+        return value
+
+    def _run_trial(self, trial, values: Mapping[str, float]) -> float:
         import optuna
 
-        values = suggest(trial, self.space)
         run_name = f"trial-{trial.number} lr={values['learning_rate']:.1e} wd={values['weight_decay']:.2g}"
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
@@ -427,14 +629,18 @@ def build_parser():
     p.add_argument("--timeout", type=float, default=0, help="stop starting trials after this many seconds (0: none)")
     p.add_argument("--study-name", default="kronos-lr-wd", help="Optuna study (resumed when it exists)")
     p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
-    p.add_argument("--pruner", default="median", help="median (default), none, percentile[:P], hyperband, "
-                   "successive_halving; options as median:n_startup_trials=3,n_warmup_steps=1")
-    p.add_argument("--sampler-seed", type=int, default=None, help="TPE sampler seed")
+    p.add_argument("--pruner", default=DEFAULT_PRUNER, help="successive_halving (default), hyperband, median, "
+                   "percentile[:P], none; options as median:n_startup_trials=3,n_warmup_steps=1")
+    p.add_argument("--sampler-seed", type=int, default=None, help="TPE sampler seed; a fresh study draws the same "
+                   "trials for the same seed, a resumed one mixes in the trials already there")
+    p.add_argument("--trial-epochs-budget", type=int, default=0,
+                   help="stop starting trials once this worker's trials trained this many epochs (0: none)")
     p.add_argument("--search-space", default=str(DEFAULT_SPACE), help="YAML search space file")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per trial (torchrun when > 1)")
     p.add_argument("--registered-model-name", default="", help="register the best trial's model, alias champion")
     p.add_argument("--experiment-name", default="", help="MLflow experiment (default: MLflow's)")
-    p.add_argument("--output-dir", default="./outputs/sweeps", help="checkpoints go to OUTPUT_DIR/STUDY/trial-N")
+    p.add_argument("--output-dir", default="", help="checkpoints go to OUTPUT_DIR/STUDY/trial-N (default: "
+                   "'sweeps' next to the config's save_path, ./outputs/sweeps)")
     p.add_argument("--max-retry", type=int, default=1, help="retries of a trial whose worker died")
     p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
     return p
@@ -451,6 +657,8 @@ def parse(argv: Sequence[str] | None):
         parser.error(f"argument --nproc-per-node: {args.nproc_per_node} must be at least 1")
     if args.timeout < 0:
         parser.error(f"argument --timeout: {args.timeout} must be >= 0")
+    if args.trial_epochs_budget < 0:
+        parser.error(f"argument --trial-epochs-budget: {args.trial_epochs_budget} must be >= 0")
     # Pass-through flags: every training key, validated now so a typo fails before any trial.
     overrides: dict[str, str] = {}
     i = 0
@@ -470,6 +678,8 @@ def parse(argv: Sequence[str] | None):
             parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
+    if not args.output_dir:
+        args.output_dir = sweep_output_dir(config.get("save_path"))
     train_flags = []
     if args.config_file:
         train_flags += ["--config", args.config_file]
@@ -518,15 +728,15 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
-                       "search_space": args.search_space}.items():
+                       "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget}.items():
         _log_param_once(client, parent_id, key, value)
+    client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
     worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id)
     status = "FAILED"
     started = time.time()
     try:
-        study.optimize(worker.objective, n_trials=args.n_trials, timeout=args.timeout or None,
-                       catch=(TrialFailed,), gc_after_trial=False)
+        optimize_distinct(study, worker.objective, worker, args.n_trials, args.timeout or None, (TrialFailed,))
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -541,7 +751,9 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
 
     try:
         complete = [t for t in study.get_trials(deepcopy=False) if t.value is not None]
-        client.log_metric(parent_id, "trial_epochs", worker.trial_epochs)
+        metrics = sweep_summary(study, worker)
+        for key, value in metrics.items():
+            client.log_metric(parent_id, key, value)
         client.log_metric(parent_id, "sweep_seconds", elapsed)
         if complete:
             best = study.best_trial
@@ -550,6 +762,7 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
             for key, value in (("best_learning_rate", best.params.get("learning_rate")), ("best_weight_decay", wd),
                                ("best_trial_number", best.number)):
                 _log_param_once(client, parent_id, key, value)
+                client.set_tag(parent_id, key, str(value))
             best_run = best.user_attrs.get("mlflow_run_id")
             if best_run:
                 client.set_tag(parent_id, "best_run", best_run)

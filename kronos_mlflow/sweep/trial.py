@@ -7,6 +7,10 @@ import math
 import os
 
 EXIT_PRUNED = 42  # a pruned trial's exit code when it runs without torchrun
+# Successive halving on epochs: a trial must be in the best third of the trials that reached
+# epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (see README, Sweeps). The sweep
+# and its trials' processes must agree on it.
+DEFAULT_PRUNER = "successive_halving"
 
 # Environment handed to a trial's training process so that rank 0 can report to the study.
 ENV_STORAGE = "KRONOS_OPTUNA_STORAGE"
@@ -35,7 +39,7 @@ class TrialReporter:
         if not os.environ.get(ENV_STUDY):
             return None
         return cls(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(os.environ[ENV_TRIAL_ID]),
-                   os.environ.get(ENV_PRUNER, "median"))
+                   os.environ.get(ENV_PRUNER, DEFAULT_PRUNER))
 
     def __call__(self, epoch: int, val_loss: float | None) -> bool:
         """Returns True when the trial should stop (pruned)."""
