@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .yamlfile import read_mapping
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
@@ -348,29 +349,6 @@ def fresh_parameter_count(config: Mapping[str, Any]) -> int:
     return count_parameters(model_kwargs(config))
 
 
-def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file '{path}' is a directory; expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file '{path}' is not UTF-8 text; expected a YAML file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of key: value, not {type(data).__name__}")
-    return data
-
-
 def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Defaults, then the YAML file at ``path``, then ``overrides``; validated.
 
@@ -379,7 +357,7 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
     merged: dict[str, Any] = {}
     sources: list[Mapping[str, Any]] = []
     if path:
-        sources.append(_read_yaml(path))
+        sources.append(read_mapping(path, "config file", "must hold a mapping of key: value"))
     if overrides:
         sources.append(overrides)
     for source in sources:

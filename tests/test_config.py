@@ -87,3 +87,10 @@ def test_bad_yaml_files(tmp_path, text, needle):
 def test_missing_yaml_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(path=tmp_path / "nope.yaml")
+
+
+def test_config_file_with_a_key_twice_is_one_line(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("epochs: 3\nbatch_size: 8\nepochs: 4\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"gives 'epochs' twice \(line 3\)"):
+        load_config(path=path)

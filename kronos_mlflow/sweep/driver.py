@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_USAGE, ConfigError, UserError
+from ..yamlfile import read_mapping
 from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.yaml"
@@ -48,24 +49,8 @@ TRAIN_PASSTHROUGH = (
 
 def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """Read and check the YAML search space; errors name the parameter and what is accepted."""
-    import yaml
-
     path = Path(path or DEFAULT_SPACE)
-    try:
-        raw = _load_yaml_unique(path.read_text(encoding="utf-8")) or {}
-    except DuplicateKey as exc:
-        raise ConfigError(f"search space file '{path}' gives '{exc.key}' twice (line {exc.line}); "
-                          "each parameter and option may appear once") from None
-    except FileNotFoundError:
-        raise ConfigError(f"search space file '{path}' does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"search space file '{path}' is a directory; expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"search space file '{path}' is not UTF-8 text; expected a YAML file") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"search space file '{path}' is not valid YAML") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"search space file '{path}' must map parameter names to ranges")
+    raw = read_mapping(path, "search space file", "must map parameter names to ranges")
     unknown = set(raw) - set(PARAMS)
     if unknown:
         raise ConfigError(f"search space: unknown parameter '{sorted(unknown)[0]}'; expected {', '.join(PARAMS)}")
@@ -91,32 +76,6 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
     if space["learning_rate"]["include_zero"]:
         raise ConfigError("search space: learning_rate cannot include_zero; a zero learning rate does not train")
     return space
-
-
-class DuplicateKey(Exception):
-    def __init__(self, key: str, line: int):
-        super().__init__(key)
-        self.key, self.line = key, line
-
-
-def _load_yaml_unique(text: str):
-    """``yaml.safe_load`` that refuses a mapping key given twice (PyYAML keeps the last one)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise DuplicateKey(str(key), key_node.start_mark.line + 1)
-            seen.add(key)
-        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def suggest(trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
