@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kronos_mlflow import quality, trainer
 from kronos_mlflow.data import loaders
-from kronos_mlflow import trainer
-from kronos_mlflow import quality
 from kronos_mlflow.quality import CodeHistogram, ValidationStats
 
 # ----------------------------------------------------------------------------- pure functions

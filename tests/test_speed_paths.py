@@ -16,11 +16,9 @@ import pytest
 import torch
 from data_helpers import small_config, small_market  # noqa: F401
 
-from kronos_mlflow.data import loaders
-from kronos_mlflow import optim
-from kronos_mlflow import trainer
-from kronos_mlflow import perf
+from kronos_mlflow import optim, perf, trainer
 from kronos_mlflow.config import load_config
+from kronos_mlflow.data import loaders
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.model import BASE_CONFIG, KronosTokenizer
 

@@ -14,11 +14,9 @@ from tiny_runs import TINY, tiny_config, write_config
 import torch
 import torch.nn.functional as F
 
-from kronos_mlflow.data import loaders
-from kronos_mlflow import optim
-from kronos_mlflow import trainer
-from kronos_mlflow import keys, train
+from kronos_mlflow import keys, optim, train, trainer
 from kronos_mlflow.config import load_config
+from kronos_mlflow.data import loaders
 from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
 
