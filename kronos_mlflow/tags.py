@@ -12,7 +12,7 @@
   checkpoint's, not the config's), so usage counts can be read against 2^s1_bits codes.
 
 ``data_digest`` is tagged by the training entry point itself; a sweep's child runs also carry
-``optuna.study_name``, ``optuna.trial_number`` and ``optuna.trial_state`` (``sweep.py``).
+``optuna.study_name``, ``optuna.trial_number`` and ``optuna.trial_state`` (``sweep/driver.py``).
 """
 
 from __future__ import annotations

@@ -15,17 +15,10 @@ import tiny_runs
 from mlflow import MlflowClient
 
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.sweep.driver import (
-    DEFAULT_PRUNER,
-    derive_sampler_seed,
-    load_search_space,
-    make_pruner,
-    open_storage,
-    open_study,
-    param_key,
-    repeated_trial,
-    suggest,
-)
+from kronos_mlflow.sweep.space import load_search_space, suggest
+from kronos_mlflow.sweep.study import (derive_sampler_seed, make_pruner, open_storage, open_study, param_key,
+                                       repeated_trial)
+from kronos_mlflow.sweep.trial import DEFAULT_PRUNER
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = load_search_space()

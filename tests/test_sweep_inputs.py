@@ -11,7 +11,8 @@ import pytest
 from tiny_runs import isolated_env
 
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.sweep.driver import load_search_space, make_pruner, suggest
+from kronos_mlflow.sweep.space import load_search_space, suggest
+from kronos_mlflow.sweep.study import make_pruner
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ class TrialReporter:
     def __init__(self, storage_url: str, study_name: str, trial_id: int, pruner_spec: str):
         import optuna
 
-        from .driver import make_pruner
+        from .study import make_pruner
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(study_name=study_name, storage=storage_url, pruner=make_pruner(pruner_spec))

@@ -1,0 +1,58 @@
+"""The search space file (``sweeps/search_space.yaml``) and drawing a trial's parameters from it."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..yamlfile import read_mapping
+
+DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.yaml"
+PARAMS = ("learning_rate", "weight_decay")
+
+
+def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """Read and check the YAML search space; errors name the parameter and what is accepted."""
+    path = Path(path or DEFAULT_SPACE)
+    raw = read_mapping(path, "search space file", "must map parameter names to ranges")
+    unknown = set(raw) - set(PARAMS)
+    if unknown:
+        raise ConfigError(f"search space: unknown parameter '{sorted(unknown)[0]}'; expected {', '.join(PARAMS)}")
+    space = {}
+    for name in PARAMS:
+        spec = raw.get(name)
+        if not isinstance(spec, dict):
+            raise ConfigError(f"search space: '{name}' needs a mapping with low and high")
+        try:
+            low, high = float(spec["low"]), float(spec["high"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"search space: '{name}' needs numeric low and high") from None
+        log = bool(spec.get("log", True))
+        if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+            raise ConfigError(
+                f"search space: {name} range [{low:g}, {high:g}] is empty or inverted; expected low < high"
+            )
+        if log and low <= 0:
+            raise ConfigError(f"search space: {name} low {low:g} must be > 0 on a log scale (set include_zero for 0)")
+        if low < 0:
+            raise ConfigError(f"search space: {name} low {low:g} must be >= 0")
+        space[name] = {"low": low, "high": high, "log": log, "include_zero": bool(spec.get("include_zero", False))}
+    if space["learning_rate"]["include_zero"]:
+        raise ConfigError("search space: learning_rate cannot include_zero; a zero learning rate does not train")
+    return space
+
+
+def suggest(trial, space: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Draw learning_rate and weight_decay. ``include_zero`` adds a categorical switch to 0."""
+    values = {}
+    for name in PARAMS:
+        spec = space[name]
+        if spec["include_zero"] and trial.suggest_categorical(f"{name}_is_zero", [False, True]):
+            values[name] = 0.0
+            continue
+        values[name] = trial.suggest_float(name, spec["low"], spec["high"], log=spec["log"])
+    return values
