@@ -3,7 +3,6 @@ server outage (retry later) from a refused request (a real error)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import urllib.error
@@ -26,9 +25,9 @@ _DEFAULT_LIMITS = {
 }
 
 
-@functools.cache
 def mlflow_limits() -> dict[str, int]:
-    """MLflow's size limits, read once from the installed MLflow."""
+    """MLflow's size limits as they are now. Read at each use, never cached: importing
+    ``qlib.workflow`` lowers ``MAX_PARAM_VAL_LENGTH`` to 1000 in the process."""
     from mlflow.utils import validation
 
     return {name: int(getattr(validation, name, default)) for name, default in _DEFAULT_LIMITS.items()}
