@@ -74,7 +74,8 @@ def train_torchrun(workdir: Path, home: Path, kill_at_step: int | None = None, k
            "--max-restarts", "2", "-m", "kronos_mlflow.train", *TINY, "--n-train-iter", "64",
            "--epochs", str(epochs), "--dataset-path", str(home / "cache"), "--save-path", str(workdir / "out")]
     proc = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=900)
-    summary_path = workdir / "out" / "finetune_tokenizer_demo" / "summary.json"
+    found = sorted((workdir / "out" / "finetune_tokenizer_demo").glob("cfg-*/summary.json"))  # see layout.py
+    summary_path = found[0] if found else workdir / "out" / "missing-summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     result = summary.get("final_result", {})
     return {"rc": proc.returncode, "restarts": proc.stderr.count("Restarting"),

@@ -52,3 +52,10 @@ def isolated_env(tmp: Path, tracking_uri: str, extra: Mapping[str, str] | None =
         **(extra or {}),
     })
     return env
+
+
+def run_dir(save_path: Path, folder: str = "finetune_tokenizer_demo") -> Path:
+    """The one run directory under ``{save_path}/{folder}`` (``cfg-<digest>``: see layout.py)."""
+    found = sorted(p for p in (Path(save_path) / folder).glob("cfg-*") if p.is_dir())
+    assert len(found) == 1, f"expected one run directory under {Path(save_path) / folder}, found {found}"
+    return found[0]
