@@ -88,6 +88,8 @@ def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | No
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
     if not close:  # --epoch vs --epochs, --lr vs --learning-rate: a prefix is a good guess too
         close = [k for k in known if k.startswith(flag) or flag.startswith(k)][:1]
+    if close and close[0].replace("_", "-") in known:  # the dashed spelling, as --help lists it
+        close = [close[0].replace("_", "-")]
     hint = f" (did you mean {close[0]}?)" if close else " (see --help for the flags)"
     return f"unknown flag {flag}{hint}; flags are never abbreviated"
 

@@ -1,0 +1,162 @@
+"""The first hour of a new user, through the commands they type: a mistyped flag is refused
+(and the ``mlflow run`` run says why), runs never overwrite each other's files, SIGTERM and
+Ctrl-C end the run KILLED with one line, and the README's "What a run records" table is what
+a real run records."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_runs import TINY, isolated_env, run_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+MLFLOW = [sys.executable, "-m", "mlflow"]
+
+
+def _tiny_yaml(tmp: Path, **extra) -> Path:
+    values = {**TINY, "save_path": str(tmp / "outputs"), "dataset_path": str(tmp / "cache"), **extra}
+    path = tmp / "tiny.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
+    return path
+
+
+def _client(uri):
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def _only_run(client):
+    runs = client.search_runs(["0"])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+def _mlflow_run(tmp: Path, uri: str, *params: str, timeout: int = 900, **popen):
+    cmd = [*MLFLOW, "run", str(ROOT), "--env-manager", "local"]
+    for p in params:
+        cmd += ["-P", p]
+    return cmd, isolated_env(tmp, uri)
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+@pytest.mark.parametrize("argv, flag, hint", [
+    (["train", "--epoch", "3"], "--epoch", "--epochs"),
+    (["train", "--learning-rat", "1e-3"], "--learning-rat", "--learning-rate"),
+    (["train", "--batch", "8"], "--batch", "--batch-size"),
+])
+def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, argv, flag, hint):
+    env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
+    proc = subprocess.run(["kronos-mlflow", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"unknown flag {flag} (did you mean {hint}?)" in lines[0]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_python_m_train_and_sweep_refuse_abbreviations(tmp_path):
+    env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--seed", "1", "--epoch", "3"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m kronos_mlflow.train: error: unknown flag --epoch (did you mean --epochs?); "
+        "flags are never abbreviated"], proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trial", "3"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "n_trial" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_mlflow_run_with_a_mistyped_param_fails_with_the_reason(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    _client(uri).search_experiments()
+    config = _tiny_yaml(tmp_path)
+    cmd, env = _mlflow_run(tmp_path, uri, "epoch=3", f"config_file={config}", "n_train_iter=64", "n_val_iter=36")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    expected = ("python -m kronos_mlflow.train: error: unknown flag --epoch (did you mean --epochs?); "
+                "flags are never abbreviated")
+    assert expected in proc.stderr.splitlines(), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    run = _only_run(_client(uri))
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"] == expected
+    assert not (tmp_path / "outputs").exists()  # no worker started
+
+
+# ----------------------------------------------------------------------------- stopping
+
+
+def _wait_for(predicate, deadline_s: float, what: str):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig):
+    """``mlflow run .`` (its whole process group, as a terminal's Ctrl-C or a job scheduler
+    signals it) stopped mid-training: the run ends KILLED with a stop_reason, the console gets
+    one line and no traceback, and the training state is kept: the same command resumes."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = _client(uri)
+    client.search_experiments()
+    config = _tiny_yaml(tmp_path, epochs=200)
+    cmd, env = _mlflow_run(tmp_path, uri, f"config_file={config}", "n_train_iter=64", "n_val_iter=36",
+                           "epochs=200", "comet=off")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        def running_with_a_metric():
+            runs = client.search_runs(["0"])
+            if runs and runs[0].info.status == "RUNNING" and "val_tokenizer_loss_epoch" in runs[0].data.metrics:
+                return runs[0]
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            return None
+
+        run = _wait_for(running_with_a_metric, 600, "the run to log its first epoch")
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    run_id = run.info.run_id
+
+    def killed():  # `mlflow run` itself marks a Ctrl-C'd run FAILED as it exits; KILLED is put back after it
+        r = client.get_run(run_id)
+        return r if r.info.status == "KILLED" else None
+
+    try:
+        run = _wait_for(killed, 90, "the run to end KILLED")
+    except AssertionError:
+        run = client.get_run(run_id)
+    assert run.info.status == "KILLED", (run.info.status, run.data.tags, err[-6000:])
+    name = signal.Signals(sig).name
+    assert run.data.tags["stop_reason"].startswith(f"stopped by {name}; the training state after the last "
+                                                   "finished epoch is kept in ")
+    assert "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("kronos-mlflow train:")]
+    assert ours == [f"kronos-mlflow train: stopped by {name}; the training state after the last finished epoch "
+                    "is kept: the same command resumes from it"], err[-3000:]
+    state = json.loads((run_dir(tmp_path / "outputs") / "checkpoints" / "last" / "state.json").read_text())
+    assert state["run_ids"]["mlflow_run_id"] == run_id
+    assert state["next_epoch"] >= 1
