@@ -160,3 +160,95 @@ def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig)
     state = json.loads((run_dir(tmp_path / "outputs") / "checkpoints" / "last" / "state.json").read_text())
     assert state["run_ids"]["mlflow_run_id"] == run_id
     assert state["next_epoch"] >= 1
+
+
+# ----------------------------------------------------------------------------- README vs a real run
+
+
+def readme_table() -> dict[str, list[str]]:
+    """README's "What a run records" table: kind -> the backticked names of its row."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## What a run records"):]
+    rows: dict[str, list[str]] = {}
+    for line in section[section.index("| kind | names |"):].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        kind, names = [cell.strip() for cell in line.strip().strip("|").split("|", 1)]
+        rows[kind] = re.findall(r"`([^`]+)`", names)
+    return rows
+
+
+def _row(rows, prefix):
+    found = [k for k in rows if k.startswith(prefix)]
+    assert len(found) == 1, (prefix, list(rows))
+    return rows[found[0]]
+
+
+def _artifacts(client, run_id, path=None):
+    out = []
+    for a in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, a.path) if a.is_dir else [a.path]
+    return out
+
+
+@pytest.mark.slow
+def test_readme_table_matches_a_real_mlflow_run(tmp_path):
+    from kronos_mlflow import config as cfg
+    from kronos_mlflow.keys import MLPROJECT_PARAMS
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = _client(uri)
+    client.search_experiments()
+    config = _tiny_yaml(tmp_path)
+    cmd, env = _mlflow_run(tmp_path, uri, f"config_file={config}", "n_train_iter=64", "n_val_iter=36", "epochs=2",
+                           "comet=off", "registered_model_name=kronos-readme")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "type hints" not in proc.stderr, proc.stderr[-3000:]  # no MLflow warning of our making
+    run = _only_run(client)
+    rows = readme_table()
+    metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]
+    documented_metrics = {name for k in metric_rows for name in rows[k]}
+
+    # params: the MLproject names and the whole resolved config, nothing else
+    params = run.data.params
+    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file"}  # every MLproject parameter
+    assert set(_row(rows, "params")) - {"''", "...", "mlflow run", "kronos-mlflow train"} <= set(params)
+    assert params["qlib_data_path"] == "''"  # the demo market; `mlflow run` logs it shell-quoted
+
+    # metrics: every recorded one is documented and every documented one is recorded
+    metrics = {k for k in run.data.metrics if not k.startswith("system/")}
+    assert metrics == documented_metrics
+    assert any(k.startswith("system/") for k in run.data.metrics)
+    for key in rows["per epoch (step = epoch)"]:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 1]  # 0-based epochs
+    summary_path = run_dir(tmp_path / "outputs") / "summary.json"
+    best_epoch = json.loads(summary_path.read_text())["final_result"]["best_epoch"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "best_val_loss")] == [best_epoch]
+
+    # tags: the always-present ones are there; every tag of ours is documented
+    always, sometimes = set(rows["tags"]), set(_row(rows, "tags, when"))
+    ours = {k for k in run.data.tags if not k.startswith("mlflow.")} | (
+        {"mlflow.source.git.commit"} & set(run.data.tags))
+    assert always <= ours, always - ours
+    assert ours <= always | sometimes, ours - always - sometimes
+    assert run.data.tags["run_directory"] == str(summary_path.parent.resolve())
+    assert run.data.tags["world_size"] == "1" and run.data.tags["device"] == "cpu"
+
+    # artifacts: exactly the documented files
+    assert sorted(_artifacts(client, run.info.run_id)) == sorted(_row(rows, "artifacts"))
+
+    # the logged model: its name and the best epoch's validation metrics, at the best epoch
+    model_row = _row(rows, "logged model")
+    models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert [m.name for m in models] == [model_row[0]]
+    model = models[0]
+    assert model.source_run_id == run.info.run_id
+    assert run.data.tags["best_model_uri"] == f"models:/{model.model_id}"
+    assert sorted(m.key for m in model.metrics) == sorted(model_row[1:])
+    assert {m.step for m in model.metrics} == {best_epoch}
+    by_key = {m.key: m.value for m in model.metrics}
+    val_history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val_tokenizer_loss_epoch")}
+    assert by_key["val_tokenizer_loss_epoch"] == pytest.approx(val_history[best_epoch])
+    assert by_key["best_val_loss"] == pytest.approx(min(val_history.values()))
+    assert [o.step for o in run.outputs.model_outputs] == [best_epoch]

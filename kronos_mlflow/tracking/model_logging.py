@@ -101,7 +101,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     registered.
     """
     import mlflow
-    from mlflow.entities import LoggedModelOutput, Metric
+    from mlflow.entities import LoggedModelOutput
 
     from ..model import KronosTokenizer
 
@@ -127,9 +127,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
             model_id=logged.model_id,
         )
     client.log_outputs(mlflow_logger.run_id, [LoggedModelOutput(logged.model_id, step=int(step))])
-    now = int(time.time() * 1000)
-    linked = [Metric(k, float(v), now, int(step), model_id=logged.model_id)
-              for k, v in (metrics or {}).items() if v is not None and np.isfinite(v)]
+    linked = _model_metrics(mlflow_logger, metrics or {}, int(step), logged.model_id)
     if linked:
         client.log_batch(mlflow_logger.run_id, metrics=linked)
     with _tracking_uri(mlflow_logger.tracking_uri):
@@ -147,6 +145,29 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
         mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
         info.registered_version = version.version  # type: ignore[attr-defined]
     return info
+
+
+def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str) -> list:
+    """``metrics`` at ``step`` as metrics of the model. A value the run already holds at that
+    step is linked with its own timestamp (MLflow then stores it once, not twice in the run's
+    history, as its own log_model linking does); others get the current time."""
+    from mlflow.entities import Metric
+
+    mlflow_logger.flush()  # the epoch's values are on the server before they are looked up
+    now = int(time.time() * 1000)
+    out = []
+    for key, value in metrics.items():
+        if value is None or not np.isfinite(value):
+            continue
+        stamp, number = now, float(value)
+        try:
+            same = [m for m in mlflow_logger.client.get_metric_history(mlflow_logger.run_id, key) if m.step == step]
+        except Exception:  # noqa: BLE001 - a server outage: link the value with the current time
+            same = []
+        if same:
+            stamp, number = same[-1].timestamp, same[-1].value
+        out.append(Metric(key, number, stamp, step, model_id=model_id))
+    return out
 
 
 def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:
