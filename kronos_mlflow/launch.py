@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence

@@ -111,8 +111,8 @@ def _wait_for(predicate, deadline_s: float, what: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig):
+@pytest.mark.parametrize("sig, nproc", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig, nproc):
     """``mlflow run .`` (its whole process group, as a terminal's Ctrl-C or a job scheduler
     signals it) stopped mid-training: the run ends KILLED with a stop_reason, the console gets
     one line and no traceback, and the training state is kept: the same command resumes."""
@@ -121,7 +121,7 @@ def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig)
     client.search_experiments()
     config = _tiny_yaml(tmp_path, epochs=200)
     cmd, env = _mlflow_run(tmp_path, uri, f"config_file={config}", "n_train_iter=64", "n_val_iter=36",
-                           "epochs=200", "comet=off")
+                           "epochs=200", "comet=off", f"nproc_per_node={nproc}")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -160,6 +160,7 @@ def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig)
     state = json.loads((run_dir(tmp_path / "outputs") / "checkpoints" / "last" / "state.json").read_text())
     assert state["run_ids"]["mlflow_run_id"] == run_id
     assert state["next_epoch"] >= 1
+    assert not [line for line in err.splitlines() if "[rank" in line or "ChildFailedError" in line], err[-3000:]
 
 
 # ----------------------------------------------------------------------------- README vs a real run
@@ -252,3 +253,71 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path):
     assert by_key["val_tokenizer_loss_epoch"] == pytest.approx(val_history[best_epoch])
     assert by_key["best_val_loss"] == pytest.approx(min(val_history.values()))
     assert [o.step for o in run.outputs.model_outputs] == [best_epoch]
+
+
+# ----------------------------------------------------------------------------- runs keep their own files
+
+
+def _tiny_train(tmp: Path, *flags: str) -> list[str]:
+    args = ["kronos-mlflow", "train"]
+    for key, value in {**TINY, "epochs": 1, "comet": "off", "save_path": str(tmp / "outputs"),
+                       "dataset_path": str(tmp / "cache")}.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args + list(flags)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_runs_never_overwrite_each_others_files(tmp_path):
+    """``kronos-mlflow train`` with no data path (the demo market, as ``mlflow run .``), twice
+    with different configs and once more with the first config: three run directories, and a
+    finished run's files are left byte for byte as they were."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = isolated_env(tmp_path, uri)
+    folder = tmp_path / "outputs" / "finetune_tokenizer_demo"
+
+    def train(*flags):
+        proc = subprocess.run(_tiny_train(tmp_path, *flags), cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    train("--seed", "1")
+    first = sorted(folder.glob("cfg-*"))
+    assert len(first) == 1
+    before = _tree(first[0])
+    assert "checkpoints/best_model/model.safetensors" in before and "summary.json" in before
+
+    train("--seed", "2")
+    dirs = sorted(folder.glob("cfg-*"))
+    assert len(dirs) == 2
+    assert _tree(first[0]) == before
+
+    train("--seed", "1")  # the same config again after it finished: a new directory, not an overwrite
+    dirs = sorted(folder.glob("cfg-*"))
+    assert len(dirs) == 3 and (folder / f"{first[0].name}-2" / "summary.json").is_file()
+    assert _tree(first[0]) == before
+
+    runs = _client(uri).search_runs(["0"])
+    assert sorted(r.data.tags["run_directory"] for r in runs) == sorted(str(d.resolve()) for d in dirs)
+    assert {r.data.params["qlib_data_path"] for r in runs} == {""}
+    assert {r.inputs.dataset_inputs[0].dataset.name for r in runs} == {"qlib-csi300-demo"}
+
+
+def test_every_front_door_defaults_to_the_demo_market(tmp_path):
+    """No data path: ``kronos-mlflow train --check`` checks the demo market (it would refuse a
+    missing ``~/.qlib/qlib_data/cn_data`` otherwise), as the MLproject's empty default does."""
+    from kronos_mlflow.config import DEFAULTS
+
+    assert DEFAULTS["qlib_data_path"] == ""
+    mlproject = (ROOT / "MLproject").read_text()
+    assert 'qlib_data_path: {type: string, default: ""}' in mlproject
+    env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", {"HOME": str(tmp_path / "nohome")})
+    flags = [f for f in _tiny_train(tmp_path)[2:]]
+    proc = subprocess.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "check passed" in proc.stdout
