@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torchrun's warnings about shutting workers down on a signal: the workers say it themselves.
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
-            logger.setLevel(logging.ERROR)
+            logger.setLevel(logging.CRITICAL)  # a failed worker: the report below (or its own line)
     launcher_of_launcher = _grandparent_pid()
     try:
         torchrun(argv)
