@@ -50,7 +50,7 @@ class OneLineParser(argparse.ArgumentParser):
 
         text = " ".join(message.split())
         if text.startswith("unrecognized arguments:"):
-            text = unknown_flag_message(self, text) or text
+            unknown = unknown_flag_message(self, text)
             # argparse would echo the value too: a credential typed as a flag must not be printed.
             for token in text[len("unrecognized arguments:"):].split():
                 name = token.split("=", 1)[0]
@@ -59,6 +59,8 @@ class OneLineParser(argparse.ArgumentParser):
                             "not shown); set COMET_API_KEY, MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD "
                             "in the environment instead")
                     break
+            else:
+                text = unknown or text
         line = f"{self.prog}: error: {redact(text)}"
         if self.on_error is not None:
             self.on_error(line)
