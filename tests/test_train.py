@@ -17,7 +17,7 @@ from tiny_runs import run_dir
 from kronos_mlflow.data import loaders
 from kronos_mlflow import optim
 from kronos_mlflow import trainer
-from kronos_mlflow import train
+from kronos_mlflow import keys, train
 from kronos_mlflow.config import load_config
 from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
@@ -266,14 +266,14 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
 
     # one point per optimizer step, one per epoch
     steps_per_epoch = 64 // nproc // 8
-    for name in train.STEP_METRICS:
+    for name in keys.STEP_METRICS:
         history = client.get_metric_history(run_id, name)
         assert sorted(m.step for m in history) == list(range(2 * steps_per_epoch)), name
-    val = client.get_metric_history(run_id, train.VAL_METRIC)
+    val = client.get_metric_history(run_id, keys.VAL_METRIC)
     assert sorted(m.step for m in val) == [0, 1]
     best = client.get_metric_history(run_id, "best_val_loss")
     assert len(best) == 1 and best[0].value == pytest.approx(min(m.value for m in val))
-    assert len(client.get_metric_history(run_id, train.INITIAL_VAL_METRIC)) == 1
+    assert len(client.get_metric_history(run_id, keys.INITIAL_VAL_METRIC)) == 1
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "qlib-csi300-demo"
 
     # summary.json: on disk and as an artifact
@@ -314,7 +314,7 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
             msg = json.loads(line)
             if msg.get("type") == "metric_msg":
                 names.add(msg["payload"]["metric"]["metricName"])
-    assert set(train.STEP_METRICS) | {train.VAL_METRIC, "best_val_loss"} <= names
+    assert set(keys.STEP_METRICS) | {keys.VAL_METRIC, "best_val_loss"} <= names
 
     # no secret anywhere: DB, artifacts, outputs, Comet archive, console
     assert _scan_for_secrets([workdir], [proc.stdout, proc.stderr]) == []
