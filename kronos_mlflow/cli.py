@@ -8,7 +8,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow import-csv prices/*.csv --out ./my_qlib
     kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
-    kronos-mlflow upload-spool outputs/models/NAME/mlflow-spool  # after a tracking outage
+    kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
 from __future__ import annotations
