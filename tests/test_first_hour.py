@@ -254,6 +254,34 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
     assert by_key["best_val_loss"] == pytest.approx(min(val_history.values()))
     assert [o.step for o in run.outputs.model_outputs] == [best_epoch]
 
+    # the model: any window length, a short error for a wrong shape, no warning, no temp dir left
+    import tempfile
+    import warnings
+
+    import mlflow
+    import numpy as np
+
+    from kronos_mlflow.mlflow_model import checkpoint_dir, load_tokenizer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/best_model")
+    assert not [w for w in caught if "type hint" in str(w.message)], [str(w.message) for w in caught]
+    for length in (26, 12, 40):
+        out = pyfunc.predict(np.random.default_rng(0).uniform(10, 11, (2, length, 6)).astype(np.float32))
+        assert out["tokens"].shape == (2, length) and out["reconstruction"].shape == (2, length, 6)
+    with pytest.raises(mlflow.exceptions.MlflowException) as bad:
+        pyfunc.predict(np.ones((3, 26, 5), dtype=np.float32))
+    assert str(bad.value) == ("input of shape (3, 26, 5) is not windows of (B, T, 6) with T >= 2: open, high, low, "
+                              "close, vol, amt per step")
+    before = set(os.listdir(tempfile.gettempdir()))
+    tok = load_tokenizer(f"runs:/{run.info.run_id}/best_model")
+    with checkpoint_dir(f"runs:/{run.info.run_id}/best_model") as path:
+        assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]
+    assert set(os.listdir(tempfile.gettempdir())) == before
+    assert sum(p.numel() for p in tok.parameters()) == int(run.data.tags["model_size"])
+
 
 # ----------------------------------------------------------------------------- runs keep their own files
 
@@ -321,31 +349,3 @@ def test_every_front_door_defaults_to_the_demo_market(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout
-
-    # the model: any window length, a short error for a wrong shape, no warning, no temp dir left
-    import tempfile
-    import warnings
-
-    import mlflow
-    import numpy as np
-
-    from kronos_mlflow.mlflow_model import checkpoint_dir, load_tokenizer
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/best_model")
-    assert not [w for w in caught if "type hint" in str(w.message)], [str(w.message) for w in caught]
-    for length in (26, 12, 40):
-        out = pyfunc.predict(np.random.default_rng(0).uniform(10, 11, (2, length, 6)).astype(np.float32))
-        assert out["tokens"].shape == (2, length) and out["reconstruction"].shape == (2, length, 6)
-    with pytest.raises(mlflow.exceptions.MlflowException) as bad:
-        pyfunc.predict(np.ones((3, 26, 5), dtype=np.float32))
-    assert str(bad.value) == ("input of shape (3, 26, 5) is not windows of (B, T, 6) with T >= 2: open, high, low, "
-                              "close, vol, amt per step")
-    before = set(os.listdir(tempfile.gettempdir()))
-    tok = load_tokenizer(f"runs:/{run.info.run_id}/best_model")
-    with checkpoint_dir(f"runs:/{run.info.run_id}/best_model") as path:
-        assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]
-    assert set(os.listdir(tempfile.gettempdir())) == before
-    assert sum(p.numel() for p in tok.parameters()) == int(run.data.tags["model_size"])
