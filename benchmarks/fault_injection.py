@@ -129,8 +129,9 @@ def kill_tree(root_pid: int) -> None:
 def state_epoch(save_dir: Path) -> int | None:
     """The epoch of the training state under ``save_dir`` (-1: before the first), None: no state."""
     try:
-        return int(json.loads((Path(save_dir) / "checkpoints" / "last" / "state.json").read_text())["epoch"])
-    except (OSError, ValueError, KeyError):
+        states = sorted(Path(save_dir).glob("cfg-*/checkpoints/last/state.json"))  # the run's directory
+        return int(json.loads(states[0].read_text())["epoch"])
+    except (OSError, ValueError, KeyError, IndexError):
         return None
 
 
@@ -180,10 +181,11 @@ def train_torchrun(workdir: Path, home: Path, kill_rank: int | None = None, kill
                 proc.wait()
         log.seek(0)
         output = log.read()
-    summary_path = save_dir / "summary.json"
+    found = sorted(save_dir.glob("cfg-*/summary.json"))  # one directory per config (see layout.py)
+    summary_path = found[0] if found else save_dir / "missing-summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     result = summary.get("final_result", {})
-    return {"rc": proc.returncode, "resumed": "[kronos] resuming after epoch" in output,
+    return {"rc": proc.returncode, "resumed": "[kronos] resuming at epoch" in output,
             "best_val_loss": result.get("best_val_loss"), "val_loss_history": result.get("val_loss_history"),
             "global_steps": result.get("steps"), **_run_metrics(uri), "stderr_tail": output[-1500:]}
 

@@ -8,7 +8,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow import-csv prices/*.csv --out ./my_qlib
     kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
-    kronos-mlflow upload-spool outputs/models/NAME/mlflow-spool  # after a tracking outage
+    kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import EXIT_USAGE, UserError
+from .stopping import TrainingStopped, exit_code
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -32,13 +33,24 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are a single line on stderr and exit code 2."""
+    """An ArgumentParser whose errors are a single line on stderr and exit code 2.
+
+    Flags are never abbreviated (``--epoch`` is not ``--epochs``): an unknown flag is refused
+    with the closest real one. ``on_error`` (if set) is called with the line before exiting.
+    """
+
+    on_error = None  # callable(line) -> None, e.g. record the line on the MLflow run
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         from .secrets import is_secret_name, redact
 
         text = " ".join(message.split())
         if text.startswith("unrecognized arguments:"):
+            unknown = unknown_flag_message(self, text)
             # argparse would echo the value too: a credential typed as a flag must not be printed.
             for token in text[len("unrecognized arguments:"):].split():
                 name = token.split("=", 1)[0]
@@ -47,7 +59,41 @@ class OneLineParser(argparse.ArgumentParser):
                             "not shown); set COMET_API_KEY, MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD "
                             "in the environment instead")
                     break
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {redact(text)}\n")
+            else:
+                text = unknown or text
+        line = f"{self.prog}: error: {redact(text)}"
+        if self.on_error is not None:
+            self.on_error(line)
+        self.exit(EXIT_USAGE, line + "\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long flag of ``parser`` and of its subcommands' parsers."""
+    names: list[str] = []
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps them here
+        names += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in action.choices.values():
+                names += _option_strings(sub)
+    return names
+
+
+def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | None:
+    """``unrecognized arguments: --epoch 3`` -> ``unknown flag --epoch (did you mean --epochs?)``."""
+    import difflib
+
+    tokens = text[len("unrecognized arguments:"):].split()
+    flag = next((t.split("=", 1)[0] for t in tokens if t.startswith("-")), None)
+    if flag is None:
+        return None
+    known = sorted(set(_option_strings(parser)))
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    if not close:  # --epoch vs --epochs, --lr vs --learning-rate: a prefix is a good guess too
+        close = [k for k in known if k.startswith(flag) or flag.startswith(k)][:1]
+    if close and close[0].replace("_", "-") in known:  # the dashed spelling, as --help lists it
+        close = [close[0].replace("_", "-")]
+    hint = f" (did you mean {close[0]}?)" if close else " (see --help for the flags)"
+    return f"unknown flag {flag}{hint}; flags are never abbreviated"
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -81,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
+        from .train import stop_reason
+
+        print(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}", file=sys.stderr)
+        return exit_code(exc.signum)
     except KeyboardInterrupt:
         print(f"kronos-mlflow {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -32,7 +32,8 @@ from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
 # (ints accept integral floats such as "1e5"; floats accept ints).
 _SPEC: dict[str, tuple[Any, str]] = {
     # ---- data (upstream names and defaults) ----
-    "qlib_data_path": ("~/.qlib/qlib_data/cn_data", "Qlib provider directory; empty = the built-in demo market."),
+    "qlib_data_path": ("", "Qlib provider directory (e.g. ~/.qlib/qlib_data/cn_data); empty (default) = the "
+                       "built-in demo market."),
     "instrument": ("csi300", "Qlib instrument universe (a file under instruments/), e.g. csi300 or all."),
     "dataset_begin_time": ("2011-01-01", "First date read from Qlib."),
     "dataset_end_time": ("2025-06-05", "Last date read from Qlib."),

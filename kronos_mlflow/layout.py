@@ -1,4 +1,11 @@
-"""Where a run keeps its files, in one place: ``{save_path}/{tokenizer_save_folder_name}/``.
+"""Where a run keeps its files, in one place: ``{save_path}/{tokenizer_save_folder_name}/{run key}/``.
+
+The run key is ``cfg-`` and the first 12 hex digits of the config digest
+(:func:`kronos_mlflow.checkpoint.config_digest`, world size included): a run with another
+config never touches this run's files, and the same command again (after a crash or a stop)
+finds its own training state and resumes. When that directory holds a finished run
+(``summary.json``), the same config again gets ``cfg-<digest>-2``, ``-3``, ...: a finished
+run's best checkpoint is never overwritten.
 
     checkpoints/best_model/   the best epoch's checkpoint (config.json + model.safetensors)
     checkpoints/last/         the training state a killed run resumes from
@@ -21,8 +28,21 @@ class RunLayout:
     root: Path
 
     @classmethod
-    def of(cls, config: Mapping[str, Any]) -> RunLayout:
-        return cls(Path(os.path.expanduser(str(config["save_path"]))) / str(config["tokenizer_save_folder_name"]))
+    def of(cls, config: Mapping[str, Any], world_size: int = 1) -> RunLayout:
+        """This run's directory: the first ``cfg-<digest>[-N]`` under the run folder that holds
+        no finished run (see the module doc)."""
+        base = cls.folder(config)
+        key = run_key(config, world_size)
+        for n in range(1, 10_000):
+            layout = cls(base / (key if n == 1 else f"{key}-{n}"))
+            if not layout.summary.exists():
+                return layout
+        raise RuntimeError(f"{base} holds 10,000 finished runs of one config")  # pragma: no cover
+
+    @staticmethod
+    def folder(config: Mapping[str, Any]) -> Path:
+        """``{save_path}/{tokenizer_save_folder_name}``: every run of this name, one directory each."""
+        return Path(os.path.expanduser(str(config["save_path"]))) / str(config["tokenizer_save_folder_name"])
 
     @property
     def checkpoints(self) -> Path:
@@ -47,3 +67,11 @@ class RunLayout:
     @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+
+def run_key(config: Mapping[str, Any], world_size: int = 1) -> str:
+    """``cfg-`` + 12 hex digits of the config digest (the keys that decide the numbers, and
+    the world size): the same for a restarted run, different for another config."""
+    from .checkpoint import config_digest
+
+    return "cfg-" + config_digest(config, world_size=world_size)[:12]

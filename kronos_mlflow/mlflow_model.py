@@ -8,7 +8,11 @@ and ships this package under ``code/``: nothing is pickled, and it loads whereve
 safetensors and mlflow are installed.
 
 ``predict`` takes float32 windows ``(B, T, 6)`` of raw open, high, low, close, volume, amount,
-normalises each window as training does (lookback statistics, clip), and returns a dict:
+any window length ``T >= 2`` (the normalisation statistics come from the first
+``min(lookback_window, T)`` steps), normalises each window as training does (lookback
+statistics, clip), and returns a dict (below). The signature's input is ``(-1, -1, -1)``
+float32 so that a window of the wrong shape reaches ``predict``, which refuses it in one short
+line (MLflow's own schema check would print the whole array):
 
 - ``reconstruction``: ``(B, T, 6)`` float32, the full-code reconstruction in the input's units;
 - ``tokens``: ``(B, T)`` int64 full codes; ``s1_tokens`` / ``s2_tokens``: the two halves.
@@ -16,8 +20,12 @@ normalises each window as training does (lookback statistics, clip), and returns
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -25,17 +33,21 @@ from .features import FEATURES, normalize_windows
 
 MODEL_NAME = "best_model"
 CHECKPOINT_ARTIFACT = "best_model"
+MIN_WINDOW = 2  # steps per window: the normalisation needs a standard deviation
 
 
 def _as_windows(model_input) -> np.ndarray:
     if hasattr(model_input, "to_numpy"):
         model_input = model_input.to_numpy()
-    x = np.asarray(model_input, dtype=np.float32)
+    try:
+        x = np.asarray(model_input, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValueError("input is not a numeric array of windows (B, T, 6)") from None
     if x.ndim == 2:
         x = x[None]
-    if x.ndim != 3 or x.shape[-1] != len(FEATURES):
+    if x.ndim != 3 or x.shape[-1] != len(FEATURES) or x.shape[1] < MIN_WINDOW:
         raise ValueError(
-            f"input of shape {tuple(x.shape)} is not windows of (B, T, 6): "
+            f"input of shape {tuple(x.shape)} is not windows of (B, T, 6) with T >= {MIN_WINDOW}: "
             f"{', '.join(FEATURES)} per step"
         )
     if not np.isfinite(x).all():
@@ -82,18 +94,46 @@ try:  # the class needs mlflow; the helpers above do not
             self.clip = float(model_config.get("clip", 5.0))
             self.model = KronosTokenizer.from_pretrained(context.artifacts[CHECKPOINT_ARTIFACT]).eval()
 
-        def predict(self, context, model_input, params=None):
-            return tokenize_windows(self.model, model_input, self.lookback, self.clip)
+        # Type hints MLflow reads: np.ndarray means "no schema from hints" (the logged signature
+        # is the schema), and MLflow does not warn about missing hints.
+        def predict(self, context, model_input: np.ndarray, params: dict[str, Any] | None = None
+                    ) -> dict[str, np.ndarray]:
+            try:
+                return tokenize_windows(self.model, model_input, self.lookback, self.clip)
+            except ValueError as exc:  # a 400 when served, one short line (never the whole array)
+                from mlflow.exceptions import MlflowException
+                from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+                raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosTokenizerPyfunc = None  # type: ignore[assignment]
 
 
-def load_checkpoint_dir(model_uri: str, dst: str | None = None) -> str:
-    """Download a logged model's checkpoint directory; returns the local path to pass to
-    ``KronosTokenizer.from_pretrained`` (or upstream Kronos)."""
+def load_checkpoint_dir(model_uri: str, dst: str | os.PathLike) -> str:
+    """Download a logged model's checkpoint directory into ``dst`` (yours to keep or delete);
+    returns the local path to pass to ``KronosTokenizer.from_pretrained`` (or upstream Kronos).
+    :func:`checkpoint_dir` downloads into a temporary directory removed afterwards."""
     import mlflow
 
-    dst = dst or tempfile.mkdtemp(prefix="kronos-ckpt-")
-    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=dst)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=os.fspath(dst))
     return os.path.join(local, "artifacts", CHECKPOINT_ARTIFACT)
+
+
+@contextlib.contextmanager
+def checkpoint_dir(model_uri: str) -> Iterator[str]:
+    """``with checkpoint_dir("runs:/<id>/best_model") as path:`` the checkpoint directory of a
+    logged model, in a temporary directory that is removed when the block ends."""
+    tmp = tempfile.mkdtemp(prefix="kronos-ckpt-")
+    try:
+        yield load_checkpoint_dir(model_uri, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(model_uri: str, map_location: str = "cpu"):
+    """The ``KronosTokenizer`` of a logged model, loaded into memory (no files left behind)."""
+    from .model import KronosTokenizer
+
+    with checkpoint_dir(model_uri) as path:
+        return KronosTokenizer.from_pretrained(path, map_location=map_location)

@@ -223,7 +223,7 @@ def write_validation_plots(out_dir: str, model, val_ds, stats, config: Mapping[s
     """Write both PNGs into ``out_dir``; returns their paths (the usage plot needs ``stats``)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    at = f"best epoch {best_epoch + 1}" if best_epoch is not None and best_epoch >= 0 else "final weights"
+    at = f"best epoch {best_epoch}" if best_epoch is not None and best_epoch >= 0 else "final weights"
     run = str(config.get("run_name") or "")
     if val_ds is not None and len(val_ds):
         inputs = reconstruction_inputs(model, val_ds)

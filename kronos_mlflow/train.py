@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import config as cfg
@@ -101,6 +102,9 @@ def main(config: Mapping[str, Any]) -> dict:
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, TrainingPruned, fit, prepare_model
 
+    from . import stopping
+
+    stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
     config = cfg.validate(dict(config))
     if os.environ.get("LOCAL_WORLD_SIZE"):
         config["nproc_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -108,9 +112,13 @@ def main(config: Mapping[str, Any]) -> dict:
         config["run_name"] = default_run_name(config)
     info = init_distributed(config["device"])
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
+    layout_root = None
     try:
         seed_everything(config["seed"], info.rank)
-        layout = RunLayout.of(config)
+        # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
+        root = str(RunLayout.of(config, info.world_size).root) if info.is_main else None
+        layout = RunLayout(Path(broadcast_object(root)))
+        layout_root = layout.root
         console = Console(info.is_main)
         resume_state = _find_resume_state(layout, config, info, broadcast_object)
         saved_ids = (resume_state or {}).get("run_ids") or {}
@@ -124,7 +132,8 @@ def main(config: Mapping[str, Any]) -> dict:
             prepare_splits(config)
         barrier()
         digest = data_digest(config)
-        logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type})
+        logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type,
+                         "run_directory": str(layout.root.resolve())})
         if tracking.mlflow is not None:
             log_dataset_input(tracking.mlflow.client, tracking.mlflow.run_id, config, digest)
 
@@ -148,6 +157,8 @@ def main(config: Mapping[str, Any]) -> dict:
         raise
     except BaseException as exc:  # record why, then let it propagate
         reason = f"{type(exc).__name__}: {exc}"
+        if stopping.received() is not None:  # a stop signal (here, or a peer's: its collective failed)
+            status, reason = "killed", stop_reason(stopping.received(), layout_root)
         raise
     finally:
         try:
@@ -156,6 +167,15 @@ def main(config: Mapping[str, Any]) -> dict:
             teardown()
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def stop_reason(signum: int, root) -> str:
+    """The ``stop_reason`` of a run stopped by a signal."""
+    import signal
+
+    where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
+    return (f"stopped by {signal.Signals(signum).name}; the training state after the last finished epoch is "
+            f"kept{where}: the same command resumes from it")
 
 
 def _record_result(tracking, layout, config, result, world_size, digest, started, log_best_model) -> None:
@@ -175,7 +195,19 @@ def _record_result(tracking, layout, config, result, world_size, digest, started
     if layout.best_model.is_dir():
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
-        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0))
+        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
+                       metrics=best_epoch_metrics(result))
+
+
+def best_epoch_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The best epoch's validation metrics, as the logged model carries them."""
+    from .keys import BEST_METRIC, VAL_METRIC
+
+    best = result.get("best_val_loss")
+    metrics = dict(result.get("best_val_quality") or {})
+    if best is not None and best == best:  # not NaN: there was a validation
+        metrics.update({VAL_METRIC: best, BEST_METRIC: best})
+    return metrics
 
 
 def _find_resume_state(layout, config, info, broadcast_object):
@@ -225,15 +257,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    from . import stopping
     from .cli import OneLineParser
+    from .stopping import TrainingStopped
     from .sweep.trial import EXIT_PRUNED
     from .trainer import TrainingPruned
 
+    from .tracking.project_run import record_failure
+
     parser = OneLineParser(prog="python -m kronos_mlflow.train", description=__doc__.split("\n\n")[0])
+    parser.on_error = record_failure  # under `mlflow run`: the run ends FAILED with this line as its reason
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run(args)
+    except (TrainingStopped, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, TrainingStopped) else signal.SIGINT
+        if os.environ.get("RANK") in (None, "0"):
+            print(f"kronos-mlflow train: {stop_reason(signum, None)}", file=sys.stderr, flush=True)
+        return stopping.exit_code(signum)
     except TrainingPruned:
         # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's
         # KILLED status and stop_reason already tell the sweep, so workers exit cleanly there.
@@ -242,6 +286,8 @@ def cli(argv: Sequence[str] | None = None) -> int:
         rank = os.environ.get("RANK")
         prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
         print(f"{prefix}kronos-mlflow train: error: {exc}", file=sys.stderr)
+        if getattr(args, "_check", False):
+            record_failure(f"kronos-mlflow train: error: {exc}")
         return EXIT_USAGE
 
 

@@ -250,6 +250,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
 
     best_val_loss = math.inf
     best_epoch = -1
+    last_epoch = config["epochs"] - 1  # epochs are counted from 0 everywhere: console, metrics, summary, plots
     best_stats = None  # codebook use and per-feature errors at the best epoch (for the plots)
     history: list[float] = []
     global_step = 0
@@ -265,7 +266,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         best_epoch = int(extra.get("best_epoch", -1))
         history = list(extra.get("val_loss_history", []))
         initial = extra.get("val_loss_initial")
-        console.print(f"resuming after epoch {start_epoch}/{config['epochs']} (step {global_step}, "
+        console.print(f"resuming at epoch {start_epoch}/{last_epoch} (step {global_step}, "
                       f"best val_loss {best_val_loss:.6f}) from {state['directory']}")
     else:
         initial = global_val_loss(raw_model, val_loader, device) if has_val else None
@@ -293,7 +294,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         train_ds.set_epoch_seed(epoch)
         val_ds.set_epoch_seed(0)
         running, global_step = train_epoch(model, optimizer, scheduler, train_loader, device, config, precision,
-                                           logger, console, global_step, f"epoch {epoch + 1}/{config['epochs']}")
+                                           logger, console, global_step, f"epoch {epoch}/{last_epoch}")
 
         stats = ValidationStats.for_model(raw_model, device) if has_val else None
         val_loss = global_val_loss(raw_model, val_loader, device, stats) if has_val else None
@@ -309,7 +310,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         if improved:
             files.save_best(raw_model)
         shown = f"{val_loss:.6f}" if val_loss is not None else "n/a"
-        console.print(f"epoch {epoch + 1}/{config['epochs']}: train_loss={running / steps_per_epoch:.6f} "
+        console.print(f"epoch {epoch}/{last_epoch}: train_loss={running / steps_per_epoch:.6f} "
                       f"val_loss={shown} best={best_val_loss:.6f} ({time.time() - t0:.1f}s)"
                       + (" *saved*" if improved else ""))
         if quality_metrics:
@@ -320,8 +321,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         stop = bool(should_stop(epoch, val_loss)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
-            console.print(f"pruned after epoch {epoch + 1}")
-            raise TrainingPruned(f"pruned after epoch {epoch + 1} with val_loss {val_loss}")
+            console.print(f"pruned after epoch {epoch}")
+            raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val_loss}")
         barrier()
 
     result = {

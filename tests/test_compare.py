@@ -11,7 +11,7 @@ import sys
 import urllib.parse
 
 import pytest
-from tiny_runs import isolate, sqlite_uri, tiny_config
+from tiny_runs import isolate, run_dir, sqlite_uri, tiny_config
 
 from kronos_mlflow import compare
 from kronos_mlflow.cli import main as cli_main
@@ -247,7 +247,7 @@ def test_a_real_run_records_quality_metrics_tags_and_plots(trained):
         assert tags["mlflow.source.git.commit"] == git_commit()
     assert sorted(a.path for a in client.list_artifacts(rid, "plots")) == ["plots/reconstruction.png",
                                                                            "plots/token_usage.png"]
-    summary = json.loads((tmp / "outputs" / "finetune_tokenizer_demo" / "summary.json").read_text())
+    summary = json.loads((run_dir(tmp / "outputs") / "summary.json").read_text())
     assert summary["final_result"]["best_val_quality"]["val_codebook_usage_s1"] == usage[best]
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import tiny_runs
+from tiny_runs import run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "hostile-input.md"
@@ -69,7 +70,7 @@ def _write(path: Path, data: bytes | str) -> Path:
 
 def _checkpoint(inp: Path, name: str, ws: Path) -> Path:
     """A copy of the workspace's good best_model, to be damaged."""
-    src = ws / "outputs" / "finetune_tokenizer_demo" / "checkpoints" / "best_model"
+    src = run_dir(ws / "outputs") / "checkpoints" / "best_model"
     dst = inp / name
     shutil.copytree(src, dst)
     return dst
@@ -317,7 +318,9 @@ def _build_template(root: Path) -> Path:
     prepare_splits(config, progress=False)
     torch.manual_seed(0)
     model = KronosTokenizer(**model_kwargs(config))
-    save_dir = ws / "outputs" / "finetune_tokenizer_demo"
+    from kronos_mlflow.layout import RunLayout
+
+    save_dir = RunLayout.of(config).root  # outputs/finetune_tokenizer_demo/cfg-<digest>
     model.save_pretrained(save_dir / "checkpoints" / "best_model")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=10)

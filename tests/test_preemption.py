@@ -165,7 +165,7 @@ def test_plain_torchrun_with_restarts_resumes_after_a_worker_is_killed(workdir, 
     finally:
         output = _finish(proc, log)
     assert proc.returncode == 0, output[-3000:]
-    assert "[kronos] resuming after epoch 1/3" in output
+    assert "[kronos] resuming at epoch 1/2" in output
     assert status_while_training == "RUNNING"
     assert restarted in ({0: 1, 1: 1}, {})  # the second attempt's workers (or already done)
     assert len(client.search_runs(["0"])) == 1
@@ -188,7 +188,7 @@ def test_mlflow_run_survives_a_killed_worker(workdir, reference):
     finally:
         output = _finish(proc, log)
     assert proc.returncode == 0, output[-3000:]
-    assert "[kronos] resuming after epoch 1/3" in output
+    assert "[kronos] resuming at epoch 1/2" in output
     assert status_while_training == "RUNNING"
     (run,) = client.search_runs(["0"])
     _assert_resumed_like_reference(client, run.info.run_id, reference)
@@ -224,7 +224,7 @@ def test_mlflow_run_typed_again_after_the_machine_died_continues_the_training(wo
     proc, log = _start(cmd, workdir, "second.log")
     output = _finish(proc, log)
     assert proc.returncode == 0, output[-3000:]
-    assert "[kronos] resuming after epoch" in output
+    assert "[kronos] resuming at epoch" in output
     runs = {r.info.run_id: r for r in client.search_runs(["0"])}
     assert len(runs) == 2 and first.info.run_id in runs
     _assert_resumed_like_reference(client, first.info.run_id, reference)

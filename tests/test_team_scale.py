@@ -104,7 +104,7 @@ def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
     assert single.returncode == 0, err[-3000:]
 
     def summary(save):
-        path = tmp_path / save / "finetune_tokenizer_demo" / "summary.json"
+        path = tiny_runs.run_dir(tmp_path / save) / "summary.json"
         return json.loads(path.read_text())
 
     two, one = summary("two_nodes"), summary("one_node")

@@ -13,6 +13,7 @@ import pytest
 from tiny_runs import TINY, tiny_config, write_config
 import torch
 import torch.nn.functional as F
+from tiny_runs import run_dir
 
 from kronos_mlflow import keys, optim, train, trainer
 from kronos_mlflow.config import load_config
@@ -261,7 +262,8 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "qlib-csi300-demo"
 
     # summary.json: on disk and as an artifact
-    save_dir = workdir / "outputs" / "models" / "finetune_tokenizer_demo"
+    save_dir = run_dir(workdir / "outputs" / "models")
+    assert run.data.tags["run_directory"] == str(save_dir.resolve())
     summary = json.loads((save_dir / "summary.json").read_text())
     assert summary["final_result"]["best_val_loss"] == pytest.approx(best[0].value)
     assert summary["world_size"] == nproc

@@ -99,3 +99,10 @@ def create_sqlite_store(root: Path) -> str:
         mp.chdir(root)  # the store (cached per process) resolves its default artifact root ./mlruns now
         MlflowClient(uri).search_experiments()
     return uri
+
+
+def run_dir(save_path: Path, folder: str = "finetune_tokenizer_demo") -> Path:
+    """The one run directory under ``{save_path}/{folder}`` (``cfg-<digest>``: see layout.py)."""
+    found = sorted(p for p in (Path(save_path) / folder).glob("cfg-*") if p.is_dir())
+    assert len(found) == 1, f"expected one run directory under {Path(save_path) / folder}, found {found}"
+    return found[0]

@@ -1,8 +1,11 @@
 """The best checkpoint as an MLflow Model on the run, and the data as the run's input.
 
-MLflow's model logging has no client-only form (``mlflow.pyfunc.log_model`` logs to the active
-run), so :func:`log_best_model` opens the logger's run in the fluent API for the duration of the
-call and restores the process's tracking URI afterwards.
+The model is an MLflow 3 Logged Model of the run: created for the run (``source_run_id``),
+written by ``mlflow.pyfunc.log_model`` outside any active run (which would attach to the model
+every run metric that happens to share its step: per-step training losses and per-epoch
+metrics share step numbers), then linked to the run as an output at the best epoch, with the
+best epoch's validation metrics (``val_tokenizer_loss_epoch``, ``best_val_loss``, codebook and
+per-feature metrics) logged on the model: the model page shows what made it the best.
 """
 
 from __future__ import annotations
@@ -73,27 +76,47 @@ def _tracking_uri(uri: str):
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
-def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0):
-    """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` on ``mlflow_logger``'s run
-    (an :class:`~kronos_mlflow.tracking.mlflow.MLflowLogger`); register it when the config
-    names a registered model. Returns the ``ModelInfo``. The model is reloaded and its
-    prediction compared with the in-memory computation before anything is registered.
+def model_signature(x: np.ndarray, expected: Mapping[str, np.ndarray]):
+    """The pyfunc's signature: windows of any batch and length in, ``(-1, -1, -1)`` (the
+    feature axis is checked by ``predict`` itself, in one short line), and the outputs with
+    free batch and time axes."""
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    inferred = infer_signature(x, dict(expected))
+
+    def free(spec):
+        return TensorSpec(spec.type, (-1, -1, *spec.shape[2:]), spec.name)
+
+    inputs = [TensorSpec(s.type, (-1,) * len(s.shape), s.name) for s in inferred.inputs.inputs]
+    return ModelSignature(inputs=Schema(inputs),
+                          outputs=Schema([free(s) for s in inferred.outputs.inputs]))
+
+
+def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0,
+                   metrics: Mapping[str, float] | None = None):
+    """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` of ``mlflow_logger``'s run
+    (an :class:`~kronos_mlflow.tracking.mlflow.MLflowLogger`), an output of the run at ``step``
+    (the best epoch) carrying ``metrics`` (the best epoch's validation metrics); register it
+    when the config names a registered model. Returns the ``ModelInfo``. The model is
+    reloaded and its prediction compared with the in-memory computation before anything is
+    registered.
     """
     import mlflow
-    from mlflow.models import infer_signature
+    from mlflow.entities import LoggedModelOutput
 
     from ..model import KronosTokenizer
 
     x = example_windows(config)
     model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
     expected = tokenize_windows(model, x, config["lookback_window"], config["clip"])
-    signature = infer_signature(x, expected)
+    signature = model_signature(x, expected)
     package_dir = os.path.dirname(os.path.abspath(mlflow_model.__file__))
     code_file = os.path.join(package_dir, "pyfunc_model.py")
-    with _tracking_uri(mlflow_logger.tracking_uri), mlflow.start_run(run_id=mlflow_logger.run_id), \
-            warnings.catch_warnings():
-        # The signature is given explicitly; MLflow's advice to add type hints does not apply.
-        warnings.filterwarnings("ignore", message=".*type hint.*")
+    client = mlflow_logger.client
+    with _tracking_uri(mlflow_logger.tracking_uri):
+        logged = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=mlflow_logger.run_id,
+                                                experiment_id=mlflow_logger.experiment_id)
         info = mlflow.pyfunc.log_model(
             name=MODEL_NAME,
             python_model=code_file,
@@ -104,8 +127,12 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
             input_example=x,
             pip_requirements=_pip_requirements(),
             metadata={"freq": str(config.get("freq", "day")), "instrument": str(config["instrument"])},
-            step=int(step),
+            model_id=logged.model_id,
         )
+    client.log_outputs(mlflow_logger.run_id, [LoggedModelOutput(logged.model_id, step=int(step))])
+    linked = _model_metrics(mlflow_logger, metrics or {}, int(step), logged.model_id)
+    if linked:
+        client.log_batch(mlflow_logger.run_id, metrics=linked)
     with _tracking_uri(mlflow_logger.tracking_uri):
         loaded = mlflow.pyfunc.load_model(info.model_uri)
     got = loaded.predict(x)
@@ -121,6 +148,29 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
         mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
         info.registered_version = version.version  # type: ignore[attr-defined]
     return info
+
+
+def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str) -> list:
+    """``metrics`` at ``step`` as metrics of the model. A value the run already holds at that
+    step is linked with its own timestamp (MLflow then stores it once, not twice in the run's
+    history, as its own log_model linking does); others get the current time."""
+    from mlflow.entities import Metric
+
+    mlflow_logger.flush()  # the epoch's values are on the server before they are looked up
+    now = int(time.time() * 1000)
+    out = []
+    for key, value in metrics.items():
+        if value is None or not np.isfinite(value):
+            continue
+        stamp, number = now, float(value)
+        try:
+            same = [m for m in mlflow_logger.client.get_metric_history(mlflow_logger.run_id, key) if m.step == step]
+        except Exception:  # noqa: BLE001 - a server outage: link the value with the current time
+            same = []
+        if same:
+            stamp, number = same[-1].timestamp, same[-1].value
+        out.append(Metric(key, number, stamp, step, model_id=model_id))
+    return out
 
 
 def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:

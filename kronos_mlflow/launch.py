@@ -1,0 +1,138 @@
+"""``python -m kronos_mlflow.launch``: torchrun, with the training's own errors kept to one line.
+
+It takes torchrun's arguments unchanged (the MLproject runs it in place of ``torchrun``)::
+
+    python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 3
+
+Before any worker starts, the training flags after ``-m kronos_mlflow.train`` are parsed: an
+unknown flag (``mlflow run . -P epoch=3`` appends ``--epoch 3`` to the command) is one line and
+exit code 2, recorded on the ``mlflow run`` run as its ``failure_reason``. Then torchrun runs
+in this process. When the launcher is stopped (SIGTERM, Ctrl-C) it forwards the signal to every
+worker, as torchrun does; each worker ends the run KILLED and rank 0 prints one line, and the
+launcher exits ``128 + signal`` without torchrun's traceback. A worker that exits with a usage
+error (2) or after a stop signal has already printed its line; other failures keep torchrun's
+report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+TRAIN_MODULE = "kronos_mlflow.train"
+QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
+KEEP_KILLED = "--keep-killed-after"  # internal: the detached helper of _keep_killed_status
+
+
+def check_train_flags(argv: Sequence[str]) -> None:
+    """Parse the flags after ``-m kronos_mlflow.train`` as the workers will (exit 2 on a bad one)."""
+    argv = list(argv)
+    if TRAIN_MODULE not in argv:
+        return
+    from .cli import OneLineParser
+    from .train import add_arguments
+    from .tracking.project_run import record_failure
+
+    parser = OneLineParser(prog="python -m kronos_mlflow.train")
+    parser.on_error = record_failure
+    add_arguments(parser)
+    parser.parse_args(argv[argv.index(TRAIN_MODULE) + 1:])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [KEEP_KILLED]:
+        return keep_killed(argv[1], int(argv[2]))
+    check_train_flags(argv)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    # torchrun's warnings about shutting workers down on a signal: the workers say it themselves.
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)  # a failed worker: the report below (or its own line)
+    launcher_of_launcher = _grandparent_pid()
+    try:
+        torchrun(argv)
+    except SignalException as exc:
+        _keep_killed_status(launcher_of_launcher)
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        _keep_killed_status(launcher_of_launcher)
+        return 130
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        if failure.exitcode in QUIET_EXIT_CODES:
+            if failure.exitcode != 2:
+                _keep_killed_status(launcher_of_launcher)
+            return int(failure.exitcode)
+        raise
+    return 0
+
+
+def _grandparent_pid() -> int | None:
+    """The ``mlflow run`` process among our ancestors (it runs the MLproject through bash)."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if any(a.endswith(b"mlflow") for a in args) and b"run" in args:
+                return pid
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 1:
+            return None
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie has exited: its parent just has not collected it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _keep_killed_status(mlflow_run_pid: int | None) -> None:
+    """Ctrl-C reaches ``mlflow run`` too, and it marks its run FAILED once this process has
+    exited, after rank 0 has already ended it KILLED with a ``stop_reason``. A detached helper
+    (no terminal, no signals) waits for ``mlflow run`` to exit, then puts KILLED back."""
+    run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    if not run_id or not mlflow_run_pid:
+        return
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-m", "kronos_mlflow.launch", KEEP_KILLED, run_id, str(mlflow_run_pid)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+
+
+def keep_killed(run_id: str, mlflow_run_pid: int, wait_s: float = 60.0) -> int:
+    """The helper: once ``mlflow run`` has exited (bounded wait), a run it marked FAILED that
+    holds our ``stop_reason`` (and no ``failure_reason``) is KILLED again."""
+    deadline = time.monotonic() + wait_s
+    while _alive(mlflow_run_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        tags = run.data.tags
+        if run.info.status == "FAILED" and "stop_reason" in tags and "failure_reason" not in tags:
+            client.set_terminated(run_id, "KILLED", end_time=run.info.end_time)
+    except Exception:  # noqa: BLE001 - best effort: the stop_reason tag is on the run either way
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
