@@ -320,9 +320,11 @@ def _summary_table(study) -> str:
 
 def build_parser():
     from ..cli import OneLineParser
+    from ..tracking.project_run import record_failure
 
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
                       "one parent MLflow run, one child run per trial. Unlisted --key value flags go to training.")
+    p.on_error = record_failure  # under `mlflow run -e sweep`: the parent run ends FAILED with this line
     p.add_argument("--n-trials", type=int, default=8, help="trials this worker runs (default 8)")
     p.add_argument("--timeout", type=float, default=0, help="stop starting trials after this many seconds (0: none)")
     p.add_argument("--study-name", default="kronos-lr-wd", help="Optuna study (resumed when it exists)")
