@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from .config import is_secret_key
-from .errors import CheckpointError, short_reason
+from .errors import CheckpointError, UserError, short_reason
 from .fsutil import fsync_dir, fsync_file
 from .layout import RunLayout
 
@@ -694,3 +694,22 @@ def _torch_version() -> str:
     except Exception:  # pragma: no cover
         return "unknown"
 
+
+def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info) -> dict[str, Any] | None:
+    """:func:`find_resumable` on every rank of ``info`` (a ``DistInfo``): rank 0 looks for a training state (recovering ``last.old``); every rank gets its answer,
+    or the same one-line error (a rank that raised alone would leave the others waiting)."""
+    from .distributed import broadcast_object
+
+    answer = None
+    if info.is_main:
+        try:
+            found = find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
+            answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
+        except UserError as exc:
+            answer = ("error", str(exc))
+    if info.distributed:
+        answer = broadcast_object(answer)
+    kind, value = answer
+    if kind == "error":
+        raise UserError(value)
+    return value

@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
-        from .train import stop_reason
+        from .stopping import stop_reason
 
         print(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}", file=sys.stderr)
         return exit_code(exc.signum)

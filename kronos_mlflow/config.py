@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .keys import MLPROJECT_PARAMS
 from .yamlfile import read_mapping
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
 
@@ -386,3 +387,11 @@ def model_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     """Constructor arguments for a fresh tokenizer: the base hyper-parameters with the config's sizes."""
     sizes = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
     return {**BASE_CONFIG, **{key: config[key] for key in sizes}}
+
+
+def run_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """What a run records as params: the MLproject names, then the whole resolved config."""
+    flat = flatten(config)
+    params = {name: flat[key] for name, key in MLPROJECT_PARAMS.items()}
+    params.update(flat)
+    return params

@@ -55,3 +55,10 @@ def received() -> int | None:
 def exit_code(signum: int) -> int:
     """The shell's convention: 128 + the signal number (143 for SIGTERM, 130 for SIGINT)."""
     return 128 + int(signum)
+
+
+def stop_reason(signum: int, root) -> str:
+    """The ``stop_reason`` of a run stopped by a signal."""
+    where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
+    return (f"stopped by {signal.Signals(signum).name}; the training state after the last finished epoch is "
+            f"kept{where}: the same command resumes from it")

@@ -26,7 +26,6 @@ semantics live in :mod:`kronos_mlflow.trainer`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,17 +36,8 @@ from typing import Any
 from . import config as cfg
 from .errors import EXIT_USAGE, UserError
 from .flags import add_config_arguments, config_from_args
-from .keys import MLPROJECT_PARAMS
 
 # torch, the data and the trackers load inside main(): `--help` and `--check` of bad flags stay fast.
-
-
-def run_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """What a run records as params: the MLproject names, then the whole resolved config."""
-    flat = cfg.flatten(config)
-    params = {name: flat[key] for name, key in MLPROJECT_PARAMS.items()}
-    params.update(flat)
-    return params
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:
@@ -94,11 +84,12 @@ def main(config: Mapping[str, Any]) -> dict:
     from .console import Console
     from .data import data_digest, prepare_splits
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
+    from .checkpoint import find_resumable_everywhere
     from .layout import RunLayout
     from .sweep.trial import TrialReporter
     from .tags import run_tags
     from .tracking import Tracking, build_tracking
-    from .tracking.model_logging import log_best_model, log_dataset_input
+    from .tracking.model_logging import log_dataset_input, record_result
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, TrainingPruned, fit, prepare_model
 
@@ -120,13 +111,13 @@ def main(config: Mapping[str, Any]) -> dict:
         layout = RunLayout(Path(broadcast_object(root)))
         layout_root = layout.root
         console = Console(info.is_main)
-        resume_state = _find_resume_state(layout, config, info, broadcast_object)
+        resume_state = find_resumable_everywhere(layout.root, config, info)
         saved_ids = (resume_state or {}).get("run_ids") or {}
         tracking = build_tracking(config, info.rank, run_id=saved_ids.get("mlflow_run_id"),
                                   comet_experiment_key=saved_ids.get("comet_experiment_key"),
                                   resume=resume_state is not None, spool_dir=layout.spool)
         logger = tracking.logger
-        logger.log_hyperparams(run_params(config))
+        logger.log_hyperparams(cfg.run_params(config))
         if info.is_main:  # prepare the data once; other ranks wait and then read the cache
             layout.checkpoints.mkdir(parents=True, exist_ok=True)
             prepare_splits(config)
@@ -148,7 +139,8 @@ def main(config: Mapping[str, Any]) -> dict:
                      should_stop=TrialReporter.from_env() if info.is_main else None,
                      resume_state=resume_state, run_ids=tracking.run_ids())
         if tracking.mlflow is not None:
-            _record_result(tracking, layout, config, result, info.world_size, digest, started, log_best_model)
+            record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
+                          started=started)
         barrier()
         status = "success"
         return result
@@ -158,7 +150,7 @@ def main(config: Mapping[str, Any]) -> dict:
     except BaseException as exc:  # record why, then let it propagate
         reason = f"{type(exc).__name__}: {exc}"
         if stopping.received() is not None:  # a stop signal (here, or a peer's: its collective failed)
-            status, reason = "killed", stop_reason(stopping.received(), layout_root)
+            status, reason = "killed", stopping.stop_reason(stopping.received(), layout_root)
         raise
     finally:
         try:
@@ -167,73 +159,6 @@ def main(config: Mapping[str, Any]) -> dict:
             teardown()
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
-
-
-def stop_reason(signum: int, root) -> str:
-    """The ``stop_reason`` of a run stopped by a signal."""
-    import signal
-
-    where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
-    return (f"stopped by {signal.Signals(signum).name}; the training state after the last finished epoch is "
-            f"kept{where}: the same command resumes from it")
-
-
-def _record_result(tracking, layout, config, result, world_size, digest, started, log_best_model) -> None:
-    """Rank 0, after training: ``summary.json`` and the best checkpoint as an MLflow Model."""
-    summary = {
-        "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "elapsed_s": round(time.time() - started, 3),
-        "save_directory": str(layout.root.resolve()),
-        "world_size": world_size,
-        "final_result": result,
-        "mlflow_run_id": tracking.mlflow.run_id,
-        "data_digest": digest,
-        "config": run_params(config),
-    }
-    _write_json_atomic(layout.summary, summary)
-    tracking.logger.log_artifact(str(layout.summary))
-    if layout.best_model.is_dir():
-        if tracking.comet is not None:
-            tracking.comet.log_artifact(str(layout.best_model), "best_model")
-        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
-                       metrics=best_epoch_metrics(result))
-
-
-def best_epoch_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """The best epoch's validation metrics, as the logged model carries them."""
-    from .keys import BEST_METRIC, VAL_METRIC
-
-    best = result.get("best_val_loss")
-    metrics = dict(result.get("best_val_quality") or {})
-    if best is not None and best == best:  # not NaN: there was a validation
-        metrics.update({VAL_METRIC: best, BEST_METRIC: best})
-    return metrics
-
-
-def _find_resume_state(layout, config, info, broadcast_object):
-    """Rank 0 looks for a training state (recovering ``last.old``); every rank gets its answer,
-    or the same one-line error (a rank that raised alone would leave the others waiting)."""
-    from . import checkpoint
-
-    answer = None
-    if info.is_main:
-        try:
-            found = checkpoint.find_resumable(layout.root, config, world_size=info.world_size, mode=config["resume"])
-            answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
-        except UserError as exc:
-            answer = ("error", str(exc))
-    if info.distributed:
-        answer = broadcast_object(answer)
-    kind, value = answer
-    if kind == "error":
-        raise UserError(value)
-    return value
-
-
-def _write_json_atomic(path, payload: Mapping[str, Any]) -> None:
-    from .fsutil import write_atomic
-
-    write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str))
 
 
 # --------------------------------------------------------------------------- command line
@@ -276,7 +201,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     except (TrainingStopped, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, TrainingStopped) else signal.SIGINT
         if os.environ.get("RANK") in (None, "0"):
-            print(f"kronos-mlflow train: {stop_reason(signum, None)}", file=sys.stderr, flush=True)
+            print(f"kronos-mlflow train: {stopping.stop_reason(signum, None)}", file=sys.stderr, flush=True)
         return stopping.exit_code(signum)
     except TrainingPruned:
         # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from servers import MlflowServer, create_database, free_port
-from tiny_runs import TINY_NO_EPOCHS, create_sqlite_store, isolated_env, write_config
+from tiny_runs import TINY_NO_EPOCHS, create_sqlite_store, isolated_env, run_dir, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
     assert single.returncode == 0, err[-3000:]
 
     def summary(save):
-        path = tiny_runs.run_dir(tmp_path / save) / "summary.json"
+        path = run_dir(tmp_path / save) / "summary.json"
         return json.loads(path.read_text())
 
     two, one = summary("two_nodes"), summary("one_node")

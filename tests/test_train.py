@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tiny_runs import run_dir
 
 from kronos_mlflow import keys, optim, train, trainer
-from kronos_mlflow.config import load_config
+from kronos_mlflow.config import load_config, run_params
 from kronos_mlflow.data import loaders
 from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
@@ -80,7 +80,7 @@ def test_optimizer_groups():
 
 
 def test_run_params_hold_mlproject_names_and_config():
-    params = train.run_params(load_config({"learning_rate": 1e-3}))
+    params = run_params(load_config({"learning_rate": 1e-3}))
     assert params["learning_rate"] == params["tokenizer_learning_rate"] == "0.001"
     assert params["train_time_range"] == "2011-01-01:2022-12-31"
     assert set(keys.MLPROJECT_PARAMS) <= set(params)

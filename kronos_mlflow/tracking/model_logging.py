@@ -11,6 +11,7 @@ per-feature metrics) logged on the model: the model page shows what made it the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import warnings
@@ -20,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from .. import mlflow_model
+from ..config import run_params
+from ..fsutil import write_atomic
+from ..keys import BEST_METRIC, VAL_METRIC
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
 
 # mlflow, torch and the data layer are imported inside the functions (only rank 0 at the end needs them).
@@ -213,3 +217,35 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
                               "training continues", stacklevel=2)
                 return
             time.sleep(0.5 * (attempt + 1))
+
+
+def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[str, Any], *, world_size: int,
+                  digest: str, started: float) -> None:
+    """Rank 0, after training: ``summary.json`` (an artifact of every backend) and the best checkpoint
+    as the MLflow Model ``best_model`` (a plain artifact on Comet)."""
+    summary = {
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "elapsed_s": round(time.time() - started, 3),
+        "save_directory": str(layout.root.resolve()),
+        "world_size": world_size,
+        "final_result": result,
+        "mlflow_run_id": tracking.mlflow.run_id,
+        "data_digest": digest,
+        "config": run_params(config),
+    }
+    write_atomic(layout.summary, json.dumps(summary, indent=2, sort_keys=True, default=str))
+    tracking.logger.log_artifact(str(layout.summary))
+    if layout.best_model.is_dir():
+        if tracking.comet is not None:
+            tracking.comet.log_artifact(str(layout.best_model), "best_model")
+        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
+                       metrics=best_epoch_metrics(result))
+
+
+def best_epoch_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The best epoch's validation metrics, as the logged model carries them."""
+    best = result.get("best_val_loss")
+    metrics = dict(result.get("best_val_quality") or {})
+    if best is not None and best == best:  # not NaN: there was a validation
+        metrics.update({VAL_METRIC: best, BEST_METRIC: best})
+    return metrics
