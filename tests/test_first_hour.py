@@ -213,7 +213,7 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
 
     # params: the MLproject names and the whole resolved config, nothing else
     params = run.data.params
-    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file"}  # every MLproject parameter
+    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file", "max_restarts"}  # every MLproject parameter
     assert set(_row(rows, "params")) - {"''", "...", "mlflow run", "kronos-mlflow train"} <= set(params)
     assert params["qlib_data_path"] == "''"  # the demo market; `mlflow run` logs it shell-quoted
 
