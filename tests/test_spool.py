@@ -204,6 +204,25 @@ def test_other_errors_still_raise(sqlite_env, tmp_path):
         logger.log_metrics({"a": 1.0}, 0)
 
 
+def test_a_locked_sqlite_store_is_waited_for(sqlite_env, tmp_path):
+    """Another process writing the sqlite store ("database is locked"): the call is retried, the
+    run still ends FINISHED with every value (mlflow run ending its run at the same moment)."""
+    logger = MLflowLogger(experiment_name="locked", flush_every_s=0.0, spool_dir=tmp_path / "spool")
+    real_terminated, calls = logger.client.set_terminated, []
+
+    def locked_twice(*args, **kwargs):
+        calls.append(args)
+        if len(calls) <= 2:
+            raise MlflowException("(sqlite3.OperationalError) database is locked")
+        return real_terminated(*args, **kwargs)
+
+    logger.client.set_terminated = locked_twice
+    logger.log_metrics({"a": 1.0}, 0)
+    logger.finalize("killed", "stopped by SIGTERM")
+    run = MlflowClient(sqlite_env).get_run(logger.run_id)
+    assert len(calls) == 3 and run.info.status == "KILLED" and run.data.metrics["a"] == 1.0
+
+
 def test_resumed_run_skips_steps_already_logged(sqlite_env, tmp_path):
     first = MLflowLogger(experiment_name="resume-skip", flush_every_s=0.0)
     for step in range(7):  # a killed attempt had sent steps 0..6 of its second epoch

@@ -84,7 +84,8 @@ def open_storage(url: str, heartbeat: bool = True, max_retry: int = 1):
             text = str(exc)
             # Workers starting together on a fresh database race to create Optuna's tables;
             # the loser sees a duplicate-object error and simply opens what the winner made.
-            racing = any(w in text.lower() for w in ("duplicate", "already exists", "uniqueviolation"))
+            racing = any(w in text.lower() for w in ("duplicate", "already exists", "uniqueviolation",
+                                                     "unique constraint"))
             if racing and attempt < 5:
                 time.sleep(0.5 * (attempt + 1))
                 continue

@@ -25,6 +25,7 @@ from .spool import append_records, artifacts_dir, default_spool_dir, read_spool,
 log = logging.getLogger("kronos_mlflow.tracking")
 
 QUEUES = ("params", "tags", "metrics", "artifacts")
+LOCKED_RETRIES = 8  # about 10 s of waiting for a locked sqlite store
 _HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
 
 
@@ -40,6 +41,18 @@ def env_float(name: str, default: float) -> float:
         log.warning("%s=%r is not a number; using %s", name, os.environ.get(name), default)
         return default
     return value if math.isfinite(value) and value >= 0 else default
+
+
+def is_store_locked(exc: BaseException) -> bool:
+    """A sqlite tracking store busy with another process's write ("database is locked")."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "database is locked" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class OutageQueue:
@@ -95,14 +108,21 @@ class OutageQueue:
     def _try(self, fn, *args: Any, **kwargs: Any) -> bool:
         """One request: True when done, False when the server is unreachable (the outage is
         recorded and a retry scheduled). Any other error raises."""
-        try:
-            with self._short_requests():
-                fn(*args, **kwargs)
-        except Exception as exc:
-            if not (self._http and is_connection_error(exc)):
-                raise
-            self._record_failure(exc)
-            return False
+        for attempt in range(LOCKED_RETRIES + 1):
+            try:
+                with self._short_requests():
+                    fn(*args, **kwargs)
+                break
+            except Exception as exc:
+                if is_store_locked(exc) and attempt < LOCKED_RETRIES:
+                    # A sqlite store that another process (``mlflow run`` ending its run, a
+                    # sweep worker) is writing: wait for the lock instead of losing the call.
+                    time.sleep(min(2.0, 0.1 * 2 ** attempt))
+                    continue
+                if not (self._http and is_connection_error(exc)):
+                    raise
+                self._record_failure(exc)
+                return False
         self._record_success()
         return True
 
