@@ -34,6 +34,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop a server started with ``start_new_session=True``: SIGTERM, then SIGKILL of its whole
+    process group (uvicorn's and gunicorn's workers live there), then reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=5)
+
+
 def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Call ``check`` until it returns something truthy (returned); AssertionError naming ``what``
     once ``timeout`` seconds have passed."""

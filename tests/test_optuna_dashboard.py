@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from servers import free_port, stop_process_group
 import tiny_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,34 +38,13 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # gunicorn's workers live in the server's own process group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.wait(timeout=5)
-
-
 def _dashboard(command: str, tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
     """The parent run's command, on a free local port; retried when the port was taken meanwhile."""
     argv = shlex.split(command)
     assert argv[0] == "optuna-dashboard"
     exe = Path(sys.executable).with_name("optuna-dashboard")
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         log_path = tmp_path / f"dashboard-{attempt}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([str(exe), *argv[1:], "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path,
@@ -82,7 +60,7 @@ def _dashboard(command: str, tmp_path: Path, env: dict) -> tuple[subprocess.Pope
             except OSError:
                 pass
             time.sleep(0.5)
-        _stop(proc)
+        stop_process_group(proc)
         if "address already in use" not in log_path.read_text(errors="replace").lower():
             pytest.fail(f"optuna-dashboard did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
     pytest.fail("optuna-dashboard found no free port in three tries")
@@ -173,4 +151,4 @@ def test_finished_sweep_opens_in_optuna_dashboard(tmp_path):
                 context.close()
         assert blocked == [], f"the dashboard tried to reach outside 127.0.0.1: {blocked[:5]}"
     finally:
-        _stop(server)
+        stop_process_group(server)

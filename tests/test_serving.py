@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from servers import free_port, stop_process_group
 from tiny_runs import isolated_env, run_dir, tiny_config, train_command
 
 pytestmark = pytest.mark.slow
 MODEL = "kronos-tok"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -43,25 +36,10 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # uvicorn's workers live in the server's own process group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.wait(timeout=5)
-
-
 def _serve(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
     """``mlflow models serve`` on a free port; retried when another process took the port."""
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         log_path = tmp_path / f"serve-{attempt}.log"
         cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
                "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
@@ -78,7 +56,7 @@ def _serve(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
             except OSError:
                 pass
             time.sleep(0.5)
-        _stop(proc)
+        stop_process_group(proc)
         if "address already in use" not in log_path.read_text(errors="replace").lower():
             pytest.fail(f"mlflow models serve did not answer /ping:\n{log_path.read_text(errors='replace')[-3000:]}")
     pytest.fail("mlflow models serve found no free port in three tries")
@@ -159,4 +137,4 @@ def test_champion_served_over_rest_matches_the_tokenizer(tmp_path):
         assert status == 200, body
         assert np.asarray(body["predictions"]["tokens"]).shape == (3, 12)
     finally:
-        _stop(proc)
+        stop_process_group(proc)
