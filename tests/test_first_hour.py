@@ -125,14 +125,20 @@ def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig,
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        def running_with_a_metric():
-            runs = client.search_runs(["0"])
-            if runs and runs[0].info.status == "RUNNING" and "val_tokenizer_loss_epoch" in runs[0].data.metrics:
-                return runs[0]
+        def after_a_finished_epoch():
+            # The epoch's metric is logged before its best model and training state are written:
+            # wait for the state too, so that the signal lands after a finished epoch.
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            return None
+            runs = client.search_runs(["0"])
+            if not (runs and runs[0].info.status == "RUNNING" and "val_tokenizer_loss_epoch" in runs[0].data.metrics):
+                return None
+            try:
+                state = json.loads((run_dir(tmp_path / "outputs") / "checkpoints" / "last" / "state.json").read_text())
+            except (AssertionError, OSError, ValueError):  # no run directory or state yet
+                return None
+            return runs[0] if state.get("next_epoch", 0) >= 1 else None
 
-        run = _wait_for(running_with_a_metric, 600, "the run to log its first epoch")
+        run = _wait_for(after_a_finished_epoch, 600, "the run to finish its first epoch")
         os.killpg(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
     finally:
