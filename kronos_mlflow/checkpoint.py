@@ -61,7 +61,7 @@ import torch.distributed as dist
 
 from .config import is_secret_key
 from .errors import CheckpointError, UserError, short_reason
-from .fsutil import fsync_dir, fsync_file
+from .fsutil import fsync_dir, fsync_file, read_json
 from .layout import RunLayout
 
 __all__ = [
@@ -429,37 +429,14 @@ def read_training_state(directory: str | os.PathLike, *, verify: bool = True) ->
     if not directory.is_dir():
         raise CheckpointError(f"training state directory '{directory}' does not exist")
     try:
-        size = state_path.stat().st_size
+        state = read_json(state_path, what="training state file", max_bytes=_MAX_STATE_BYTES,
+                          advice="it is truncated or damaged: delete that directory to start over",
+                          error=CheckpointError)
     except FileNotFoundError:
         raise CheckpointError(
             f"training state '{directory}' has no {STATE_NAME} (an interrupted or foreign save); "
             "delete that directory to start over, or set resume to never"
         ) from None
-    except OSError as exc:
-        raise CheckpointError(f"training state file '{state_path}' cannot be read ({short_reason(exc)})") from None
-    if size > _MAX_STATE_BYTES:
-        raise CheckpointError(f"training state file '{state_path}' is {size:,} bytes, too large to be ours; "
-                              "delete that directory to start over")
-    try:
-        raw = state_path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"training state file '{state_path}' cannot be read ({short_reason(exc)})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(
-            f"training state file '{state_path}' is not UTF-8 text (bad byte at offset {exc.start}); "
-            "it is damaged: delete that directory to start over"
-        ) from None
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(
-            f"training state file '{state_path}' is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
-            "it is truncated or damaged: delete that directory to start over"
-        ) from None
-    except RecursionError:
-        raise CheckpointError(f"training state file '{state_path}' is not valid JSON (nested too deeply)") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"'{state_path}' is not a kronos-mlflow training state; delete that directory to start over")
     if state.get("version") != FORMAT_VERSION:

@@ -1,10 +1,13 @@
 """Durable file writes: fsync a file or a directory entry (after a rename), best effort for
-directories (some filesystems refuse to open or sync them)."""
+directories (some filesystems refuse to open or sync them); and the strict reading of a small
+JSON file that someone may have handed over or damaged."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -48,3 +51,29 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def read_json(path: Path, *, what: str, max_bytes: int, advice: str, error: type[Exception]) -> Any:
+    """The JSON value in ``path``; every way the file can be wrong (unreadable, too large, not
+    UTF-8, not JSON, nested too deeply) raises ``error`` with one line naming ``what`` and the
+    path, ending in ``advice``. A missing file raises FileNotFoundError (callers word that case)."""
+    from .errors import short_reason
+
+    label = f"{what} '{path}'"
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{label} is {size:,} bytes, too large; {advice}")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{label} cannot be read ({short_reason(exc)})") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{label} is not UTF-8 text (bad byte at offset {exc.start}); {advice}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{label} is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); {advice}") from None
+    except RecursionError:
+        raise error(f"{label} is not valid JSON (nested too deeply); {advice}") from None

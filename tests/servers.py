@@ -51,6 +51,36 @@ def stop_process_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
+def serve_on_free_port(argv_for: Callable[[int], list[str]], ready_path: str, log_dir: Path, name: str,
+                       env: Mapping[str, str] | None = None, timeout: float = 180) -> tuple[subprocess.Popen, str]:
+    """Start a local HTTP server (``argv_for(port)`` on a free port, its own process group) and
+    wait until ``GET ready_path`` answers 200; returns the process and its base URL. Another try on
+    a new port when something took the port meanwhile; pytest.fail with the log's tail otherwise."""
+    import pytest
+
+    for attempt in range(3):
+        port = free_port()
+        log_path = Path(log_dir) / f"{name}-{attempt}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv_for(port), cwd=log_dir, env=None if env is None else dict(env), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}{ready_path}", timeout=2) as resp:
+                    if resp.status == 200:
+                        return proc, base
+            except OSError:
+                pass
+            time.sleep(0.5)
+        stop_process_group(proc)
+        text = log_path.read_text(errors="replace")
+        if "address already in use" not in text.lower():
+            pytest.fail(f"{name} did not answer {ready_path}:\n{text[-3000:]}")
+    pytest.fail(f"{name} found no free port in three tries")
+
+
 def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Call ``check`` until it returns something truthy (returned); AssertionError naming ``what``
     once ``timeout`` seconds have passed."""

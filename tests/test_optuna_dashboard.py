@@ -10,60 +10,35 @@ weight_decay. The screenshots go to ``test-artifacts/`` (gitignored); their path
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import optuna
 import pytest
-from servers import free_port, stop_process_group
+from browser import local_browser, needs_chromium
+from servers import serve_on_free_port, stop_process_group
 import tiny_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 TINY = {**{k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}, "n_val_iter": 32}
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)"),
+    needs_chromium,
 ]
 
 
 def _dashboard(command: str, tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
-    """The parent run's command, on a free local port; retried when the port was taken meanwhile."""
+    """The parent run's command, on a free local port."""
     argv = shlex.split(command)
     assert argv[0] == "optuna-dashboard"
     exe = Path(sys.executable).with_name("optuna-dashboard")
-    for attempt in range(3):
-        port = free_port()
-        log_path = tmp_path / f"dashboard-{attempt}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([str(exe), *argv[1:], "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{base}/api/studies", timeout=2) as resp:
-                    if resp.status == 200:
-                        return proc, base
-            except OSError:
-                pass
-            time.sleep(0.5)
-        stop_process_group(proc)
-        if "address already in use" not in log_path.read_text(errors="replace").lower():
-            pytest.fail(f"optuna-dashboard did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
-    pytest.fail("optuna-dashboard found no free port in three tries")
+    return serve_on_free_port(lambda port: [str(exe), *argv[1:], "--host", "127.0.0.1", "--port", str(port)],
+                              "/api/studies", tmp_path, "optuna-dashboard", env, timeout=90)
 
 
 def _number_after(text: str, name: str) -> float:
@@ -74,7 +49,6 @@ def _number_after(text: str, name: str) -> float:
 
 def test_finished_sweep_opens_in_optuna_dashboard(tmp_path):
     from mlflow import MlflowClient
-    from playwright.sync_api import sync_playwright
 
     config = {**TINY, "dataset_path": str(tmp_path / "cache")}
     (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
@@ -106,49 +80,31 @@ def test_finished_sweep_opens_in_optuna_dashboard(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     server, base = _dashboard(tags["optuna.dashboard"], tmp_path, env)
     try:
-        with sync_playwright() as pw:
-            context = pw.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 900},
-            )
-            blocked: list[str] = []
+        with local_browser(tmp_path / "chromium-profile", "the dashboard") as context:
+            # 1. the study list
+            page = context.new_page()
+            page.goto(f"{base}/dashboard", wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_text("lr-wd").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(ARTIFACTS / "optuna_dashboard_studies.png"))
+            print(f"screenshot: {ARTIFACTS / 'optuna_dashboard_studies.png'}", flush=True)
 
-            def only_local(route):  # nothing may leave the machine
-                if route.request.url.startswith(("http://127.0.0.1", "data:", "blob:")):
-                    route.continue_()
-                else:
-                    blocked.append(route.request.url)
-                    route.abort()
-
-            context.route("**/*", only_local)
-            try:
-                # 1. the study list
-                page = context.new_page()
-                page.goto(f"{base}/dashboard", wait_until="domcontentloaded", timeout=60_000)
-                page.get_by_text("lr-wd").first.wait_for(timeout=60_000)
-                page.wait_for_timeout(1000)
-                page.screenshot(path=str(ARTIFACTS / "optuna_dashboard_studies.png"))
-                print(f"screenshot: {ARTIFACTS / 'optuna_dashboard_studies.png'}", flush=True)
-
-                # 2. the trials list: both trials, each with its learning_rate and weight_decay
-                page = context.new_page()
-                page.goto(f"{base}/dashboard/studies/{study._study_id}/trials", wait_until="domcontentloaded",
-                          timeout=60_000)
-                page.get_by_text("2 Trials").first.wait_for(timeout=60_000)
-                for number, trial in trials.items():
-                    page.get_by_text(f"Trial {number}", exact=True).first.click()
-                    page.get_by_text(f"Trial {number} (trial_id=").first.wait_for(timeout=30_000)
-                    page.wait_for_timeout(800)
-                    text = page.inner_text("body")
-                    detail = text[text.index(f"Trial {number} (trial_id="):]
-                    assert _number_after(detail, "learning_rate") == pytest.approx(trial.params["learning_rate"])
-                    assert _number_after(detail, "weight_decay") == pytest.approx(trial.params["weight_decay"])
-                    assert trial.user_attrs["mlflow_run_id"] in detail  # the trial's MLflow run
-                    shot = ARTIFACTS / f"optuna_dashboard_trial_{number}.png"
-                    page.screenshot(path=str(shot))
-                    print(f"screenshot: {shot}", flush=True)
-            finally:
-                context.close()
-        assert blocked == [], f"the dashboard tried to reach outside 127.0.0.1: {blocked[:5]}"
+            # 2. the trials list: both trials, each with its learning_rate and weight_decay
+            page = context.new_page()
+            page.goto(f"{base}/dashboard/studies/{study._study_id}/trials", wait_until="domcontentloaded",
+                      timeout=60_000)
+            page.get_by_text("2 Trials").first.wait_for(timeout=60_000)
+            for number, trial in trials.items():
+                page.get_by_text(f"Trial {number}", exact=True).first.click()
+                page.get_by_text(f"Trial {number} (trial_id=").first.wait_for(timeout=30_000)
+                page.wait_for_timeout(800)
+                text = page.inner_text("body")
+                detail = text[text.index(f"Trial {number} (trial_id="):]
+                assert _number_after(detail, "learning_rate") == pytest.approx(trial.params["learning_rate"])
+                assert _number_after(detail, "weight_decay") == pytest.approx(trial.params["weight_decay"])
+                assert trial.user_attrs["mlflow_run_id"] in detail  # the trial's MLflow run
+                shot = ARTIFACTS / f"optuna_dashboard_trial_{number}.png"
+                page.screenshot(path=str(shot))
+                print(f"screenshot: {shot}", flush=True)
     finally:
         stop_process_group(server)

@@ -13,14 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from servers import free_port, stop_process_group
+from servers import serve_on_free_port, stop_process_group
 from tiny_runs import isolated_env, run_dir, tiny_config, train_command
 
 pytestmark = pytest.mark.slow
@@ -37,29 +36,11 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 def _serve(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
-    """``mlflow models serve`` on a free port; retried when another process took the port."""
-    for attempt in range(3):
-        port = free_port()
-        log_path = tmp_path / f"serve-{attempt}.log"
-        cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
-               "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{base}/ping", timeout=2) as resp:
-                    if resp.status == 200:
-                        return proc, base
-            except OSError:
-                pass
-            time.sleep(0.5)
-        stop_process_group(proc)
-        if "address already in use" not in log_path.read_text(errors="replace").lower():
-            pytest.fail(f"mlflow models serve did not answer /ping:\n{log_path.read_text(errors='replace')[-3000:]}")
-    pytest.fail("mlflow models serve found no free port in three tries")
+    """``mlflow models serve`` on a free local port."""
+    return serve_on_free_port(
+        lambda port: [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
+                      "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+        "/ping", tmp_path, "mlflow models serve", env)
 
 
 def _expected(checkpoint: Path, x: np.ndarray, lookback: int, clip: float) -> dict[str, np.ndarray]:

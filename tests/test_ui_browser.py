@@ -21,20 +21,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import local_browser, needs_chromium
 from tiny_runs import isolated_env, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 EXPERIMENT = "browser-e2e"
 LEARNING_RATES = (1e-3, 2e-4)
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)"),
+    needs_chromium,
 ]
 
 
@@ -118,7 +115,6 @@ def _metric_row(page, name: str) -> list[str]:
 
 def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
     from mlflow import MlflowClient
-    from playwright.sync_api import sync_playwright
 
     base, server_log = mlflow_server.url, mlflow_server.log_path
     client = MlflowClient(base)
@@ -147,65 +143,47 @@ def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
     ARTIFACTS.mkdir(exist_ok=True)
     shots = {name: ARTIFACTS / f"ui_{name}.png" for name in ("runs", "compare", "compare_tables", "run_plot")}
     best_run = min(runs.values(), key=lambda r: r.data.metrics["best_val_loss"])
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )
-        blocked: list[str] = []
+    with local_browser(tmp_path / "chromium-profile", "the UI") as context:
+        # 1. the experiment's runs table
+        page = _open(context, f"{base}/#/experiments/{exp_id}/runs", runs[str(LEARNING_RATES[0])].info.run_name)
+        for run in runs.values():
+            assert page.get_by_text(run.info.run_name, exact=True).count() >= 1, run.info.run_name
+        _close_assistant(page)
+        _shot(page, shots["runs"])
 
-        def only_local(route):  # nothing may leave the machine
-            if route.request.url.startswith(("http://127.0.0.1", "data:", "blob:")):
-                route.continue_()
-            else:
-                blocked.append(route.request.url)
-                route.abort()
+        # 2. the comparison page: learning_rate and best_val_loss of both runs, in run-column order
+        page = _open(context, compare_url, "Comparing 2 Runs")
+        assert page.title().startswith("Compare Runs")
+        _close_assistant(page)
+        _shot(page, shots["compare"])
+        header = [t.strip() for t in page.locator("thead tr").first.locator("th a").all_inner_texts()]
+        assert sorted(header) == sorted(r.info.run_id for r in runs.values())
+        by_id = {r.info.run_id: r for r in runs.values()}
+        assert header[0] == best_run.info.run_id  # compare --url lists the best run first
+        shown_lr = _param_row(page, "learning_rate")
+        assert shown_lr == [by_id[i].data.params["learning_rate"] for i in header]
+        assert sorted(float(v) for v in shown_lr) == sorted(LEARNING_RATES)
+        shown_best = _metric_row(page, "best_val_loss")
+        for value, run_id in zip(shown_best, header, strict=True):
+            actual = by_id[run_id].data.metrics["best_val_loss"]
+            # the UI rounds (3 decimals below 10)
+            assert abs(float(value) - actual) <= max(5e-4, 1e-3 * abs(actual)), (value, actual)
+        diff_only = page.get_by_role("switch", name="Parameters - Show diff only")
+        if diff_only.count():
+            diff_only.first.click()
+            page.wait_for_timeout(500)
+        page.set_viewport_size({"width": 1400, "height": 1600})
+        page.get_by_text("Run details").first.scroll_into_view_if_needed()
+        page.wait_for_timeout(800)
+        _shot(page, shots["compare_tables"])
 
-        context.route("**/*", only_local)
-        try:
-            # 1. the experiment's runs table
-            page = _open(context, f"{base}/#/experiments/{exp_id}/runs", runs[str(LEARNING_RATES[0])].info.run_name)
-            for run in runs.values():
-                assert page.get_by_text(run.info.run_name, exact=True).count() >= 1, run.info.run_name
-            _close_assistant(page)
-            _shot(page, shots["runs"])
-
-            # 2. the comparison page: learning_rate and best_val_loss of both runs, in run-column order
-            page = _open(context, compare_url, "Comparing 2 Runs")
-            assert page.title().startswith("Compare Runs")
-            _close_assistant(page)
-            _shot(page, shots["compare"])
-            header = [t.strip() for t in page.locator("thead tr").first.locator("th a").all_inner_texts()]
-            assert sorted(header) == sorted(r.info.run_id for r in runs.values())
-            by_id = {r.info.run_id: r for r in runs.values()}
-            assert header[0] == best_run.info.run_id  # compare --url lists the best run first
-            shown_lr = _param_row(page, "learning_rate")
-            assert shown_lr == [by_id[i].data.params["learning_rate"] for i in header]
-            assert sorted(float(v) for v in shown_lr) == sorted(LEARNING_RATES)
-            shown_best = _metric_row(page, "best_val_loss")
-            for value, run_id in zip(shown_best, header, strict=True):
-                actual = by_id[run_id].data.metrics["best_val_loss"]
-                # the UI rounds (3 decimals below 10)
-                assert abs(float(value) - actual) <= max(5e-4, 1e-3 * abs(actual)), (value, actual)
-            diff_only = page.get_by_role("switch", name="Parameters - Show diff only")
-            if diff_only.count():
-                diff_only.first.click()
-                page.wait_for_timeout(500)
-            page.set_viewport_size({"width": 1400, "height": 1600})
-            page.get_by_text("Run details").first.scroll_into_view_if_needed()
-            page.wait_for_timeout(800)
-            _shot(page, shots["compare_tables"])
-
-            # 3. the best run's reconstruction plot, as the artifact viewer shows it
-            rid = best_run.info.run_id
-            page = _open(context, f"{base}/#/experiments/{exp_id}/runs/{rid}/artifacts/plots/reconstruction.png",
-                         "reconstruction.png")
-            page.locator("img[src^='blob:']:visible").first.wait_for(timeout=30_000)
-            page.wait_for_timeout(1000)
-            _shot(page, shots["run_plot"])
-        finally:
-            context.close()
-    assert blocked == [], f"the UI tried to reach outside 127.0.0.1: {blocked[:5]}"
+        # 3. the best run's reconstruction plot, as the artifact viewer shows it
+        rid = best_run.info.run_id
+        page = _open(context, f"{base}/#/experiments/{exp_id}/runs/{rid}/artifacts/plots/reconstruction.png",
+                     "reconstruction.png")
+        page.locator("img[src^='blob:']:visible").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        _shot(page, shots["run_plot"])
 
     # the plots also came back through the server's artifact proxy
     local = client.download_artifacts(best_run.info.run_id, "plots", str(tmp_path / "dl"))

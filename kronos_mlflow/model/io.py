@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, short_reason
-from ..fsutil import fsync_dir, fsync_file
+from ..fsutil import fsync_dir, fsync_file, read_json
 from .spec import validate_model_config
 
 CONFIG_NAME = "config.json"
@@ -196,30 +196,10 @@ def _require_files(directory: Path) -> None:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        size = path.stat().st_size
-        if size > _MAX_CONFIG_BYTES:
-            raise CheckpointError(
-                f"config file '{path}' is {size:,} bytes, too large; expected a small JSON object of 16 keys"
-            )
-        data = path.read_bytes()
-    except CheckpointError:
-        raise
-    except OSError as exc:
+        obj = read_json(path, what="config file", max_bytes=_MAX_CONFIG_BYTES,
+                        advice="expected a small JSON object of the 16 tokenizer arguments", error=CheckpointError)
+    except FileNotFoundError as exc:
         raise CheckpointError(f"config file '{path}' cannot be read ({short_reason(exc)})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(
-            f"config file '{path}' is not UTF-8 text (bad byte at offset {exc.start}); expected a JSON object"
-        ) from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(
-            f"config file '{path}' is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
-        ) from None
-    except RecursionError:
-        raise CheckpointError(f"config file '{path}' is not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise CheckpointError(
             f"config file '{path}' holds a JSON {type(obj).__name__}; expected an object of the 16 tokenizer arguments"
