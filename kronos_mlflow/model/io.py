@@ -197,7 +197,7 @@ def _require_files(directory: Path) -> None:
 def _read_config(path: Path) -> dict[str, Any]:
     try:
         obj = read_json(path, what="config file", max_bytes=_MAX_CONFIG_BYTES,
-                        advice="expected a small JSON object of the 16 tokenizer arguments", error=CheckpointError)
+                        advice="expected a JSON object of the 16 tokenizer arguments", error=CheckpointError)
     except FileNotFoundError as exc:
         raise CheckpointError(f"config file '{path}' cannot be read ({short_reason(exc)})") from None
     if not isinstance(obj, dict):
