@@ -35,17 +35,23 @@ def test_config_switch_and_interval_are_validated():
         load_config({"system_metrics_interval_s": 0})
 
 
-def test_monitor_samples_the_run_and_stops_when_it_fails(tmp_path, monkeypatch):
+@pytest.fixture()
+def sqlite_store(tmp_path, monkeypatch) -> str:
+    """A fresh sqlite tracking URI, with no run, experiment or system-metrics setting inherited."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                 "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING"):
+        monkeypatch.delenv(name, raising=False)
+    return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_monitor_samples_the_run_and_stops_when_it_fails(tmp_path, monkeypatch, sqlite_store):
     from mlflow import MlflowClient
 
     from kronos_mlflow.tracking import MLflowLogger
     from kronos_mlflow.tracking.system_metrics import start_system_metrics
 
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
-                 "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING"):
-        monkeypatch.delenv(name, raising=False)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store
     logger = MLflowLogger(tracking_uri=uri, run_name="sm", spool_dir=tmp_path / "spool")
     assert start_system_metrics({"system_metrics": "off"}, logger.run_id, uri) is None
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")  # MLflow's own switch is honoured
@@ -73,17 +79,13 @@ def test_monitor_samples_the_run_and_stops_when_it_fails(tmp_path, monkeypatch):
     monitor.stop()  # idempotent
 
 
-def test_a_run_shorter_than_one_interval_still_gets_a_point(tmp_path, monkeypatch):
+def test_a_run_shorter_than_one_interval_still_gets_a_point(tmp_path, monkeypatch, sqlite_store):
     from mlflow import MlflowClient
 
     from kronos_mlflow.tracking import MLflowLogger
     from kronos_mlflow.tracking.system_metrics import start_system_metrics
 
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
-                 "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING"):
-        monkeypatch.delenv(name, raising=False)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = sqlite_store
     logger = MLflowLogger(tracking_uri=uri, spool_dir=tmp_path / "spool")
     logger.system_metrics = start_system_metrics({"system_metrics": "on"}, logger.run_id, uri)  # 30 s default
     time.sleep(0.5)
