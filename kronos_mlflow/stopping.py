@@ -6,16 +6,22 @@ run KILLED with a ``stop_reason`` and lets it propagate, and the command line pr
 and exits ``128 + signal``. Later signals are ignored while the run is being ended (the
 training state on disk is the last finished epoch's; it is written atomically, so a stop never
 damages it). Under torchrun the launcher forwards SIGTERM to every worker, and each stops the
-same way (only rank 0 prints).
+same way (only rank 0 prints). A signal that arrives while a checkpoint is being written
+(:func:`deferred`) is held until the write is done, so that a stop never leaves the training
+state mid-swap.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _received: int | None = None
+_defer_depth = 0  # > 0 while a block that must not be torn runs
+_pending: int | None = None  # a stop signal held back by deferred()
 
 
 class TrainingStopped(BaseException):
@@ -28,19 +34,37 @@ class TrainingStopped(BaseException):
 
 
 def _handler(signum, frame):  # noqa: ARG001 - signal API
-    global _received
+    global _received, _pending
     if _received is not None:
         return  # the run is already being ended
     _received = int(signum)
+    if _defer_depth:
+        _pending = int(signum)  # raised when the deferred block ends
+        return
     raise TrainingStopped(signum)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Run the block to its end even if a stop signal arrives meanwhile (a checkpoint being
+    written); the held signal raises :class:`TrainingStopped` right after it."""
+    global _defer_depth, _pending
+    _defer_depth += 1
+    try:
+        yield
+    finally:
+        _defer_depth -= 1
+    if _defer_depth == 0 and _pending is not None:
+        signum, _pending = _pending, None
+        raise TrainingStopped(signum)
 
 
 def install() -> bool:
     """Handle SIGTERM and SIGINT from now on (only possible in the main thread)."""
-    global _received
+    global _received, _pending
     if threading.current_thread() is not threading.main_thread():
         return False
-    _received = None
+    _received = _pending = None
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
     return True

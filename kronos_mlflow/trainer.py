@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint
+from . import checkpoint, stopping
 from .console import Console
 from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
@@ -194,11 +194,13 @@ class RunFiles:
 
     def save_best(self, raw_model) -> None:
         if self.enabled:
-            raw_model.save_pretrained(self.layout.best_model)
+            with stopping.deferred():  # a stop signal waits until the checkpoint is whole
+                raw_model.save_pretrained(self.layout.best_model)
 
     def save_state(self, **state: Any) -> None:
         if self.enabled:
-            checkpoint.save_training_state(self.layout.training_state, **state)
+            with stopping.deferred():
+                checkpoint.save_training_state(self.layout.training_state, **state)
 
     def log_plots(self, logger: ExperimentLogger, config, val_ds, stats, best_epoch: int) -> None:
         if self.enabled:  # PNGs under plots/ of the run, drawn from the best checkpoint
