@@ -1,5 +1,6 @@
 """Sweeps end to end on the demo market with a tiny model: parent and child runs, resume,
-two workers on one study, pruning from inside torchrun, the champion alias, plots."""
+pruning from inside torchrun, the champion alias, plots. Two workers on one study:
+test_sweep_distinct (sqlite, through mlflow run) and test_team_scale (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -96,28 +97,6 @@ def test_four_trials_then_resume(sweep_env):
     assert len(_parents(client)) == 2
     champion = client.get_model_version_by_alias("kronos-tok", "champion")
     assert champion.run_id == study.best_trial.user_attrs["mlflow_run_id"]
-
-
-def test_two_workers_at_once_share_one_study(sweep_env):
-    tmp_path, env = sweep_env
-    # the study exists before the workers start (as a team's would)
-    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db", direction="minimize")
-    cmd = _sweep_cmd(tmp_path, "--n-trials", "2", "--pruner", "none")
-    procs = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    for p in procs:
-        out, err = p.communicate(timeout=900)
-        assert p.returncode == 0, err[-3000:]
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
-    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    parents = _parents(client)
-    assert len(parents) == 2
-    children = [c for p in parents for c in _children(client, p.info.run_id)]
-    assert len(children) == 4
-    assert len({c.info.run_id for c in children}) == 4
-    assert sorted(int(c.data.tags["optuna.trial_number"]) for c in children) == [0, 1, 2, 3]
-    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {c.info.run_id for c in children}
 
 
 def test_pruned_trial_under_torchrun_is_marked_and_keeps_metrics(sweep_env):

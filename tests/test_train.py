@@ -224,7 +224,9 @@ def _scan_for_secrets(paths, texts=()):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
+# One process through `mlflow run` is covered by test_first_hour.test_readme_table_matches_a_real_mlflow_run;
+# here two torchrun workers (gloo), the Comet offline archive and the secret scan.
+@pytest.mark.parametrize("nproc", [2])
 def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
     from mlflow import MlflowClient
 
