@@ -364,6 +364,28 @@ def test_mlflow_reopens_finished_run_and_renames(env, client, caplog):
     assert run.info.status == "FAILED" and run.info.run_name == "new"
 
 
+@pytest.mark.parametrize("ended, tag", [("killed", "stop_reason"), ("failed", "failure_reason")])
+def test_a_resumed_run_that_finishes_keeps_no_earlier_reason(env, client, ended, tag):
+    """Stopped (or failed), then resumed by the same command, then finished: the run is FINISHED
+    without the earlier attempt's stop_reason / failure_reason; stopped again, it gets the new one."""
+    first = MLflowLogger(experiment_name="resume-reason")
+    first.log_metrics({"loss": 0.5}, 0)
+    first.finalize(ended, "stopped by SIGTERM" if ended == "killed" else "RuntimeError: boom")
+    run_id = first.run_id
+    assert tag in client.get_run(run_id).data.tags
+    resumed = MLflowLogger(run_id=run_id)
+    assert tag not in client.get_run(run_id).data.tags
+    resumed.log_metrics({"loss": 0.4}, 1)
+    resumed.finalize("success")
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert not {"stop_reason", "failure_reason"} & set(run.data.tags)
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1]
+    again = MLflowLogger(run_id=run_id)
+    again.finalize("killed", "stopped by SIGINT")
+    assert client.get_run(run_id).data.tags["stop_reason"] == "stopped by SIGINT"
+
+
 def test_mlflow_experiment_selection(env, client):
     named = MLflowLogger(experiment_name="by-name")
     assert client.get_experiment(named.experiment_id).name == "by-name"

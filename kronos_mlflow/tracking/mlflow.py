@@ -156,8 +156,14 @@ class MLflowLogger(OutageQueue):
             changes["status"] = "RUNNING"
         if run_name and run_name != run.info.run_name:
             changes["name"] = run_name
+        # A resumed run is no longer stopped or failed: the last attempt's reason goes (a new one is
+        # written if this attempt ends the same way), so a FINISHED run never shows a stop_reason.
+        stale = [k for k in ("stop_reason", "failure_reason") if k in run.data.tags] if changes.get("status") else []
+        for key in stale:
+            self.client.delete_tag(run_id, key)
         if changes:
             self.client.update_run(run_id, **changes)
+        if changes or stale:
             run = self.client.get_run(run_id)
         return run
 
