@@ -12,8 +12,8 @@ from typing import Any
 from ..errors import ConfigError, UserError
 
 # Successive halving on epochs: a trial must be in the best third of the trials that reached
-# epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (see README, Sweeps). The sweep
-# and its trials' processes must agree on it.
+# epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (docs/sweeps.md, Pruning). The
+# sweep and its trials' processes must agree on it.
 DEFAULT_PRUNER = "successive_halving"
 
 
