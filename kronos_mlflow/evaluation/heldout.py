@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import format_time_range
-from ..keys import TEST_WINDOWS_DIGEST_TAG
+from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
 from .stage import TOKENIZER, Stage
 from .verdict import HeldOut, judge, unavailable
 from .windows import HeldOutWindows, heldout_windows
@@ -38,7 +38,7 @@ def _base_source(config: Mapping[str, Any], start_dir: Path | None) -> str | Non
 
 def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, config: Mapping[str, Any],
                label: str, rank: int = 0, world_size: int = 1, console=None, stage: Stage = TOKENIZER,
-               names: tuple[str, str] = ("fine-tuned", "starting weights")) -> HeldOut:
+               names: tuple[str, str] = ("fine-tuned", "starting weights"), prefix: str = TEST_PREFIX) -> HeldOut:
     """Score a model and its base (each a checkpoint directory, hub id or loaded model) on
     ``windows`` and judge the change (a collective when ``world_size > 1``)."""
     progress = console.progress if console is not None else None
@@ -51,7 +51,7 @@ def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, co
         del model
     (losses, metrics), (base_losses, base_metrics) = scored
     return judge(losses, base_losses, metrics, base_metrics, min_change=float(config["verdict_min_change"]),
-                 base_label=label, loss=stage.loss, split=windows.split, windows_digest=windows.digest)
+                 base_label=label, loss=stage.loss, split=windows.split, windows_digest=windows.digest, prefix=prefix)
 
 
 def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | None, device, *, rank: int,

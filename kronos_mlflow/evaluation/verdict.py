@@ -89,6 +89,11 @@ def percent(fraction: float) -> str:
     return f"{0:.{digits}f}%" if float(text[:-1]) == 0 else text
 
 
+def loss_text(value: float) -> str:
+    """A loss with four decimals (0.0123, 1.5648); scientific below 0.001."""
+    return f"{value:.4f}" if not math.isfinite(value) or abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
+
+
 @dataclass
 class HeldOut:
     """One held-out comparison: a model against its base on the same windows.
@@ -139,7 +144,7 @@ class HeldOut:
         if self.verdict == "unavailable":
             return f"{self.split}: verdict unavailable: {self.reason}"
         model, base = self.metrics.get(self.loss, float("nan")), self.base_metrics.get(self.loss, float("nan"))
-        text = (f"{self.split}, {self.windows:,} windows: {model:.4g} vs {base_words} {base:.4g}: "
+        text = (f"{self.split}, {self.windows:,} windows: {loss_text(model)} vs {base_words} {loss_text(base)}: "
                 f"{percent(self.change)} (95% CI {percent(self.ci_low)} .. {percent(self.ci_high)}): {self.verdict}")
         return text + (f" ({self.reason})" if self.reason else "")
 
