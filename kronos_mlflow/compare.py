@@ -419,7 +419,8 @@ def _s1_bits(row: RunRow) -> int | None:
 def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     with_trials = any(r.trial_number is not None for r in rows)
     header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
-              "verdict", "codes_s1", "codes_full", "duration", "status"] + (["trial"] if with_trials else []) + ["run_id"]
+              "verdict", "codes_s1", "codes_full", "duration", "status"]
+    header += (["trial"] if with_trials else []) + ["run_id"]
     body = []
     for r in rows:
         epochs = "-" if r.epochs_planned is None else str(r.epochs_planned)

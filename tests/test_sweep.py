@@ -52,7 +52,7 @@ def _parents(client):
 def test_four_trials_then_resume(sweep_env):
     tmp_path, env = sweep_env
     proc = _run(_sweep_cmd(tmp_path, "--n-trials", "4", "--pruner", "none", "--sampler-seed", "1",
-                           "--registered-model-name", "kronos-tok"), env, tmp_path)
+                           "--registered-model-name", "kronos-tok", "--promote", "always"), env, tmp_path)
     assert "best: trial" in proc.stdout
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
@@ -81,7 +81,7 @@ def test_four_trials_then_resume(sweep_env):
     assert parent.data.metrics["best_val_loss"] == pytest.approx(
         min(r.data.metrics["best_val_loss"] for r in children))
 
-    # champion: the best trial's model
+    # champion (--promote always): the best trial's model, whatever its test verdict
     champion = client.get_model_version_by_alias("kronos-tok", "champion")
     assert champion.run_id == best_run
     # plots and the summary table on the parent
@@ -90,7 +90,8 @@ def test_four_trials_then_resume(sweep_env):
     assert "trials.txt" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
     # rerunning the same command resumes the study and adds trials
-    _run(_sweep_cmd(tmp_path, "--n-trials", "1", "--pruner", "none", "--registered-model-name", "kronos-tok"),
+    _run(_sweep_cmd(tmp_path, "--n-trials", "1", "--pruner", "none", "--registered-model-name", "kronos-tok",
+                    "--promote", "always"),
          env, tmp_path)
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
