@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = cfg.DEFAULTS[key]
         shown = ":".join(default) if key in cfg.TIME_RANGE_KEYS else default
         parser.add_argument(f"--{key.replace('_', '-')}", f"--{key}", dest=f"cfg__{key}", default=argparse.SUPPRESS,
-                            metavar="VALUE", help=f"{cfg.HELP[key]} (default: {shown!s})")
+                            metavar="VALUE", help=f"{cfg.HELP[key]} (default: {shown!s})".replace("%", "%%"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,9 @@ caller passes in, silent and no-op on other ranks.
 The starting weights are the run's ``checkpoints/start/`` (written when the run starts, so a
 resumed run is still compared with what it started from): the pretrained checkpoint, or the
 fresh initial weights. ``verdict_base`` names them: the pretrained path or hub id, or
-``fresh``. A run whose start was not saved falls back to ``pretrained_tokenizer_path``.
+``fresh``. A run whose start was not saved falls back to ``pretrained_tokenizer_path``. The
+checkpoints are read from the run's directory on every rank (several nodes need a shared
+``save_path``); when some rank cannot read them the verdict is ``unavailable``, on every rank.
 """
 
 from __future__ import annotations
@@ -58,17 +60,23 @@ def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | No
                  world_size: int, logger, console, step: int, stage: Stage = TOKENIZER) -> HeldOut:
     """Judge the run's best checkpoint (``best_dir``) against its starting weights on the test
     windows; log the metrics at ``step`` (the best epoch), the tags, and the console line."""
+    from ..distributed import dist_sum
+
     started = time.time()
     label = base_label(config)
     windows = heldout_windows(config, "test")
     base = _base_source(config, start_dir)
+    # Every rank must take the same branch (the scoring is a collective): the checkpoints count
+    # as there only when every rank can read them (several nodes need a shared save_path).
+    readable = dist_sum([float(base is not None), float((Path(best_dir) / "model.safetensors").is_file())])
     if not len(windows):
         result = unavailable(
             f"no test windows for instrument '{config['instrument']}' in test_time_range "
             f"{format_time_range(config['test_time_range'])}; widen test_time_range to judge the fine-tune",
             base_label=label)
-    elif base is None:
-        result = unavailable("the starting weights were not kept (checkpoints/start/ is missing)", base_label=label)
+    elif min(readable) < world_size:
+        result = unavailable("the best checkpoint or the starting weights (checkpoints/start/) cannot be read on "
+                             "every rank; keep save_path on a file system all nodes share", base_label=label)
     else:
         result = compare_on(windows, best_dir, base, device, config=config, label=label, rank=rank,
                             world_size=world_size, console=console, stage=stage)
