@@ -11,8 +11,12 @@ Accepted columns (names case-insensitive): a date column named ``timestamps`` (u
 One row per symbol and bar, sorted by time (duplicated or unsorted timestamps are refused). The
 frequency is inferred: ``day`` when no symbol has two rows on one date, otherwise the spacing of
 bars within a day (1, 5, 15, 30 or 60 minutes; a missing bar is fine, a spacing that is not a
-multiple of the frequency is refused); ``--freq`` overrides it. Every bar is kept. Empty cells
-are kept as missing bars (NaN), which ``prepare`` drops.
+multiple of the frequency is refused); ``--freq`` overrides it. Timestamps may carry a UTC
+offset, the same one throughout a file (two offsets in one file are refused); bars keep their
+local clock time. Empty cells are kept as missing bars (NaN), which ``prepare`` drops. A bar with
+a value that is infinite or beyond float32 (``inf``, ``1e39``), or with its high below its low,
+is stored as a missing bar, with one warning line per symbol saying how many
+(``docs/data-sanity.md``).
 
 The output holds ``calendars/<freq>.txt`` (the union of all timestamps, in ``dump_bin.py``'s
 formats), ``instruments/all.txt`` (each

@@ -12,7 +12,9 @@ What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
    (about two million bars) at a time; each symbol's membership spans applied, each span its own
    series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
-   (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN/inf feature dropped;
+   (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
+   bar") dropped and counted; damaged bars (an infinite value, a high below the low) dropped
+   with one warning line per symbol (:func:`bar_sanity`, ``docs/data-sanity.md``);
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
    (:func:`~kronos_mlflow.features.time_features`);
 3. per split: each series' rows whose times lie in the split's range (a date as a range end

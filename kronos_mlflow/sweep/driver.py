@@ -280,13 +280,13 @@ def _plots(study, out_dir: Path) -> list[Path]:
     }
     for name, draw in plots.items():
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # Optuna's "experimental", matplotlib's layout notes
                 warnings.simplefilter("ignore")
                 ax = draw()
-            fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
-            fig.set_size_inches(8, 5.5)
-            fig.tight_layout()
-            fig.savefig(out_dir / name, dpi=110)
+                fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
+                fig.set_size_inches(8, 5.5)
+                fig.tight_layout()
+                fig.savefig(out_dir / name, dpi=110)
             plt.close(fig)
             made.append(out_dir / name)
         except Exception as exc:  # noqa: BLE001 - e.g. importances need 2+ complete trials
