@@ -7,6 +7,12 @@ One process (CPU or one GPU)::
 Several processes on one machine (NCCL on GPUs, gloo on CPUs)::
 
     torchrun --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 30
+    python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 30
+
+Under either, a refusal every rank reaches (a bad flag or config value) is printed once, by
+rank 0, and the workers exit with code 2. ``kronos_mlflow.launch`` takes torchrun's arguments
+unchanged and checks them and the training flags first: a refusal is then the one line, without
+torchrun's own failure report (which plain ``torchrun`` prints after it).
 
 Through MLflow Projects (runs the same torchrun command, see ``MLproject``)::
 

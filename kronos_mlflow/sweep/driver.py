@@ -420,17 +420,20 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
 
     import optuna
 
-    from ..tracking.server import check_tracking_server
+    from ..tracking.server import check_tracking_server, ensure_sqlite_store
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
     args.storage = args.storage or default_storage()
     pruner = make_pruner(args.pruner)
-    check_tracking_server()  # creates a fresh sqlite store once, whatever number of workers start together
+    check_tracking_server(create=False)
     storage = open_storage(args.storage, max_retry=args.max_retry)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(storage, args.study_name, pruner, args.sampler_seed)
 
+    import mlflow
+
+    ensure_sqlite_store(mlflow.get_tracking_uri())  # created once, whatever number of workers start together
     client = MlflowClient()
     experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if os.environ.get("MLFLOW_EXPERIMENT_ID") and not experiment_name:

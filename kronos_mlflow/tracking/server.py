@@ -72,22 +72,23 @@ def hide_uri_printing(uri: str) -> None:
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
-def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0, *, create: bool = True) -> None:
     """One-line UserError when the tracking URI (``uri`` or MLflow's current one) names no store
-    (an unknown scheme, a sqlite file in a missing folder), or its server is down; a fresh
-    sqlite store is created once (:func:`ensure_sqlite_store`)."""
+    (an unknown scheme, a sqlite file in a missing folder), or its server is down; with
+    ``create``, a fresh sqlite store is created once (:func:`ensure_sqlite_store`)."""
     if uri is None:
         import mlflow
 
         uri = mlflow.get_tracking_uri()
     registry = os.environ.get("MLFLOW_REGISTRY_URI", "").strip()
     if registry:
-        check_uri(registry, "MLFLOW_REGISTRY_URI")
+        check_uri(registry, "MLFLOW_REGISTRY_URI", kind="MLflow model registry URI")
     probe_tracking_server(str(uri), timeout)
-    ensure_sqlite_store(str(uri))
+    if create:
+        ensure_sqlite_store(str(uri))
 
 
-def check_uri(uri: str, source: str | None = None) -> str:
+def check_uri(uri: str, source: str | None = None, kind: str = "MLflow tracking URI") -> str:
     """:func:`kronos_mlflow.validate.tracking_uri`, ``source`` defaulting to MLFLOW_TRACKING_URI
     when the URI came from there."""
     from ..validate import tracking_uri
@@ -95,7 +96,7 @@ def check_uri(uri: str, source: str | None = None) -> str:
     if source is None:
         from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == str(uri).strip()
         source = "MLFLOW_TRACKING_URI" if from_env else "tracking URI"
-    return tracking_uri(str(uri), source)
+    return tracking_uri(str(uri), source, kind=kind)
 
 
 def _sqlite_store_ready(db) -> bool:
