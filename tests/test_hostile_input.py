@@ -536,6 +536,11 @@ CASES: list[Case] = [
          TRAIN + BASE, "/nonexistent/dir", env={"MLFLOW_TRACKING_URI": "sqlite:////nonexistent/dir/m.db"}),
     Case("tracking-registry-scheme", "tracking", "`MLFLOW_REGISTRY_URI=ftp://host/x`", TRAIN + BASE, "ftp",
          env={"MLFLOW_REGISTRY_URI": "ftp://host/x"}),
+    Case("tracking-database-down", "tracking", "`MLFLOW_TRACKING_URI=postgresql://kronos:<password>@127.0.0.1:9/mlflow` "
+         "(nothing listens)", TRAIN + BASE, "127.0.0.1:9",
+         env={"MLFLOW_TRACKING_URI": f"postgresql://kronos:{URI_PASSWORD}@127.0.0.1:9/mlflow"}),
+    Case("flag-comet-offline-env-file", "flag", "`--comet offline` with COMET_OFFLINE_DIRECTORY naming a file",
+         TRAIN + BASE + ("--comet", "offline"), "COMET_OFFLINE_DIRECTORY", env={"COMET_OFFLINE_DIRECTORY": "{in}/a_file"}),
     Case("compare-uri-scheme", "tracking", "`kronos-mlflow compare --tracking-uri ftp://host/x`",
          CLI + ("compare", "--tracking-uri", "ftp://host/x"), "ftp"),
     Case("sweep-uri-scheme", "sweep", "`MLFLOW_TRACKING_URI=nosuch://x` for a sweep", SWEEP, "nosuch",
@@ -860,7 +865,7 @@ def test_fork_agrees_with_a_real_process(workspace_root, results, tmp_path):
 
 def test_no_secret_written_anywhere(results):
     """The secret-bearing cases left no credential in any file of their workspace either."""
-    for cid in ("config-secret", "flag-secret", "sweep-secret-flag", "tracking-uri-password"):
+    for cid in ("config-secret", "flag-secret", "sweep-secret-flag", "tracking-uri-password", "tracking-database-down"):
         r = results[cid]
         for path in r.ws.rglob("*"):
             if path.is_file():

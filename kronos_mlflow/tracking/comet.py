@@ -253,9 +253,16 @@ def check_comet(config: Mapping[str, Any]) -> None:
     starts (``auto`` is then off, ``offline`` needs no key)."""
     from ..errors import UserError
 
-    if comet_mode(config) == "online" and not comet_key_configured():
+    mode = comet_mode(config)
+    if mode == "online" and not comet_key_configured():
         raise UserError("comet: 'online' needs a Comet API key, and none is set (COMET_API_KEY, or api_key in "
                         "~/.comet.config); set one, or use comet offline (an archive to upload later), auto or off")
+    if mode == "offline" and not config.get("comet_offline_directory"):
+        folder = os.environ.get("COMET_OFFLINE_DIRECTORY", "").strip()
+        if folder:
+            from ..validate import directory
+
+            directory("COMET_OFFLINE_DIRECTORY", folder, error=UserError)
 
 
 def start_comet(

@@ -427,9 +427,9 @@ def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None)
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     hide_uri_printing(uri)
-    client = MlflowClient(tracking_uri=uri)
     run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
     try:
+        client = MlflowClient(tracking_uri=uri)
         if run_id:
             try:
                 run = client.get_run(run_id)

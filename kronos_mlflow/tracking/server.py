@@ -43,6 +43,9 @@ def probe_tracking_server(uri: str, timeout: float) -> None:
     """
     check_uri(uri)
     parts = urllib.parse.urlsplit(uri)
+    if parts.scheme.lower().split("+", 1)[0] in ("postgresql", "mysql", "mssql"):
+        probe_database(uri, timeout)
+        return
     if parts.scheme.lower() not in ("http", "https"):
         return
     netloc = parts.netloc.rpartition("@")[2]  # urllib cannot take user:pass@ in the URL
@@ -61,6 +64,33 @@ def probe_tracking_server(uri: str, timeout: float) -> None:
     raise UserError(
         redact(f"MLflow tracking server {redact_uri(uri)} is unreachable: {one_line(reason, 200)}; {hint}")
     )
+
+
+def probe_database(uri: str, timeout: float) -> None:
+    """One-line UserError when a database tracking store (PostgreSQL, MySQL, SQL Server) cannot
+    be connected to, or its driver is missing: one connection attempt with a short timeout
+    (MLflow's own store retries for minutes, then raises a traceback)."""
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == uri.strip()
+    hint = "start it or unset MLFLOW_TRACKING_URI" if from_env else "start it or use another tracking URI"
+    try:
+        import sqlalchemy
+
+        args = {"connect_timeout": max(1, int(timeout))} if scheme.startswith(("postgresql", "mysql")) else {}
+        engine = sqlalchemy.create_engine(uri, connect_args=args, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except ImportError as exc:  # no driver for the scheme
+        raise UserError(redact(f"MLflow tracking store {redact_uri(uri)} needs a database driver that is not installed "
+                               f"({one_line(exc, 120)}); install it (postgresql: psycopg[binary]; mysql: mysqlclient "
+                               "or PyMySQL with mysql+pymysql://)")) from None
+    except Exception as exc:  # noqa: BLE001 - refused, unknown host, bad credentials, timeout
+        reason = getattr(exc, "orig", None) or exc
+        raise UserError(redact(f"MLflow tracking store {redact_uri(uri)} cannot be reached: {one_line(reason, 200)}; "
+                               f"{hint}")) from None
 
 
 def hide_uri_printing(uri: str) -> None:

@@ -55,6 +55,7 @@ SUFFIX = ".jsonl"
 UPLOADED_SUFFIX = ".uploaded"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 _MAX_LINE = 1 << 20  # a record is small; a megabyte-long line is not ours
+_MAX_SPOOL_BYTES = 1 << 30  # millions of metric values; a bigger file is not a spool
 # What MLflow accepts (mlflow.utils.validation): checked on every line before anything is sent,
 # so that MLflow never refuses a record halfway through an upload.
 _KEY_RE = re.compile(r"^[/\w.\- :]{1,250}$")
@@ -130,6 +131,10 @@ def read_spool(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, 
     last line was cut short (a crash while appending), else 0."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if path.is_file() and size > _MAX_SPOOL_BYTES:
+            raise SpoolError(f"spool file '{path}' is {size:,} bytes; a kronos-mlflow spool is far smaller (at most "
+                             f"{_MAX_SPOOL_BYTES:,} bytes are read)")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SpoolError(f"spool file '{path}' does not exist") from None
