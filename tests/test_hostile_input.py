@@ -486,7 +486,7 @@ CASES: list[Case] = [
          "/dev/zero"),
     Case("config-fifo", "config file", "`--config` naming a FIFO (would block)",
          TRAIN + BASE + ("--config", "{in}/fifo.yaml"), "fifo.yaml", make=make_fifo),
-    # ===== data sanity (docs/data-sanity.md)
+    # ===== data sanity (DATA_SANITY below, in the generated page)
     Case("qlib-calendar-repeat", "Qlib dir", "calendars/day.txt repeats a date",
          TRAIN + BASE + ("--qlib-data-path", "{in}/cal_repeat"), "repeats", make=make_market_calendar_repeat),
     Case("qlib-calendar-unsorted", "Qlib dir", "calendars/day.txt out of order",
@@ -874,6 +874,70 @@ def test_no_secret_written_anywhere(results):
                     assert secret.encode() not in blob, (cid, path)
 
 
+# The data-sanity policy (what is refused, what is dropped), part of the generated page.
+DATA_SANITY = """\
+## Data sanity: what is refused, what is dropped
+
+Market data reaches training through two doors: a Qlib provider directory (`--qlib-data-path`,
+read by `kronos-mlflow prepare` and by every training run) and CSV files turned into one
+(`kronos-mlflow import-csv`). Bad data is never used silently. Each kind of problem is either
+
+- **refused**: one line on stderr naming the file, the line or row and the value, exit code 2,
+  and nothing written (no cache, no lock file, no output directory); or
+- **dropped**: the offending bars are left out, and one line per symbol
+  (`[kronos] warning: SYMBOL in 'PATH': N bars dropped (...)`) says how many and why; the
+  prepared cache's `manifest.json` keeps the counts (`stats.rows_dropped_*`,
+  `stats.bars_dropped_by_symbol`). At most 20 symbols get a line each; one more line counts the
+  rest.
+
+The rule of thumb: what breaks the *index* of the data (the calendar, the listing spans, where a
+series starts) cannot be repaired by dropping a bar, so it is refused; a damaged *bar* is one
+observation a quant would throw away, so it is dropped and reported.
+
+### Qlib provider directories
+
+| problem | what happens | why |
+|---|---|---|
+| `calendars/<freq>.txt` repeats a date, or a date comes before the previous one | refused (file, both line numbers and dates) | every `*.bin` file is indexed by calendar line numbers: one extra or misplaced line shifts every series after it |
+| a calendar line that is not a date, or not UTF-8 | refused | as above |
+| `instruments/<name>.txt`: a span whose start is after its end | refused (file, line, symbol, both dates) | a reversed span selects no bars or the wrong ones; which was meant cannot be known |
+| `instruments/<name>.txt`: a symbol that is not a plain name (`../x`, `a/b`) | refused | it names a features folder outside `features/` |
+| `--instrument` that is not a plain name (`../calendars/day`) | refused before any file is opened | it would be read from outside `instruments/` |
+| a `features/<sym>/<field>.<freq>.bin` whose first value (the calendar index it starts at) is not a whole number inside the calendar (negative, NaN, past the last day) | refused (file, the index, the calendar's range) | the series would be placed on the wrong days or read as empty |
+| a bin file holding more values than the calendar has days left | refused | it belongs to another calendar |
+| a bin file that is not whole float32 values | refused | truncated or not Qlib's format |
+| NaN in a bar | dropped, counted (`rows_dropped_nonfinite`), no per-symbol line | NaN is Qlib's own encoding of "no bar" (suspension days, before listing) |
+| an infinite price, volume or amount (including an amount that overflows float32) | dropped, one line per symbol | a damaged value |
+| a bar whose high is below its low | dropped, one line per symbol | an impossible bar |
+
+A bar whose high is below its open or close (or low above them) is kept: vendors round prices
+differently for the extremes and for open/close, and such bars are common in real data.
+Negative volume is not checked.
+
+### CSV imports (`kronos-mlflow import-csv`)
+
+| problem | what happens | why |
+|---|---|---|
+| a missing column, a cell that is not a number or a date, a file that is not UTF-8 CSV | refused (file, row, column, value) | |
+| two rows for one symbol and bar, or rows out of time order | refused (file, row) | which row is right cannot be known |
+| timestamps of one file in different time zones (`+08:00` and `+09:00`, or one with an offset and one without) | refused (file, both rows and values) | offsets are dropped on import (bars keep the exchange's local clock time, as Qlib stores them); two clocks in one file would interleave wrongly |
+| a spacing of bars that is not one Qlib frequency | refused | |
+| a symbol (column or file name) or `--instrument` that is not a plain name | refused | it becomes a folder or file name |
+| an empty cell | kept as a missing bar (NaN) | what an empty cell means |
+| a value that is infinite or beyond what a float32 bin holds (`inf`, `1e39`) | the bar is stored as missing (NaN in every field), one line per symbol | a damaged value; the rest of the series is good |
+| a bar whose high is below its low | stored as missing, one line per symbol | an impossible bar |
+
+No raw pandas or numpy warning reaches the console: the package's own warnings are one line
+(`[kronos] warning: ...`), and the conversions that would overflow are checked before they run.
+
+### Checkpoints
+
+A pretrained checkpoint (`--pretrained-tokenizer-path`) whose weights hold a NaN or an infinite
+value is refused before training, like a truncated one (the message names the first such tensor
+and the count): such a model trains to the end with NaN losses and keeps no best model.
+"""
+
+
 def render_table(results: dict[str, Result]) -> str:
     lines = [
         "# Hostile input: what each bad input gets",
@@ -899,12 +963,15 @@ def render_table(results: dict[str, Result]) -> str:
         "- `--check` (the MLproject's first step) refuses whatever the run would refuse at its start or end:",
         "  device and process count, speed settings, Comet's key for `comet: online`, the pretrained checkpoint",
         "  (finite weights), windows per rank, `resume`, the run and experiment it would log to, max_restarts;",
-        "- data: see [data-sanity.md](data-sanity.md) for what is refused and what is dropped with one line per",
-        "  symbol;",
+        "- data: [Data sanity](#data-sanity-what-is-refused-what-is-dropped) below says what is refused and what",
+        "  is dropped with one line per symbol;",
         "- spools are data, not commands: see `kronos-mlflow upload-spool --help` and the spool rows below;",
         "- under torchrun, rank 0 alone prints a refusal every rank reaches (workers exit 2); `python -m",
         "  kronos_mlflow.launch`, torchrun's drop-in that the MLproject runs, shows only that line, without",
         "  torchrun's own failure report (tests/test_hostile_launchers.py).",
+        "",
+        DATA_SANITY,
+        "## Every case",
         "",
         "| # | case | area | input | the one line on stderr | exit |",
         "|---|------|------|-------|------------------------|------|",

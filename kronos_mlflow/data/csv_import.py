@@ -16,7 +16,7 @@ offset, the same one throughout a file (two offsets in one file are refused); ba
 local clock time. Empty cells are kept as missing bars (NaN), which ``prepare`` drops. A bar with
 a value that is infinite or beyond float32 (``inf``, ``1e39``), or with its high below its low,
 is stored as a missing bar, with one warning line per symbol saying how many
-(``docs/data-sanity.md``).
+(``docs/hostile-input.md``, Data sanity).
 
 The output holds ``calendars/<freq>.txt`` (the union of all timestamps, in ``dump_bin.py``'s
 formats), ``instruments/all.txt`` (each

@@ -14,7 +14,7 @@ What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
    (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
    bar") dropped and counted; damaged bars (an infinite value, a high below the low) dropped
-   with one warning line per symbol (:func:`bar_sanity`, ``docs/data-sanity.md``);
+   with one warning line per symbol (:func:`bar_sanity`, ``docs/hostile-input.md``, Data sanity);
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
    (:func:`~kronos_mlflow.features.time_features`);
 3. per split: each series' rows whose times lie in the split's range (a date as a range end
@@ -280,7 +280,7 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
 
 
 # ----------------------------------------------------------------------------------------------
-# Bar sanity (docs/data-sanity.md)
+# Bar sanity (docs/hostile-input.md, Data sanity)
 # ----------------------------------------------------------------------------------------------
 
 BAD_BAR_REASONS = {"infinite": "an infinite price, volume or amount", "high_below_low": "high below low"}
