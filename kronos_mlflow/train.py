@@ -83,9 +83,11 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
 MAX_RESTARTS = 1000  # torchrun restarts of a failed worker group (MLproject's max_restarts)
 
 
-class SameOnEveryRank(UserError):
-    """A refusal every process of a torchrun group reaches alike (a flag, the config, a file all
-    ranks read, an answer rank 0 broadcast): only rank 0 prints it."""
+def same_on_every_rank(exc: UserError) -> UserError:
+    """Mark a refusal every process of a torchrun group reaches alike (a flag, the config, a file
+    all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
+    exc.same_on_every_rank = True  # type: ignore[attr-defined]
+    return exc
 
 
 def check_processes(nproc: int, device) -> None:
@@ -120,6 +122,34 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
     check_processes(world, device)
     perf.describe(config, device, perf.run_steps(config, world))
     check_comet(config)
+
+
+def check_start_everywhere(config: Mapping[str, Any]) -> None:
+    """:func:`check_start` on each rank; its refusal is the same on all of them."""
+    try:
+        check_start(config)
+    except UserError as exc:
+        raise same_on_every_rank(exc) from None
+
+
+def prepare_everywhere(config: Mapping[str, Any], layout, info) -> None:
+    """Rank 0 prepares the data splits once (and makes the run's checkpoint folder); the other
+    ranks wait, then read the cache, or raise rank 0's refusal, which only rank 0 prints."""
+    from .data import prepare_splits
+    from .distributed import barrier, broadcast_object
+
+    answer, refusal = ("ok", None), None
+    if info.is_main:
+        try:
+            layout.checkpoints.mkdir(parents=True, exist_ok=True)
+            prepare_splits(config)
+        except UserError as exc:
+            answer, refusal = ("error", str(exc)), exc
+    if info.distributed:
+        answer = broadcast_object(answer)
+    if answer[0] == "error":
+        raise same_on_every_rank(refusal or UserError(answer[1])) from None
+    barrier()
 
 
 def check_windows(config: Mapping[str, Any], world_size: int) -> None:
@@ -179,7 +209,7 @@ def main(config: Mapping[str, Any]) -> dict:
 
     from . import perf
     from .console import Console
-    from .data import data_digest, prepare_splits
+    from .data import data_digest
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
     from .checkpoint import find_resumable_everywhere
     from .layout import RunLayout
@@ -198,10 +228,7 @@ def main(config: Mapping[str, Any]) -> dict:
         config["nproc_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
     if not config["run_name"]:
         config["run_name"] = default_run_name(config)
-    try:
-        check_start(config)  # before the process group: every rank refuses alike, rank 0 says so
-    except UserError as exc:
-        raise SameOnEveryRank(str(exc)) from None
+    check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root = None
@@ -215,26 +242,14 @@ def main(config: Mapping[str, Any]) -> dict:
         try:
             resume_state = find_resumable_everywhere(layout.root, config, info)
         except UserError as exc:  # the same answer on every rank (rank 0's, broadcast)
-            raise SameOnEveryRank(str(exc)) from None
+            raise same_on_every_rank(exc) from None
         saved_ids = (resume_state or {}).get("run_ids") or {}
         tracking = build_tracking(config, info.rank, run_id=saved_ids.get("mlflow_run_id"),
                                   comet_experiment_key=saved_ids.get("comet_experiment_key"),
                                   resume=resume_state is not None, spool_dir=layout.spool)
         logger = tracking.logger
         logger.log_hyperparams(cfg.run_params(config))
-        # Prepare the data once; other ranks wait, then read the cache (or get rank 0's refusal).
-        answer = ("ok", None)
-        if info.is_main:
-            try:
-                layout.checkpoints.mkdir(parents=True, exist_ok=True)
-                prepare_splits(config)
-            except UserError as exc:
-                answer = ("error", str(exc))
-        if info.distributed:
-            answer = broadcast_object(answer)
-        if answer[0] == "error":
-            raise SameOnEveryRank(answer[1])
-        barrier()
+        prepare_everywhere(config, layout, info)
         digest = data_digest(config)
         logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type,
                          "run_directory": str(layout.root.resolve())})
@@ -295,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
             validate.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
         config = config_from_args(args)
     except UserError as exc:  # flags and config files: every rank of a group reads the same
-        raise SameOnEveryRank(str(exc)) from None
+        raise same_on_every_rank(exc) from None
     if getattr(args, "_check", False):
         preflight(config)
         print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")
@@ -341,7 +356,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
             print(f"kronos-mlflow train: error: {exc}", file=sys.stderr)
             if getattr(args, "_check", False):
                 record_failure(f"kronos-mlflow train: error: {exc}")
-        elif not isinstance(exc, SameOnEveryRank):  # this rank's own problem: say which rank
+        elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
             print(f"[rank {rank}] kronos-mlflow train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -71,6 +71,37 @@ def test_the_launch_drop_in_shows_only_the_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_data_refusal_under_torchrun_is_one_line_from_rank_0(tmp_path):
+    """Training started straight under the launcher (no --check) on a Qlib directory whose calendar
+    repeats a date: rank 0 finds it while preparing the data and tells the other rank, every rank
+    exits 2, and the one line is printed once (no rank left waiting in a collective to fail with
+    a traceback); the run it opened ends FAILED with that reason."""
+    from mlflow import MlflowClient
+
+    from kronos_mlflow.data import write_demo_market
+
+    market = write_demo_market(tmp_path / "market", 8, 3, start="2020-01-01", end="2021-12-31")
+    calendar = market / "calendars" / "day.txt"
+    days = calendar.read_text().splitlines()
+    calendar.write_text("\n".join(days[:5] + [days[4]] + days[5:]) + "\n")
+    uri = _store(tmp_path)
+    flags = []
+    for key, value in {**TINY_NO_EPOCHS, **DATES, "epochs": 1, "comet": "off", "qlib_data_path": market,
+                       "save_path": tmp_path / "outputs", "dataset_path": tmp_path / "cache"}.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.launch", "--standalone", "--nproc_per_node", "2",
+                           "-m", "kronos_mlflow.train", *flags], cwd=tmp_path, env=isolated_env(tmp_path, uri),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "repeats line 5" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "[rank 1]" not in proc.stderr, proc.stderr[-3000:]
+    (run,) = MlflowClient(uri).search_runs(["0"])
+    assert run.info.status == "FAILED" and "repeats line 5" in run.data.tags["failure_reason"]
+    assert run.data.tags["failure_reason"].startswith("DataError: ")
+
+
+@pytest.mark.slow
 def test_mlflow_run_refuses_max_restarts_in_the_check_step(tmp_path):
     """``mlflow run . -P max_restarts=abc``: the check step (one process, before torchrun) says so
     in one line and the run ends FAILED with that line as its failure_reason; torchrun's usage
