@@ -111,7 +111,7 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
     for name, tensor in loaded.items():
         if tensor.is_floating_point():
             loaded[name] = tensor.to(torch.float32)
-    _check_finite(weights_path, loaded)
+    check_finite(weights_path, loaded)
     bsq_basis = {
         "tokenizer.bsq.basis": 2 ** torch.arange(config["s1_bits"] + config["s2_bits"] - 1, -1, -1),
         "tokenizer.bsq.group_basis": 2 ** torch.arange(config["group_size"] - 1, -1, -1),
@@ -136,8 +136,10 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
 
 
 
-def _check_finite(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Every float weight is finite: a NaN or inf weight (a diverged run's checkpoint, a damaged
+def check_finite(path: Path, tensors: Mapping[str, torch.Tensor], *,
+                 advice: str = "use the checkpoint of an earlier epoch or a fresh model") -> None:
+    """Every float tensor is finite, else a one-line CheckpointError naming the first bad one and
+    the count (``advice`` ends it): a NaN or inf weight (a diverged run's checkpoint, a damaged
     file) would train to the end with NaN losses and no best model."""
     bad = []
     total = 0
@@ -154,8 +156,7 @@ def _check_finite(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         more = f" and {len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
         raise CheckpointError(
             f"weights file '{path}': tensor '{name}' holds {n:,} of {size:,} values that are NaN or infinite"
-            f"{more} ({total:,} in all); expected finite weights: use the checkpoint of an earlier epoch or a "
-            "fresh model"
+            f"{more} ({total:,} in all); expected finite weights: {advice}"
         )
 
 
