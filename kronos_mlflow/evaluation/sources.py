@@ -32,12 +32,10 @@ def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
 
     from ..compare import resolve_tracking_uri
     from ..mlflow_model import load_tokenizer as load_logged
-    from ..tracking.model_logging import using_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)  # an existing store: never a new empty database
     try:
-        with using_tracking_uri(uri):
-            return load_logged(spec, map_location=str(device)).eval()
+        return load_logged(spec, map_location=str(device), tracking_uri=uri).eval()
     except UserError as exc:  # the downloaded checkpoint itself is bad
         raise UserError(f"{what} '{spec}': {exc}") from None
     except (MlflowException, OSError, ValueError) as exc:

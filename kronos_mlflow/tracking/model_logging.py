@@ -62,7 +62,7 @@ def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def using_tracking_uri(uri: str):
+def _tracking_uri(uri: str):
     """MLflow's fluent API on ``uri`` for a moment, then the process's previous setting back
     (``set_tracking_uri`` is process-wide and also writes ``MLFLOW_TRACKING_URI``)."""
     import mlflow
@@ -120,7 +120,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     package_dir = os.path.dirname(os.path.abspath(mlflow_model.__file__))
     code_file = os.path.join(package_dir, "pyfunc_model.py")
     client = mlflow_logger.client
-    with using_tracking_uri(mlflow_logger.tracking_uri):
+    with _tracking_uri(mlflow_logger.tracking_uri):
         logged = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=mlflow_logger.run_id,
                                                 experiment_id=mlflow_logger.experiment_id)
         info = mlflow.pyfunc.log_model(
@@ -140,7 +140,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     linked += _model_metrics(mlflow_logger, heldout_metrics or {}, int(step), logged.model_id, heldout_dataset)
     if linked:
         client.log_batch(mlflow_logger.run_id, metrics=linked)
-    with using_tracking_uri(mlflow_logger.tracking_uri):
+    with _tracking_uri(mlflow_logger.tracking_uri):
         loaded = mlflow.pyfunc.load_model(info.model_uri)
     got = loaded.predict(x)
     if not np.array_equal(got["tokens"], expected["tokens"]) or not np.allclose(
@@ -150,7 +150,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     mlflow_logger.set_tags({"best_model_uri": info.model_uri})
     name = config.get("registered_model_name")
     if name:
-        with using_tracking_uri(mlflow_logger.tracking_uri):
+        with _tracking_uri(mlflow_logger.tracking_uri):
             version = mlflow.register_model(info.model_uri, name)
         mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
         info.registered_version = version.version  # type: ignore[attr-defined]
