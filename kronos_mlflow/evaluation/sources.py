@@ -24,7 +24,10 @@ def load_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, 
         return _from_mlflow(spec, device, tracking_uri, what)
     from ..model import KronosTokenizer
 
-    return KronosTokenizer.from_pretrained(spec, map_location=device).eval()
+    try:
+        return KronosTokenizer.from_pretrained(spec, map_location=device).eval()
+    except UserError as exc:  # which argument it was, then the checkpoint's own line
+        raise UserError(f"{what}: {exc}") from None
 
 
 def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
