@@ -191,12 +191,24 @@ def test_two_ranks_score_every_window_once_and_agree(tmp_path):
 # ----------------------------------------------------------------------------- the sweep's champion rule
 
 
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A real sqlite MLflow store and a good checkpoint ``ckpt``, made once for the module."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("evaluation-store")
+    uri = f"sqlite:///{root}/mlflow.db"
+    MlflowClient(uri).search_experiments()
+    _model().save_pretrained(root / "ckpt")
+    return root, uri
+
+
 @pytest.fixture()
-def champion_store(tmp_path):
+def champion_store(workspace, tmp_path):
     """A real sqlite MLflow store with a registered model whose alias champion names a run."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(workspace[1])
     champion = client.create_run("0", tags={"verdict": "better", "data_digest": "d1", "test_windows_digest": "w1"})
     client.log_metric(champion.info.run_id, "test_tokenizer_loss", 0.50)
     client.create_registered_model("tok")
@@ -239,15 +251,13 @@ def test_the_champion_moves_only_for_a_better_trial_that_beats_it(champion_store
     (["ckpt", "--verdict-min-change", "nan"], "verdict_min_change"),
     (["ckpt", "--base", "/nonexistent/base"], "/nonexistent/base"),
 ])
-def test_evaluate_tokenizer_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, needle):
-    from mlflow import MlflowClient
-
+def test_evaluate_tokenizer_bad_input_is_one_line_and_exit_2(workspace, tmp_path, monkeypatch, capsys,
+                                                             argv, needle):
     from kronos_mlflow.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    MlflowClient().search_experiments()  # an existing, empty store
-    _model().save_pretrained(tmp_path / "ckpt")
+    root, uri = workspace
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     capsys.readouterr()  # (creating the store logs on stderr)
     try:
         rc = main(["evaluate-tokenizer", *argv, "--qlib-data-path", str(small_market_path()), "--lookback-window",
