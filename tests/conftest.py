@@ -81,3 +81,21 @@ def postgres() -> Iterator[str]:
             yield url
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def user_run(tmp_path_factory):
+    """One real ``mlflow run .`` (tests/shared_runs.py), made on first use and read by several
+    tests: the README table, the end-to-end checks, serving, system metrics."""
+    from shared_runs import mlflow_run_main
+
+    return mlflow_run_main(tmp_path_factory.mktemp("user-run"))
+
+
+@pytest.fixture(scope="session")
+def user_sweep(tmp_path_factory):
+    """``mlflow run . -e sweep`` typed twice on one study (tests/shared_runs.py), read by the
+    sweep tests and the Optuna Dashboard test."""
+    from shared_runs import mlflow_run_sweep_twice
+
+    return mlflow_run_sweep_twice(tmp_path_factory.mktemp("user-sweep"))

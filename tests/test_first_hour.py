@@ -111,7 +111,8 @@ def _wait_for(predicate, deadline_s: float, what: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, nproc", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+# SIGTERM (a job scheduler) on two workers, SIGINT (Ctrl-C) on one: both signals, both launch shapes.
+@pytest.mark.parametrize("sig, nproc", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig, nproc):
     """``mlflow run .`` (its whole process group, as a terminal's Ctrl-C or a job scheduler
     signals it) stopped mid-training: the run ends KILLED with a stop_reason, the console gets
@@ -199,20 +200,15 @@ def _artifacts(client, run_id, path=None):
 
 
 @pytest.mark.slow
-def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
+def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
+    """The shared ``mlflow run .`` (tests/shared_runs.py: the tiny config file, two workers,
+    a registered model) records exactly what the table says."""
     from kronos_mlflow import config as cfg
     from kronos_mlflow.keys import MLPROJECT_PARAMS
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = _client(uri)
-    client.search_experiments()
-    config = _tiny_yaml(tmp_path)
-    cmd, env = _mlflow_run(tmp_path, uri, f"config_file={config}", "n_train_iter=64", "n_val_iter=36", "epochs=2",
-                           "comet=off", "registered_model_name=kronos-readme")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "type hints" not in proc.stderr, proc.stderr[-3000:]  # no MLflow warning of our making
-    run = _only_run(client)
+    uri, client = user_run.uri, user_run.client()
+    assert "type hints" not in user_run.stderr, user_run.stderr[-3000:]  # no MLflow warning of our making
+    run = user_run.run()
     rows = readme_table()
     metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]
     documented_metrics = {name for k in metric_rows for name in rows[k]}
@@ -229,7 +225,7 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
     assert any(k.startswith("system/") for k in run.data.metrics)
     for key in rows["per epoch (step = epoch)"]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 1]  # 0-based epochs
-    summary_path = run_dir(tmp_path / "outputs") / "summary.json"
+    summary_path = run_dir(user_run.save_path) / "summary.json"
     best_epoch = json.loads(summary_path.read_text())["final_result"]["best_epoch"]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "best_val_loss")] == [best_epoch]
 
@@ -240,7 +236,7 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
     assert always <= ours, always - ours
     assert ours <= always | sometimes, ours - always - sometimes
     assert run.data.tags["run_directory"] == str(summary_path.parent.resolve())
-    assert run.data.tags["world_size"] == "1" and run.data.tags["device"] == "cpu"
+    assert run.data.tags["world_size"] == str(user_run.nproc) and run.data.tags["device"] == "cpu"
 
     # artifacts: exactly the documented files
     assert sorted(_artifacts(client, run.info.run_id)) == sorted(_row(rows, "artifacts"))
@@ -325,7 +321,7 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
     before = _tree(first[0])
     assert "checkpoints/best_model/model.safetensors" in before and "summary.json" in before
 
-    train("--seed", "2")
+    train("--seed", "2", "--system-metrics", "off")  # a name-only key: the directory follows the seed
     dirs = sorted(folder.glob("cfg-*"))
     assert len(dirs) == 2
     assert _tree(first[0]) == before
@@ -337,6 +333,10 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
 
     runs = _client(uri).search_runs(["0"])
     assert sorted(r.data.tags["run_directory"] for r in runs) == sorted(str(d.resolve()) for d in dirs)
+    # --system-metrics off: that run has no system/ metric, the others (the default, on) do
+    off = [r for r in runs if r.data.params["system_metrics"] == "off"]
+    assert len(off) == 1 and not [k for k in off[0].data.metrics if k.startswith("system/")]
+    assert all(any(k.startswith("system/") for k in r.data.metrics) for r in runs if r not in off)
     assert {r.data.params["qlib_data_path"] for r in runs} == {""}
     assert {r.inputs.dataset_inputs[0].dataset.name for r in runs} == {"qlib-csi300-demo"}
 
