@@ -1,7 +1,7 @@
 """The first hour of a new user, through the commands they type: a mistyped flag is refused
 (and the ``mlflow run`` run says why), runs never overwrite each other's files, SIGTERM and
-Ctrl-C end the run KILLED with one line, and the README's "What a run records" table is what
-a real run records."""
+Ctrl-C end the run KILLED with one line, and the "What a run records" table (docs/run-records.md)
+is what a real run records."""
 
 from __future__ import annotations
 
@@ -170,15 +170,17 @@ def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig,
     assert not [line for line in err.splitlines() if "[rank 1]" in line or "ChildFailedError" in line], err[-3000:]
 
 
-# ----------------------------------------------------------------------------- README vs a real run
+# ----------------------------------------------------------------------------- the docs' table vs a real run
+
+RUN_RECORDS = ROOT / "docs" / "run-records.md"
 
 
 def readme_table() -> dict[str, list[str]]:
-    """README's "What a run records" table: kind -> the backticked names of its row."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## What a run records"):]
+    """The "What a run records" table of docs/run-records.md (linked from the README): kind -> the
+    backticked names of its row."""
+    text = RUN_RECORDS.read_text()
     rows: dict[str, list[str]] = {}
-    for line in section[section.index("| kind | names |"):].splitlines()[2:]:
+    for line in text[text.index("| kind | names |"):].splitlines()[2:]:
         if not line.startswith("|"):
             break
         kind, names = [cell.strip() for cell in line.strip().strip("|").split("|", 1)]

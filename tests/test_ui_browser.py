@@ -3,9 +3,10 @@
 A real ``mlflow server`` (sqlite + proxied artifacts in a temp dir) receives two tiny trainings
 with different learning rates, run as ``python -m kronos_mlflow.train`` subprocesses. Playwright
 then opens the experiment's runs page, the run-comparison page that ``kronos-mlflow compare
---url`` prints, and one run's reconstruction plot, and checks that both runs show with their
-learning_rate and best_val_loss. Screenshots are kept in ``test-artifacts/`` (gitignored) and
-their paths printed (``pytest -s`` or ``-rP`` shows them).
+--url`` prints, and the best run's reconstruction plot and metric charts, and checks that both
+runs show with their learning_rate and best_val_loss. Screenshots are kept in ``test-artifacts/`` (gitignored) and
+their paths printed (``pytest -s`` or ``-rP`` shows them); ``ui_run_metrics.png``, the best run's
+metric charts, is the picture in the README (docs/images/mlflow-run.png).
 
 Needs Debian's Chromium at /usr/bin/chromium (``apt-get install -y chromium``); skipped, with
 that reason, when it is missing. Playwright's own browser download is never used.
@@ -141,7 +142,8 @@ def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
     print(table.stdout)
 
     ARTIFACTS.mkdir(exist_ok=True)
-    shots = {name: ARTIFACTS / f"ui_{name}.png" for name in ("runs", "compare", "compare_tables", "run_plot")}
+    shots = {name: ARTIFACTS / f"ui_{name}.png"
+             for name in ("runs", "compare", "compare_tables", "run_plot", "run_metrics")}
     best_run = min(runs.values(), key=lambda r: r.data.metrics["best_val_loss"])
     with local_browser(tmp_path / "chromium-profile", "the UI") as context:
         # 1. the experiment's runs table
@@ -184,6 +186,14 @@ def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
         page.locator("img[src^='blob:']:visible").first.wait_for(timeout=30_000)
         page.wait_for_timeout(1000)
         _shot(page, shots["run_plot"])
+
+        # 4. the best run's metric charts, in the UI's "Model training" view (the README's picture)
+        page = _open(context, f"{base}/#/experiments/{exp_id}/runs/{rid}/model-metrics?workflowType=machine_learning",
+                     "tokenizer_learning_rate")
+        _close_assistant(page)
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.wait_for_timeout(800)
+        _shot(page, shots["run_metrics"])
 
     # the plots also came back through the server's artifact proxy
     local = client.download_artifacts(best_run.info.run_id, "plots", str(tmp_path / "dl"))
