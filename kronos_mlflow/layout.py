@@ -1,7 +1,7 @@
 """Where a run keeps its files, in one place: ``{save_path}/{tokenizer_save_folder_name}/{run key}/``.
 
 The run key is ``cfg-`` and the first 12 hex digits of the config digest
-(:func:`kronos_mlflow.checkpoint.config_digest`, world size included): a run with another
+(:func:`kronos_mlflow.digest.config_digest`, world size included): a run with another
 config never touches this run's files, and the same command again (after a crash or a stop)
 finds its own training state and resumes. When that directory holds a finished run
 (``summary.json``), the same config again gets ``cfg-<digest>-2``, ``-3``, ...: a finished
@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .digest import config_digest
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,4 @@ class RunLayout:
 def run_key(config: Mapping[str, Any], world_size: int = 1) -> str:
     """``cfg-`` + 12 hex digits of the config digest (the keys that decide the numbers, and
     the world size): the same for a restarted run, different for another config."""
-    from .checkpoint import config_digest
-
     return "cfg-" + config_digest(config, world_size=world_size)[:12]

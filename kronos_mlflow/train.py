@@ -52,11 +52,26 @@ def build_model(config: Mapping[str, Any]):
     return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**cfg.model_kwargs(config))
 
 
-def train_model(model, device, config, save_dir, logger, rank, world_size, **kwargs):
-    """The seed's contract (``(model, {"best_val_loss": ...})``); see :func:`kronos_mlflow.trainer.train_model`."""
-    from .trainer import train_model as _train_model
+def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
+                resume_state=None, run_ids=None):
+    """The seed's contract: train ``model`` and keep the best checkpoint under ``save_dir``.
 
-    return _train_model(model, device, config, save_dir, logger, rank, world_size, **kwargs)
+    Returns ``(model, result)`` with ``result["best_val_loss"]``. ``logger`` is an experiment
+    logger on rank 0 and may be ``None`` elsewhere; every rank takes part in the collectives.
+    Such callers pass their ``rank`` in, so it decides here, once, who prints and writes files
+    (see :func:`kronos_mlflow.trainer.fit`).
+    """
+    from .console import Console
+    from .layout import RunLayout
+    from .tracking.protocol import NullLogger
+    from .trainer import RunFiles, fit
+
+    main = rank == 0
+    files = RunFiles(RunLayout(Path(save_dir)), enabled=main)
+    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, Console(main),
+                 rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
+                 run_ids=run_ids)
+    return model, result
 
 
 def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:

@@ -6,17 +6,23 @@ validation MSE of the full reconstruction averaged over every validation sample 
 best checkpoint kept. Every rank runs the same code: what only rank 0 does (print, write files,
 log) is decided once by the caller, through the :class:`~kronos_mlflow.console.Console`, the
 :class:`RunFiles` and the logger it passes in (silent, no-op and :class:`NullLogger` elsewhere).
+
+``fit`` reads as the loop itself; what it does once is in named pieces: :func:`load_data`,
+:func:`resume_or_start` (a killed run's state, or the starting weights' validation),
+:func:`validate_epoch` (validation, its metrics, the best checkpoint), :func:`save_progress`
+(the training state) and :func:`finish_run` (the result and the plots).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +215,165 @@ class RunFiles:
             log_validation_plots(logger, config, str(self.layout.root), val_ds, stats, best_epoch)
 
 
+# --------------------------------------------------------------------------- the pieces of a run
+
+
+@dataclass
+class RunData:
+    """The training and validation splits, and this rank's loaders over them."""
+
+    train_ds: QlibDataset
+    val_ds: QlibDataset
+    train_loader: Any
+    val_loader: Any
+
+    @property
+    def has_val(self) -> bool:
+        return len(self.val_ds) > 0
+
+
+def load_data(config: Mapping[str, Any], rank: int, world_size: int, device, console: Console) -> RunData:
+    """The splits and this rank's share of their batches. No training window, or fewer than one
+    batch per process, is a one-line error; no validation window is a warning."""
+    train_ds = QlibDataset("train", config)
+    val_ds = QlibDataset("val", config)
+    if len(train_ds) == 0:
+        raise UserError(
+            f"no training windows for instrument '{config['instrument']}' in {':'.join(config['train_time_range'])}; "
+            "widen train_time_range or choose another instrument"
+        )
+    if len(val_ds) == 0:
+        console.warn(f"no validation windows in {':'.join(config['val_time_range'])}: training runs without "
+                     "validation and keeps the last epoch as best_model")
+    train_loader = train_loader_for(train_ds, config, rank, world_size, device)
+    val_loader = val_loader_for(val_ds, config, rank, world_size)
+    if len(train_loader) == 0:
+        raise ConfigError(
+            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"{len(train_ds)} training windows per epoch; lower batch_size or raise n_train_iter"
+        )
+    return RunData(train_ds, val_ds, train_loader, val_loader)
+
+
+@dataclass
+class Progress:
+    """Where the loop stands between epochs: what a training state saves and a resume restores."""
+
+    start_epoch: int = 0
+    global_step: int = 0
+    best_val_loss: float = math.inf
+    best_epoch: int = -1
+    history: list[float] = field(default_factory=list)  # validation loss of each epoch
+    initial: float | None = None  # validation loss of the starting weights
+    best_stats: ValidationStats | None = None  # codebook use and per-feature errors at the best epoch (for the plots)
+
+
+def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
+                    console: Console, *, rank: int, resume_state: Mapping[str, Any] | None,
+                    last_epoch: int) -> Progress:
+    """The progress of the killed run that ``resume_state`` names, loaded into the model,
+    optimizer and scheduler; without one, a fresh start after validating the starting weights."""
+    if resume_state is None:
+        initial = global_val_loss(raw_model, data.val_loader, device) if data.has_val else None
+        if initial is not None:
+            logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
+            console.print(f"starting weights: val_loss={initial:.6f}")
+        return Progress(initial=initial)
+    # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
+    state = checkpoint.load_training_state(resume_state["directory"], model=raw_model, optimizer=optimizer,
+                                           scheduler=scheduler, map_location=device, rank=rank)
+    extra = state["extra"]
+    progress = Progress(
+        start_epoch=state["next_epoch"], global_step=state["global_step"],
+        best_val_loss=state["best_val_loss"] if state["best_val_loss"] is not None else math.inf,
+        best_epoch=int(extra.get("best_epoch", -1)), history=list(extra.get("val_loss_history", [])),
+        initial=extra.get("val_loss_initial"),
+    )
+    console.print(f"resuming at epoch {progress.start_epoch}/{last_epoch} (step {progress.global_step}, "
+                  f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
+    return progress
+
+
+def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimizer, scheduler, progress: Progress,
+                  epoch: int, *, config: Mapping[str, Any], world_size: int,
+                  run_ids: Mapping[str, Any] | None) -> None:
+    """The training state after ``epoch`` (-1: before the first), written where ``files`` writes.
+    Every rank calls it: the RNG states are gathered from all of them."""
+    rng_states = checkpoint.gather_rng_states()  # a collective: every rank
+    logger.persist()  # metrics of the steps this state says are done: sent or on disk
+    best = progress.best_val_loss
+    files.save_state(
+        model=raw_model, optimizer=optimizer, scheduler=scheduler, epoch=epoch, global_step=progress.global_step,
+        best_val_loss=best if math.isfinite(best) else None,
+        run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
+        config={**config, "world_size": world_size},
+        extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
+               "val_loss_initial": progress.initial},
+        rng_states=rng_states,
+    )
+
+
+class EpochValidation(NamedTuple):
+    """What :func:`validate_epoch` found."""
+
+    loss: float | None  # over every rank's samples; None without a validation split
+    metrics: dict[str, float]  # codebook use and per-feature errors (empty without validation)
+    stats: ValidationStats | None
+    improved: bool  # this epoch is the best so far: its checkpoint was saved
+
+
+def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progress, logger: ExperimentLogger,
+                   files: RunFiles) -> EpochValidation:
+    """The epoch's validation (a collective) and its metrics; the best checkpoint when it improved.
+    Without a validation split every epoch is the best, so the last one is kept."""
+    stats = ValidationStats.for_model(raw_model, device) if data.has_val else None
+    val_loss = global_val_loss(raw_model, data.val_loader, device, stats) if data.has_val else None
+    quality_metrics = stats.metrics() if stats is not None else {}
+    improved = False
+    if val_loss is not None:
+        progress.history.append(val_loss)
+        logger.log_metrics({VAL_METRIC: val_loss, **quality_metrics}, step=epoch)
+        if val_loss < progress.best_val_loss:
+            progress.best_val_loss, progress.best_epoch, improved, progress.best_stats = val_loss, epoch, True, stats
+    else:
+        progress.best_epoch, improved = epoch, True
+    if improved:
+        files.save_best(raw_model)
+    return EpochValidation(val_loss, quality_metrics, stats, improved)
+
+
+def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, Any], logger: ExperimentLogger,
+               files: RunFiles) -> dict[str, Any]:
+    """The run's result, ``best_val_loss`` logged, and the best epoch's validation plots."""
+    best_val_loss, best_stats = progress.best_val_loss, progress.best_stats
+    result = {
+        "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else float("nan"),
+        "best_epoch": progress.best_epoch,
+        "val_loss_history": progress.history,
+        "val_loss_initial": progress.initial,
+        "steps": progress.global_step,
+        "best_val_quality": best_stats.metrics() if best_stats is not None else None,
+    }
+    if math.isfinite(best_val_loss):
+        logger.log_metrics({BEST_METRIC: best_val_loss}, step=progress.best_epoch)
+    if data.has_val and best_stats is None and progress.best_epoch >= 0:
+        # Resumed after the best epoch: its statistics are recomputed from best_model.
+        best_stats = best_model_stats(files.layout.best_model, data.val_loader, device)
+        result["best_val_quality"] = best_stats.metrics()
+    files.log_plots(logger, config, data.val_ds if data.has_val else None, best_stats, progress.best_epoch)
+    return result
+
+
+def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
+    """Validation statistics of the checkpoint in ``best_dir`` (a collective: every rank)."""
+    from .model import KronosTokenizer
+
+    best_model = KronosTokenizer.from_pretrained(best_dir, map_location=device)
+    stats = ValidationStats.for_model(best_model, device)
+    global_val_loss(best_model, val_loader, device, stats)
+    return stats
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -226,148 +391,41 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     ``val_loss_initial``, ``steps`` and ``best_val_quality``.
     """
     raw_model = unwrap_model(model)
-    train_ds = QlibDataset("train", config)
-    val_ds = QlibDataset("val", config)
-    if len(train_ds) == 0:
-        raise UserError(
-            f"no training windows for instrument '{config['instrument']}' in {':'.join(config['train_time_range'])}; "
-            "widen train_time_range or choose another instrument"
-        )
-    if len(val_ds) == 0:
-        console.warn(f"no validation windows in {':'.join(config['val_time_range'])}: training runs without "
-                     "validation and keeps the last epoch as best_model")
-    train_loader = train_loader_for(train_ds, config, rank, world_size, device)
-    val_loader = val_loader_for(val_ds, config, rank, world_size)
-    steps_per_epoch = len(train_loader)
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
-            f"{len(train_ds)} training windows per epoch; lower batch_size or raise n_train_iter"
-        )
-
+    data = load_data(config, rank, world_size, device, console)
+    steps_per_epoch = len(data.train_loader)
     optimizer = build_optimizer(raw_model, config, log=console.print)
     scheduler = build_scheduler(optimizer, config, steps_per_epoch)
-    has_val = len(val_ds) > 0
     precision = resolve_precision(config["precision"], device)
-
-    best_val_loss = math.inf
-    best_epoch = -1
     last_epoch = config["epochs"] - 1  # epochs are counted from 0 everywhere: console, metrics, summary, plots
-    best_stats = None  # codebook use and per-feature errors at the best epoch (for the plots)
-    history: list[float] = []
-    global_step = 0
-    start_epoch = 0
-    if resume_state is not None:
-        # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
-        state = checkpoint.load_training_state(resume_state["directory"], model=raw_model, optimizer=optimizer,
-                                               scheduler=scheduler, map_location=device, rank=rank)
-        start_epoch, global_step = state["next_epoch"], state["global_step"]
-        if state["best_val_loss"] is not None:
-            best_val_loss = state["best_val_loss"]
-        extra = state["extra"]
-        best_epoch = int(extra.get("best_epoch", -1))
-        history = list(extra.get("val_loss_history", []))
-        initial = extra.get("val_loss_initial")
-        console.print(f"resuming at epoch {start_epoch}/{last_epoch} (step {global_step}, "
-                      f"best val_loss {best_val_loss:.6f}) from {state['directory']}")
-    else:
-        initial = global_val_loss(raw_model, val_loader, device) if has_val else None
-        if initial is not None:
-            logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
-            console.print(f"starting weights: val_loss={initial:.6f}")
-    digest = checkpoint.config_digest(config, world_size=world_size)
 
-    def save_state(epoch: int) -> None:
-        rng_states = checkpoint.gather_rng_states()  # a collective: every rank
-        logger.persist()  # metrics of the steps this state says are done: sent or on disk
-        files.save_state(
-            model=raw_model, optimizer=optimizer, scheduler=scheduler, epoch=epoch, global_step=global_step,
-            best_val_loss=best_val_loss if math.isfinite(best_val_loss) else None,
-            run_ids=run_ids or {}, config_digest=digest, config={**config, "world_size": world_size},
-            extra={"best_epoch": best_epoch, "val_loss_history": history, "val_loss_initial": initial},
-            rng_states=rng_states,
-        )
-
+    progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
+                               resume_state=resume_state, last_epoch=last_epoch)
+    save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
+                                   config=config, world_size=world_size, run_ids=run_ids)
     if resume_state is None:
         save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
     model.train()
-    for epoch in range(start_epoch, config["epochs"]):
+    for epoch in range(progress.start_epoch, config["epochs"]):
         t0 = time.time()
-        train_ds.set_epoch_seed(epoch)
-        val_ds.set_epoch_seed(0)
-        running, global_step = train_epoch(model, optimizer, scheduler, train_loader, device, config, precision,
-                                           logger, console, global_step, f"epoch {epoch}/{last_epoch}")
-
-        stats = ValidationStats.for_model(raw_model, device) if has_val else None
-        val_loss = global_val_loss(raw_model, val_loader, device, stats) if has_val else None
-        quality_metrics = stats.metrics() if stats is not None else {}
-        improved = False
-        if val_loss is not None:
-            history.append(val_loss)
-            logger.log_metrics({VAL_METRIC: val_loss, **quality_metrics}, step=epoch)
-            if val_loss < best_val_loss:
-                best_val_loss, best_epoch, improved, best_stats = val_loss, epoch, True, stats
-        else:
-            best_epoch, improved = epoch, True
-        if improved:
-            files.save_best(raw_model)
-        shown = f"{val_loss:.6f}" if val_loss is not None else "n/a"
+        data.train_ds.set_epoch_seed(epoch)
+        data.val_ds.set_epoch_seed(0)
+        running, progress.global_step = train_epoch(model, optimizer, scheduler, data.train_loader, device, config,
+                                                    precision, logger, console, progress.global_step,
+                                                    f"epoch {epoch}/{last_epoch}")
+        val = validate_epoch(raw_model, data, device, epoch, progress, logger, files)
+        shown = f"{val.loss:.6f}" if val.loss is not None else "n/a"
         console.print(f"epoch {epoch}/{last_epoch}: train_loss={running / steps_per_epoch:.6f} "
-                      f"val_loss={shown} best={best_val_loss:.6f} ({time.time() - t0:.1f}s)"
-                      + (" *saved*" if improved else ""))
-        if quality_metrics:
-            console.print(f"  {describe_quality(quality_metrics, stats.s1_bits, stats.s2_bits)}")
+                      f"val_loss={shown} best={progress.best_val_loss:.6f} ({time.time() - t0:.1f}s)"
+                      + (" *saved*" if val.improved else ""))
+        if val.metrics:
+            console.print(f"  {describe_quality(val.metrics, val.stats.s1_bits, val.stats.s2_bits)}")
         # The training state after this epoch (after best_model: a state never points at a best
         # checkpoint that is not on disk).
         save_state(epoch)
-        stop = bool(should_stop(epoch, val_loss)) if should_stop is not None else False
+        stop = bool(should_stop(epoch, val.loss)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
             console.print(f"pruned after epoch {epoch}")
-            raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val_loss}")
+            raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
         barrier()
-
-    result = {
-        "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else float("nan"),
-        "best_epoch": best_epoch,
-        "val_loss_history": history,
-        "val_loss_initial": initial,
-        "steps": global_step,
-        "best_val_quality": best_stats.metrics() if best_stats is not None else None,
-    }
-    if math.isfinite(best_val_loss):
-        logger.log_metrics({BEST_METRIC: best_val_loss}, step=best_epoch)
-    if has_val and best_stats is None and best_epoch >= 0:
-        # Resumed after the best epoch: its statistics are recomputed from best_model.
-        best_stats = best_model_stats(files.layout.best_model, val_loader, device)
-        result["best_val_quality"] = best_stats.metrics()
-    files.log_plots(logger, config, val_ds if has_val else None, best_stats, best_epoch)
-    return result
-
-
-def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
-    """Validation statistics of the checkpoint in ``best_dir`` (a collective: every rank)."""
-    from .model import KronosTokenizer
-
-    best_model = KronosTokenizer.from_pretrained(best_dir, map_location=device)
-    stats = ValidationStats.for_model(best_model, device)
-    global_val_loss(best_model, val_loader, device, stats)
-    return stats
-
-
-def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
-                resume_state=None, run_ids=None):
-    """The seed's contract: train ``model`` and keep the best checkpoint under ``save_dir``.
-
-    Returns ``(model, result)`` with ``result["best_val_loss"]``. ``logger`` is an experiment
-    logger on rank 0 and may be ``None`` elsewhere; every rank takes part in the collectives.
-    This is where such callers' ``rank`` decides who prints and writes files (see :func:`fit`).
-    """
-    from .tracking.protocol import NullLogger
-
-    main = rank == 0
-    files = RunFiles(RunLayout(Path(save_dir)), enabled=main)
-    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, Console(main),
-                 rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
-                 run_ids=run_ids)
-    return model, result
+    return finish_run(progress, data, device, config, logger, files)

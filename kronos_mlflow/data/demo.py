@@ -94,6 +94,50 @@ def _check_size(n_symbols: int, seed: int) -> None:
         raise DataError(f"--seed {seed} is negative; expected an integer >= 0")
 
 
+def _listing_spans(rng: np.random.Generator, T: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each symbol's first and last calendar index: late listings, delistings; symbol 1 is
+    always late, 2 always delisted, so even a tiny market has both (and both are in csi300)."""
+    starts = np.zeros(n, dtype=int)
+    ends = np.full(n, T - 1, dtype=int)
+    late = rng.random(n) < 0.25
+    dead = rng.random(n) < 0.12
+    if n > 1:
+        late[1] = True
+    if n > 2:
+        dead[2] = True
+    starts[late] = (rng.uniform(0.05, 0.6, late.sum()) * T).astype(int)
+    dead_end = (rng.uniform(0.55, 0.95, n) * T).astype(int)
+    ends[dead] = np.maximum(dead_end[dead], np.minimum(starts[dead] + T // 4, T - 1))
+    ends = np.minimum(ends, T - 1)
+    if n > 3:  # a recent listing: shorter than a default window (101 days), so prepare drops it
+        starts[3], ends[3] = max(0, T - 60), T - 1
+    return starts, ends
+
+
+def _symbol_series(rng: np.random.Generator, name: str, i: int, a: int, b: int,
+                   fields_all: dict[str, np.ndarray]) -> pv.SymbolSeries:
+    """Symbol ``i``'s columns over calendar days ``a..b``, float32, with suspension spells:
+    interior days with no trade (NaN in every field), at least one for symbol 0."""
+    length = b - a + 1
+    suspended = np.zeros(length, dtype=bool)
+    k = rng.poisson(length / 500.0) + (1 if i == 0 else 0)
+    for _ in range(k):
+        if length < 10:
+            break
+        d0 = int(rng.integers(1, length - 2))
+        d1 = min(length - 1, d0 + int(rng.geometric(0.25)))
+        suspended[d0:d1] = True
+    fields = {}
+    for field_name, arr in fields_all.items():
+        col = arr[a : b + 1, i].astype(np.float32)
+        col[suspended] = np.nan
+        fields[field_name] = col
+    factor = np.ones(length, dtype=np.float32)
+    factor[suspended] = np.nan
+    fields["factor"] = factor
+    return pv.SymbolSeries(name, a, fields)
+
+
 def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
                          start: str = DEFAULT_START, end: str = DEFAULT_END) -> DemoMarket:
     """The market as arrays (deterministic in its arguments); see the module docstring."""
@@ -138,50 +182,12 @@ def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_S
     volume = np.round(base * np.exp(liq + 0.45 * np.abs(ret - drift) / sigma)).clip(min=100.0)
     amount = vwap * volume
 
-    # Listing spans: late listings, delistings; symbol 1 is always late, 2 always delisted,
-    # so even a tiny market has both (and both are in csi300).
-    starts = np.zeros(n, dtype=int)
-    ends = np.full(n, T - 1, dtype=int)
-    late = rng.random(n) < 0.25
-    dead = rng.random(n) < 0.12
-    if n > 1:
-        late[1] = True
-    if n > 2:
-        dead[2] = True
-    starts[late] = (rng.uniform(0.05, 0.6, late.sum()) * T).astype(int)
-    dead_end = (rng.uniform(0.55, 0.95, n) * T).astype(int)
-    ends[dead] = np.maximum(dead_end[dead], np.minimum(starts[dead] + T // 4, T - 1))
-    ends = np.minimum(ends, T - 1)
-    if n > 3:  # a recent listing: shorter than a default window (101 days), so prepare drops it
-        starts[3], ends[3] = max(0, T - 60), T - 1
-
+    starts, ends = _listing_spans(rng, T, n)
     fields_all = {"open": open_, "high": high, "low": low, "close": close, "volume": volume,
                   "amount": amount, "vwap": vwap}
     width = max(3, len(str(n)))
     names = [f"DEMO{i:0{width}d}" for i in range(n)]
-    series: list[pv.SymbolSeries] = []
-    for i in range(n):
-        a, b = int(starts[i]), int(ends[i])
-        length = b - a + 1
-        # Suspension spells: interior days with no trade (NaN in every field).
-        suspended = np.zeros(length, dtype=bool)
-        k = rng.poisson(length / 500.0) + (1 if i == 0 else 0)
-        for _ in range(k):
-            if length < 10:
-                break
-            d0 = int(rng.integers(1, length - 2))
-            d1 = min(length - 1, d0 + int(rng.geometric(0.25)))
-            suspended[d0:d1] = True
-        fields = {}
-        for name, arr in fields_all.items():
-            col = arr[a : b + 1, i].astype(np.float32)
-            col[suspended] = np.nan
-            fields[name] = col
-        factor = np.ones(length, dtype=np.float32)
-        factor[suspended] = np.nan
-        fields["factor"] = factor
-        series.append(pv.SymbolSeries(names[i], a, fields))
-
+    series = [_symbol_series(rng, names[i], i, int(starts[i]), int(ends[i]), fields_all) for i in range(n)]
     k = max(1, round(0.75 * n)) if n > 1 else 1
     members = sorted(names[:k])
     return DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: members})

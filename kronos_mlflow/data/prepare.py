@@ -314,6 +314,63 @@ class _NpyWriter:
         self._fh.close()
 
 
+def _append_to_splits(sym: str, feats: np.ndarray, stamps: np.ndarray, dates: np.ndarray, ranges: Mapping[str, Any],
+                      window: int, writers: Mapping[str, Any], series: Mapping[str, Any]) -> None:
+    """One series' rows inside each split's time range, appended to that split's files when
+    they hold at least one window, with the start row of every window."""
+    seconds = dates.astype("datetime64[s]")
+    for split, (a, b) in ranges.items():
+        i0, i1 = np.searchsorted(seconds, a, side="left"), np.searchsorted(seconds, b, side="right")
+        if i1 - i0 >= window:
+            w = writers[split]
+            first = w["x"].n
+            w["x"].append(feats[i0:i1])
+            w["stamp"].append(stamps[i0:i1])
+            w["dates"].append(dates[i0:i1])
+            w["starts"].append(np.arange(first, first + (i1 - i0) - window + 1, dtype=np.int64))
+            series[split]["symbols"].append(sym)
+            series[split]["lengths"].append(int(i1 - i0))
+
+
+def _write_offsets(out: Path, cfg: Mapping[str, Any], writers: Mapping[str, Any],
+                   series: Mapping[str, Any]) -> dict[str, Any]:
+    """Each split's ``offsets.npy`` (each series' first row) and its summary for the manifest."""
+    splits_info = {}
+    for split in SPLITS:
+        lengths = np.asarray(series[split]["lengths"], dtype=np.int64)
+        offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+        np.save(out / f"{split}_offsets.npy", offsets, allow_pickle=False)
+        splits_info[split] = {
+            "time_range": list(cfg[f"{split}_time_range"]),
+            "symbols": series[split]["symbols"],
+            "rows": int(offsets[-1]),
+            "windows": int(writers[split]["starts"].n),
+        }
+    return splits_info
+
+
+def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path: Path, window: int) -> None:
+    """No training window is an error; no validation or test window, a :class:`DataWarning`."""
+    lookback, predict, freq = cfg["lookback_window"], cfg["predict_window"], cfg["freq"]
+    inst, where = cfg["instrument"], path
+    unit = "trading days" if freq == "day" else f"{freq} bars"
+    if splits_info["train"]["windows"] == 0:
+        a, b = cfg["train_time_range"]
+        raise DataError(
+            f"no training windows: train_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol with "
+            f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1); "
+            "widen train_time_range, choose another instrument, or shorten the windows"
+        )
+    for split in ("val", "test"):
+        if splits_info[split]["windows"] == 0:
+            a, b = cfg[f"{split}_time_range"]
+            warnings.warn(
+                f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
+                f"with {window} consecutive valid {unit}; training runs without the {split} split",
+                DataWarning, stacklevel=4,
+            )
+
+
 def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any], digest: str, progress: bool) -> dict:
     """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
     never the market. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
@@ -354,18 +411,7 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
             stats["series_kept"] += 1
             stats["rows_kept"] += len(dates)
             stamps = time_features(dates.astype("datetime64[ns]"))[:, tidx].astype(np.uint8)
-            seconds = dates.astype("datetime64[s]")
-            for split, (a, b) in ranges.items():
-                i0, i1 = np.searchsorted(seconds, a, side="left"), np.searchsorted(seconds, b, side="right")
-                if i1 - i0 >= window:
-                    w = writers[split]
-                    first = w["x"].n
-                    w["x"].append(feats[i0:i1])
-                    w["stamp"].append(stamps[i0:i1])
-                    w["dates"].append(dates[i0:i1])
-                    w["starts"].append(np.arange(first, first + (i1 - i0) - window + 1, dtype=np.int64))
-                    series[split]["symbols"].append(sym)
-                    series[split]["lengths"].append(int(i1 - i0))
+            _append_to_splits(sym, feats, stamps, dates, ranges, window, writers, series)
     finally:
         for w in writers.values():
             for f in w.values():
@@ -374,35 +420,8 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     stats["symbols_kept"] = sum(seen.values())
     stats["symbols_dropped_short"] = stats["symbols_read"] - stats["symbols_kept"]
 
-    splits_info = {}
-    for split in SPLITS:
-        lengths = np.asarray(series[split]["lengths"], dtype=np.int64)
-        offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
-        np.save(out / f"{split}_offsets.npy", offsets, allow_pickle=False)
-        splits_info[split] = {
-            "time_range": list(cfg[f"{split}_time_range"]),
-            "symbols": series[split]["symbols"],
-            "rows": int(offsets[-1]),
-            "windows": int(writers[split]["starts"].n),
-        }
-
-    inst, where = cfg["instrument"], path
-    unit = "trading days" if freq == "day" else f"{freq} bars"
-    if splits_info["train"]["windows"] == 0:
-        a, b = cfg["train_time_range"]
-        raise DataError(
-            f"no training windows: train_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol with "
-            f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1); "
-            "widen train_time_range, choose another instrument, or shorten the windows"
-        )
-    for split in ("val", "test"):
-        if splits_info[split]["windows"] == 0:
-            a, b = cfg[f"{split}_time_range"]
-            warnings.warn(
-                f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
-                f"with {window} consecutive valid {unit}; training runs without the {split} split",
-                DataWarning, stacklevel=3,
-            )
+    splits_info = _write_offsets(out, cfg, writers, series)
+    _check_windows(splits_info, cfg, path, window)
 
     manifest = {
         "format": CACHE_FORMAT_VERSION,

@@ -10,7 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError, UserError
-from .trial import DEFAULT_PRUNER
+
+# Successive halving on epochs: a trial must be in the best third of the trials that reached
+# epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (docs/sweeps.md, Pruning). The
+# sweep and its trials' processes must agree on it.
+DEFAULT_PRUNER = "successive_halving"
 
 
 def make_pruner(spec: str):

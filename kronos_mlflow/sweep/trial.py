@@ -6,11 +6,9 @@ from __future__ import annotations
 import math
 import os
 
+from .study import DEFAULT_PRUNER, make_pruner
+
 EXIT_PRUNED = 42  # a pruned trial's exit code when it runs without torchrun
-# Successive halving on epochs: a trial must be in the best third of the trials that reached
-# epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (see README, Sweeps). The sweep
-# and its trials' processes must agree on it.
-DEFAULT_PRUNER = "successive_halving"
 
 # Environment handed to a trial's training process so that rank 0 can report to the study.
 ENV_STORAGE = "KRONOS_OPTUNA_STORAGE"
@@ -27,8 +25,6 @@ class TrialReporter:
 
     def __init__(self, storage_url: str, study_name: str, trial_id: int, pruner_spec: str):
         import optuna
-
-        from .study import make_pruner
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(study_name=study_name, storage=storage_url, pruner=make_pruner(pruner_spec))

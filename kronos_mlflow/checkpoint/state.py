@@ -1,6 +1,7 @@
-"""The training state of a run, saved every epoch so that a crash costs at most one epoch.
+"""The training state's format: what is saved after each epoch, written atomically, read back
+with every field and both tensor files checked.
 
-Layout (``{save_dir}`` is ``save_path/tokenizer_save_folder_name``)::
+Layout (``{save_dir}`` is the run's directory, :class:`~kronos_mlflow.layout.RunLayout`)::
 
     {save_dir}/checkpoints/last/state.json            counters, run ids, scheduler, RNG, digest
     {save_dir}/checkpoints/last/model.safetensors     model.state_dict(), names as in the model
@@ -9,77 +10,37 @@ Layout (``{save_dir}`` is ``save_path/tokenizer_save_folder_name``)::
 Nothing is pickled and nothing goes through ``torch.load``: tensors are safetensors, everything
 else (optimizer param groups, the scheduler's ``state_dict``, python/numpy/torch/CUDA RNG states,
 epoch, global step, best validation loss, MLflow run id, Comet experiment key, the config digest)
-is JSON. ``state.json`` also holds the SHA-256 and size of both tensor files, so a truncated or
-damaged file is caught before anything is loaded.
+is JSON (:mod:`.encoding`). ``state.json`` also holds the SHA-256 and size of both tensor files,
+so a truncated or damaged file is caught before anything is loaded.
 
 Atomicity. :func:`save_training_state` writes a complete new directory next to ``last``
 (``.last.tmp-*``: every file fsynced), then swaps: ``last -> last.old``, ``tmp -> last``,
 removes ``last.old``. A kill at any moment leaves either ``last`` complete, or ``last`` missing and
 ``last.old`` complete (the loaders rename it back), plus possibly a stale temp directory that
 is ignored and removed by the next save.
-
-Typical use (rank 0 saves; every rank loads)::
-
-    rng = gather_rng_states()                       # a collective: every rank calls it
-    if is_main:
-        save_training_state(state_dir(save_dir), model=raw_model, optimizer=opt, scheduler=sched,
-                            epoch=epoch, global_step=step, best_val_loss=best,
-                            run_ids={"mlflow_run_id": ..., "comet_experiment_key": ...},
-                            config_digest=config_digest(config, world_size=world_size),
-                            rng_states=rng)
-    ...
-    found = find_resumable(save_dir, config, world_size=world_size)    # None: start fresh
-    if found:
-        state = load_training_state(found["directory"], model=raw_model, optimizer=opt,
-                                    scheduler=sched, map_location=device, rank=rank)
-        start_epoch, global_step = state["next_epoch"], state["global_step"]
-
-Every problem with a saved state is a one-line :class:`~kronos_mlflow.errors.CheckpointError`
-(a :class:`~kronos_mlflow.errors.UserError`) naming the file and what to do.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
-import random
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import safetensors.torch
 import torch
-import torch.distributed as dist
 
-from .config import is_secret_key
-from .errors import CheckpointError, UserError, short_reason
-from .fsutil import fsync_dir, fsync_file, read_json
-from .layout import RunLayout
-
-__all__ = [
-    "STATE_NAME",
-    "MODEL_NAME",
-    "OPTIMIZER_NAME",
-    "RESULT_NEUTRAL_KEYS",
-    "state_dir",
-    "config_digest",
-    "digest_config",
-    "save_training_state",
-    "load_training_state",
-    "read_training_state",
-    "find_resumable",
-    "capture_rng_state",
-    "restore_rng_state",
-    "gather_rng_states",
-]
+from ..digest import digest_config
+from ..errors import CheckpointError, short_reason
+from ..fsutil import fsync_dir, fsync_file, read_json
+from ..layout import RunLayout
+from .encoding import decode, encode
+from .rng import capture_rng_state, restore_rng_state
 
 FORMAT = "kronos-mlflow-training-state"
 FORMAT_VERSION = 1
@@ -93,190 +54,10 @@ TMP_PREFIX = ".last.tmp-"
 # state.json is small (counters, param groups, RNG states): a huge one is not ours.
 _MAX_STATE_BYTES = 64 << 20
 
-#: Config keys that do not change the numbers a run produces: where things are written, how
-#: they are named or tracked, how fast they are computed (threads, compile, kernel choice,
-#: fused layers: same numbers up to float rounding), how often the console prints, and the
-#: resume switch itself. Everything else (data, sizes, optimizer, schedule, epochs, seed,
-#: precision, world size) is in the digest: resuming with another value would continue a
-#: schedule or data order the checkpoint was not made for.
-RESULT_NEUTRAL_KEYS = frozenset({
-    # tracking and naming
-    "experiment_name", "run_name", "registered_model_name",
-    "comet", "comet_project_name", "comet_workspace", "comet_offline_directory", "comet_tag", "comet_name",
-    "system_metrics", "system_metrics_interval_s",
-    # console and locations (the save directory itself is where the state lives)
-    "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
-    # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers
-    "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "malloc_reuse", "device",
-    # recorded from the launcher; the real process count is passed as world_size
-    "nproc_per_node",
-    # the switch that decides whether to resume
-    "resume",
-})
-
 
 def state_dir(save_dir: str | os.PathLike) -> Path:
     """``{save_dir}/checkpoints/last``: where a run's training state lives."""
     return RunLayout(Path(os.path.expanduser(os.fspath(save_dir)))).training_state
-
-
-# --------------------------------------------------------------------------------------------
-# config digest
-
-
-def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
-    """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
-    credential-looking keys removed, ``world_size`` added when given. JSON types only."""
-    out: dict[str, Any] = {}
-    for key in sorted(config):
-        if key in RESULT_NEUTRAL_KEYS or is_secret_key(str(key)):
-            continue
-        out[str(key)] = _plain(config[key])
-    if world_size is not None:
-        out["world_size"] = int(world_size)
-    return out
-
-
-def config_digest(config: Mapping[str, Any], *, world_size: int | None = None) -> str:
-    """SHA-256 (hex) of the canonical JSON of :func:`digest_config`.
-
-    Canonical: keys sorted, no whitespace, ASCII, floats as Python's shortest repr (so
-    ``2e-4`` and ``0.0002`` in a YAML file give the same digest once the config is validated).
-    """
-    text = json.dumps(digest_config(config, world_size=world_size), sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=True, allow_nan=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
-# --------------------------------------------------------------------------------------------
-# JSON encoding of state dicts: tensors go to a side table, the rest stays JSON
-
-
-def _encode(value: Any, path: str, tensors: dict[str, Any]) -> Any:
-    if isinstance(value, torch.Tensor):
-        name = path
-        tensors[name] = value.detach().to("cpu").contiguous().clone()
-        return {"__tensor__": name}
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return {"__float__": repr(value)}  # 'inf', '-inf', 'nan'
-    if isinstance(value, tuple):
-        return {"__tuple__": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]}
-    if isinstance(value, list):
-        return [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        if all(isinstance(k, str) for k in value):
-            return {"__dict__": {k: _encode(v, f"{path}.{k}", tensors) for k, v in value.items()}}
-        if all(isinstance(k, int) and not isinstance(k, bool) for k in value):
-            return {"__intdict__": [[k, _encode(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
-        raise CheckpointError(f"cannot save the training state: {path} has keys of mixed types")
-    try:  # numpy scalars
-        if isinstance(value, np.generic):
-            return _encode(value.item(), path, tensors)
-    except ImportError:  # pragma: no cover
-        pass
-    raise CheckpointError(
-        f"cannot save the training state: {path} is a {type(value).__name__}, which is neither a tensor nor JSON"
-    )
-
-
-def _decode(value: Any, tensors: Mapping[str, Any], where: str) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, tensors, where) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if len(value) != 1:
-        raise CheckpointError(f"{where}: an object with keys {sorted(value)[:3]} is not a saved value")
-    (tag, inner), = value.items()
-    if tag == "__tensor__":
-        if not isinstance(inner, str) or inner not in tensors:
-            raise CheckpointError(f"{where}: it refers to tensor '{inner}', which the tensor file does not hold")
-        return tensors[inner]
-    if tag == "__float__":
-        if inner not in ("inf", "-inf", "nan"):
-            raise CheckpointError(f"{where}: '{inner}' is not a saved float")
-        return float(inner)
-    if tag == "__tuple__" and isinstance(inner, list):
-        return tuple(_decode(v, tensors, where) for v in inner)
-    if tag == "__dict__" and isinstance(inner, dict):
-        return {k: _decode(v, tensors, where) for k, v in inner.items()}
-    if tag == "__intdict__" and isinstance(inner, list):
-        out = {}
-        for item in inner:
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
-                raise CheckpointError(f"{where}: a malformed integer-keyed entry")
-            out[item[0]] = _decode(item[1], tensors, where)
-        return out
-    raise CheckpointError(f"{where}: '{tag}' is not a saved value type")
-
-
-# --------------------------------------------------------------------------------------------
-# RNG states
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This process's python, numpy, torch CPU and (if any) CUDA RNG states, as JSON."""
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-        "cuda": [],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [base64.b64encode(s.cpu().numpy().tobytes()).decode("ascii")
-                         for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any], where: str = "training state") -> None:
-    """Put back what :func:`capture_rng_state` captured (CUDA only when the GPU count matches)."""
-    try:
-        py = state["python"]
-        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]),
-                         None if py["gauss_next"] is None else float(py["gauss_next"])))
-        npst = state["numpy"]
-        np.random.set_state((str(npst["name"]), np.asarray(npst["keys"], dtype=np.uint32), int(npst["pos"]),
-                             int(npst["has_gauss"]), float(npst["cached_gaussian"])))
-        raw = base64.b64decode(state["torch"], validate=True)
-        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
-        cuda = list(state.get("cuda") or [])
-    except CheckpointError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any malformed field is a damaged state
-        raise CheckpointError(f"{where}: the saved random-number-generator state is malformed ({short_reason(exc)})") from None
-    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
-        torch.cuda.set_rng_state_all(
-            [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone() for s in cuda]
-        )
-
-
-def gather_rng_states() -> list[dict[str, Any]]:
-    """Every rank's :func:`capture_rng_state`, in rank order (a collective under torchrun;
-    without a process group: a list of one). Call it on every rank, save on rank 0."""
-    mine = capture_rng_state()
-    if not (dist.is_available() and dist.is_initialized()):
-        return [mine]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)  # our own processes: trusted
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,13 +97,13 @@ def save_training_state(
     for name, tensor in model.state_dict().items():
         model_tensors[name] = tensor.detach().to("cpu").contiguous().clone()
     opt_tensors: dict[str, Any] = {}
-    opt_json = _encode(optimizer.state_dict(), "optimizer", opt_tensors)
+    opt_json = encode(optimizer.state_dict(), "optimizer", opt_tensors)
     sched_tensors: dict[str, Any] = {}
-    sched_json = _encode(scheduler.state_dict(), "scheduler", sched_tensors) if scheduler is not None else None
+    sched_json = encode(scheduler.state_dict(), "scheduler", sched_tensors) if scheduler is not None else None
     if sched_tensors:  # no scheduler of ours holds tensors; keep them with the optimizer's
         opt_tensors.update(sched_tensors)
     extra_tensors: dict[str, Any] = {}
-    extra_json = _encode(dict(extra or {}), "extra", extra_tensors)
+    extra_json = encode(dict(extra or {}), "extra", extra_tensors)
     if extra_tensors:
         raise CheckpointError("cannot save the training state: 'extra' must hold JSON values, not tensors")
 
@@ -341,7 +122,7 @@ def save_training_state(
             "epoch": int(epoch),
             "next_epoch": int(epoch) + 1,
             "global_step": int(global_step),
-            "best_val_loss": _encode(None if best_val_loss is None else float(best_val_loss), "best_val_loss", {}),
+            "best_val_loss": encode(None if best_val_loss is None else float(best_val_loss), "best_val_loss", {}),
             # The data order of an epoch is a pure function of (seed, epoch): the sampler's
             # state is the epoch to draw next.
             "sampler": {"epoch": int(epoch) + 1},
@@ -454,10 +235,10 @@ def read_training_state(directory: str | os.PathLike, *, verify: bool = True) ->
         raise CheckpointError(f"training state '{state_path}': epoch {state['epoch']} / global_step "
                               f"{state['global_step']} are inconsistent; delete that directory to start over")
     where = f"training state '{state_path}'"
-    state["best_val_loss"] = _decode(state.get("best_val_loss"), {}, where)
+    state["best_val_loss"] = decode(state.get("best_val_loss"), {}, where)
     if state["best_val_loss"] is not None and not isinstance(state["best_val_loss"], (int, float)):
         raise CheckpointError(f"{where}: best_val_loss is not a number")
-    state["extra"] = _decode(state.get("extra") or {"__dict__": {}}, {}, where)
+    state["extra"] = decode(state.get("extra") or {"__dict__": {}}, {}, where)
     for fname in (MODEL_NAME, OPTIMIZER_NAME):
         meta = state["files"].get(fname)
         path = directory / fname
@@ -531,11 +312,11 @@ def load_training_state(
             )
 
     opt_tensors = _read_tensors(directory / OPTIMIZER_NAME, "cpu")
-    opt_state = _decode(state["optimizer"], opt_tensors, where)
+    opt_state = decode(state["optimizer"], opt_tensors, where)
     if not isinstance(opt_state, dict) or "state" not in opt_state or "param_groups" not in opt_state:
         raise CheckpointError(f"{where}: the optimizer state is malformed; delete that directory to start over")
     _check_optimizer_state(opt_state, optimizer, where)
-    sched_state = _decode(state.get("scheduler"), opt_tensors, where) if state.get("scheduler") is not None else None
+    sched_state = decode(state.get("scheduler"), opt_tensors, where) if state.get("scheduler") is not None else None
     if scheduler is not None and not isinstance(sched_state, dict):
         raise CheckpointError(f"{where}: no learning-rate scheduler state was saved; delete that directory to start over")
 
@@ -594,62 +375,6 @@ def _check_optimizer_state(opt_state: Mapping[str, Any], optimizer, where: str) 
                                       f"{list(value.shape)}, the parameter {list(shape)}")
 
 
-def find_resumable(
-    save_dir: str | os.PathLike,
-    config: Mapping[str, Any],
-    *,
-    world_size: int | None = None,
-    mode: str = "auto",
-) -> dict[str, Any] | None:
-    """The saved state to resume from, or None to start fresh.
-
-    ``mode``: ``never`` -> None without looking; ``auto`` -> the state when the save directory
-    holds one whose config digest equals this config's, None when there is none or it was made
-    by another config (a warning names the keys that differ); ``must`` -> as auto, but no state
-    or another config is a :class:`CheckpointError`. A damaged state is a CheckpointError in
-    ``auto`` and ``must``: it is never silently overwritten. The checksums of the tensor files are
-    verified. The returned dict is :func:`read_training_state`'s (``directory``, ``epoch``,
-    ``next_epoch``, ``global_step``, ``run_ids``...).
-    """
-    if mode not in ("auto", "never", "must"):
-        raise CheckpointError(f"resume: '{mode}' is not one of auto, never, must")
-    if mode == "never":
-        return None
-    directory = state_dir(save_dir)
-    old = directory.with_name(directory.name + OLD_SUFFIX)
-    if not directory.exists() and not old.exists():
-        if mode == "must":
-            raise CheckpointError(f"resume is must but '{directory}' holds no training state; "
-                                  "check save_path and tokenizer_save_folder_name, or set resume to auto")
-        return None
-    state = read_training_state(directory)
-    wanted = config_digest(config, world_size=world_size)
-    if state["config_digest"] != wanted:
-        changed = _changed_keys(state.get("config"), digest_config(config, world_size=world_size))
-        detail = f" (changed: {', '.join(changed[:5])}{'...' if len(changed) > 5 else ''})" if changed else ""
-        message = (f"the training state in '{state['directory']}' was saved with another config{detail}")
-        if mode == "must":
-            raise CheckpointError(f"resume is must but {message}; use the same config, or set resume to never "
-                                  "to start over (it is then overwritten)")
-        warnings.warn(f"{message}; starting a new run (its state will replace that one); "
-                      "use another tokenizer_save_folder_name to keep it", stacklevel=2)
-        return None
-    if state["next_epoch"] >= int(config["epochs"]):
-        # A run that finished is not resumed: the same command again trains anew.
-        if mode == "must":
-            raise CheckpointError(f"resume is must but the training state in '{state['directory']}' is complete "
-                                  f"({config['epochs']} epochs); raise epochs or set resume to auto")
-        return None
-    return state
-
-
-def _changed_keys(saved: Any, now: Mapping[str, Any]) -> list[str]:
-    if not isinstance(saved, dict):
-        return []
-    keys = sorted(set(saved) | set(now))
-    return [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
-
-
 # --------------------------------------------------------------------------------------------
 # small helpers
 
@@ -662,31 +387,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-
-
-
 def _torch_version() -> str:
     try:
-            return str(torch.__version__)
+        return str(torch.__version__)
     except Exception:  # pragma: no cover
         return "unknown"
-
-
-def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info) -> dict[str, Any] | None:
-    """:func:`find_resumable` on every rank of ``info`` (a ``DistInfo``): rank 0 looks for a training state (recovering ``last.old``); every rank gets its answer,
-    or the same one-line error (a rank that raised alone would leave the others waiting)."""
-    from .distributed import broadcast_object
-
-    answer = None
-    if info.is_main:
-        try:
-            found = find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
-            answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
-        except UserError as exc:
-            answer = ("error", str(exc))
-    if info.distributed:
-        answer = broadcast_object(answer)
-    kind, value = answer
-    if kind == "error":
-        raise UserError(value)
-    return value

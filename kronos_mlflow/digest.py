@@ -1,0 +1,72 @@
+"""The config digest: which config keys decide the numbers a run produces, and their SHA-256.
+
+Two users read it and must agree: the run directory's key (:func:`kronos_mlflow.layout.run_key`,
+so another config never touches this run's files) and the training state (:mod:`kronos_mlflow.checkpoint`,
+so a run resumes only with the config its state was made for).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .config import is_secret_key
+
+__all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
+
+#: Config keys that do not change the numbers a run produces: where things are written, how
+#: they are named or tracked, how fast they are computed (threads, compile, kernel choice,
+#: fused layers: same numbers up to float rounding), how often the console prints, and the
+#: resume switch itself. Everything else (data, sizes, optimizer, schedule, epochs, seed,
+#: precision, world size) is in the digest: resuming with another value would continue a
+#: schedule or data order the checkpoint was not made for.
+RESULT_NEUTRAL_KEYS = frozenset({
+    # tracking and naming
+    "experiment_name", "run_name", "registered_model_name",
+    "comet", "comet_project_name", "comet_workspace", "comet_offline_directory", "comet_tag", "comet_name",
+    "system_metrics", "system_metrics_interval_s",
+    # console and locations (the save directory itself is where the state lives)
+    "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
+    # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers
+    "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "malloc_reuse", "device",
+    # recorded from the launcher; the real process count is passed as world_size
+    "nproc_per_node",
+    # the switch that decides whether to resume
+    "resume",
+})
+
+
+def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
+    """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
+    credential-looking keys removed, ``world_size`` added when given. JSON types only."""
+    out: dict[str, Any] = {}
+    for key in sorted(config):
+        if key in RESULT_NEUTRAL_KEYS or is_secret_key(str(key)):
+            continue
+        out[str(key)] = _plain(config[key])
+    if world_size is not None:
+        out["world_size"] = int(world_size)
+    return out
+
+
+def config_digest(config: Mapping[str, Any], *, world_size: int | None = None) -> str:
+    """SHA-256 (hex) of the canonical JSON of :func:`digest_config`.
+
+    Canonical: keys sorted, no whitespace, ASCII, floats as Python's shortest repr (so
+    ``2e-4`` and ``0.0002`` in a YAML file give the same digest once the config is validated).
+    """
+    text = json.dumps(digest_config(config, world_size=world_size), sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

@@ -1,0 +1,173 @@
+"""The package's layout stays readable: no module over 600 lines, no function over 90, no import
+cycle between its modules, and no rank check in the training loop's module (the rank is
+decided once, by the caller: see kronos_mlflow/trainer.py's docstring).
+
+Read from the source with ``ast``; nothing is imported, so this runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kronos_mlflow"
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 90
+# Names whose presence means "am I rank 0?" is being asked (nanoGPT's master_process included).
+RANK_FLAGS = {"is_main", "is_rank_zero", "master_process", "is_main_process"}
+
+
+def _modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, packages named by their ``__init__.py``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _trees() -> dict[str, tuple[Path, ast.Module]]:
+    return {name: (path, ast.parse(path.read_text(encoding="utf-8"), str(path))) for name, path in _modules().items()}
+
+
+def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its body (function-local imports
+    count: a lazy import still ties the two modules together)."""
+    package = PACKAGE.name
+    is_package = path.name == "__init__.py"
+    deps: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            deps.update(alias.name for alias in node.names if alias.name.split(".")[0] == package)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != package:
+                continue
+            deps.add(target)
+            # ``from . import checkpoint`` imports the submodule itself
+            deps.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
+    return {d for d in deps if d in known and d != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _rank_checks(tree: ast.Module) -> list[tuple[int, str]]:
+    """Comparisons of a rank with a number (``rank == 0``, ``0 != info.rank``...) and any use of
+    a main-process flag. Docstrings and comments may talk about ranks; code may pass them on."""
+    def is_rank(node: ast.AST) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name == "rank" or name.endswith("_rank")
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(is_rank(o) for o in operands) and any(isinstance(o, ast.Constant) for o in operands):
+                hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Name) and node.id in RANK_FLAGS:
+            hits.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute) and node.attr in RANK_FLAGS:
+            hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.arg) and node.arg in RANK_FLAGS:
+            hits.append((node.lineno, node.arg))
+    return sorted(hits)
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, path in _modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them where their concerns part): {long}"
+
+
+def test_no_function_is_over_90_lines():
+    long = []
+    for name, (_, tree) in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_import_cycle_inside_the_package():
+    trees = _trees()
+    known = set(trees)
+    graph = {name: _imports(name, path, tree, known) for name, (path, tree) in trees.items()}
+    assert "kronos_mlflow.checkpoint" in graph["kronos_mlflow.trainer"]  # the graph sees imports at all
+    assert not _cycles(graph), f"import cycles between modules: {_cycles(graph)}"
+
+
+def test_the_loop_module_has_no_rank_check():
+    tree = ast.parse((PACKAGE / "trainer.py").read_text(encoding="utf-8"))
+    assert not _rank_checks(tree), (
+        f"kronos_mlflow/trainer.py decides ranks at {_rank_checks(tree)}; decide once in the caller "
+        "(train.py, build_tracking) and pass a Console, RunFiles and logger in")
+
+
+@pytest.mark.parametrize("source, hits", [
+    ("main = rank == 0", 1),
+    ("if 0 != info.rank: pass", 1),
+    ("if dist.is_main: pass", 1),
+    ("loader = train_loader_for(ds, config, rank, world_size)", 0),
+    ('"""every rank runs the same code; rank 0 writes"""', 0),
+])
+def test_rank_check_detection(source, hits):
+    assert len(_rank_checks(ast.parse(source))) == hits
+
+
+def test_cycle_detection():
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
