@@ -86,7 +86,7 @@ def postgres() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def user_run(tmp_path_factory):
     """One real ``mlflow run .`` (tests/shared_runs.py), made on first use and read by several
-    tests: the README table, the end-to-end checks, serving, system metrics."""
+    tests: the table of what a run records, the end-to-end checks, serving, system metrics."""
     from shared_runs import mlflow_run_main
 
     return mlflow_run_main(tmp_path_factory.mktemp("user-run"))

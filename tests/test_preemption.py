@@ -132,7 +132,7 @@ def _assert_resumed_like_reference(client, run_id: str, reference: dict) -> None
 
 @pytest.mark.slow
 def test_plain_torchrun_with_restarts_resumes_after_a_worker_is_killed(workdir, reference):
-    """The README's command as a user types it, no extra environment: rank 1 SIGKILLed in the
+    """The command of docs/reliability.md as a user types it, no extra environment: rank 1 SIGKILLed in the
     second epoch; torchrun restarts the group, which joins again and finishes the same run."""
     from mlflow import MlflowClient
 

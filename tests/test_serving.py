@@ -91,7 +91,7 @@ def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, mon
         np.testing.assert_allclose(np.asarray(got["reconstruction"], dtype=np.float32), expected["reconstruction"],
                                    rtol=1e-4, atol=1e-4)
 
-        # the README's request: the model's own serving example, downloaded through the alias
+        # the request of docs/serving.md: the model's own serving example, downloaded through the alias
         (tmp_path / "example").mkdir()
         download = subprocess.run([sys.executable, "-m", "mlflow", "artifacts", "download", "-u",
                                    f"models:/{MODEL}@champion/serving_input_example.json", "-d", "example"],
