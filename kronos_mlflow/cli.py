@@ -40,6 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
     """
 
     on_error = None  # callable(line) -> None, e.g. record the line on the MLflow run
+    silent = False  # True: exit 2 without a word (a torchrun rank other than 0: rank 0 says it)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -62,6 +63,8 @@ class OneLineParser(argparse.ArgumentParser):
             else:
                 text = unknown or text
         line = f"{self.prog}: error: {redact(text)}"
+        if self.silent:
+            self.exit(EXIT_USAGE)
         if self.on_error is not None:
             self.on_error(line)
         self.exit(EXIT_USAGE, line + "\n")
@@ -116,6 +119,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .console import install_warning_format
+
+    install_warning_format()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

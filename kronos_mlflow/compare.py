@@ -129,8 +129,11 @@ def resolve_tracking_uri(uri: str | None) -> str:
     """
     import mlflow
 
-    uri = (uri or "").strip() or mlflow.get_tracking_uri()
-    uri = str(uri)
+    given = (uri or "").strip()
+    uri = str(given or mlflow.get_tracking_uri())
+    from .tracking.server import check_uri
+
+    check_uri(uri, "--tracking-uri" if given else None)
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
     if scheme in ("http", "https"):
         from .tracking.server import check_tracking_server

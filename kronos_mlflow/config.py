@@ -24,10 +24,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from . import validate as checks
 from .errors import ConfigError
 from .keys import MLPROJECT_PARAMS
 from .yamlfile import read_mapping
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
+from .validate import SEED_MAX
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
 # (ints accept integral floats such as "1e5"; floats accept ints).
@@ -143,10 +145,21 @@ _POSITIVE = (
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
-# Sizes that would allocate absurd amounts of memory are refused up front.
+# Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
+# start absurd numbers of processes are refused up front; the seed is what every library takes
+# (numpy's and Optuna's samplers: 32 bits); floats stay far inside float32 (the tensors' type).
 _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
         "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
-        "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000, "num_threads": 4096}
+        "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000, "num_threads": 4096,
+        "max_context": 1_000_000, "n_train_iter": 10**12, "n_val_iter": 10**12, "log_interval": 10**12,
+        "num_workers": 256, "nproc_per_node": 256, "seed": SEED_MAX,
+        "tokenizer_learning_rate": 1.0, "adam_weight_decay": 1e6, "clip": 1e30, "grad_clip_norm": 1e30,
+        "system_metrics_interval_s": 86_400.0}
+_MIN = {"system_metrics_interval_s": 0.1}
+# Names that become one folder or file inside a parent directory.
+_CHILD_NAMES = {"tokenizer_save_folder_name": "save_path"}
+# Paths that must be directories (or creatable as one); empty means "not used" where allowed.
+DIRECTORY_KEYS = ("save_path", "dataset_path", "comet_offline_directory")
 
 _SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secrets", "credential",
                  "credentials", "apikey", "auth"}
@@ -311,7 +324,20 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{key}: {out[key]!r} must be in [0, 1)")
     for key, limit in _MAX.items():
         if out[key] > limit:
-            raise ConfigError(f"{key}: {out[key]} is too large; expected at most {limit}")
+            raise ConfigError(f"{key}: {out[key]} is too large; expected at most {checks.limit_text(limit)}")
+    for key, limit in _MIN.items():
+        if out[key] < limit:
+            raise ConfigError(f"{key}: {out[key]} is too small; expected at least {checks.limit_text(limit)}")
+    if not checks.NAME_RE.match(out["instrument"]):
+        raise ConfigError(
+            f"instrument: '{checks.shown(out['instrument'])}' is not a universe name; expected the name of a file "
+            "under <qlib_data_path>/instruments/ (letters, digits, '_', '.', '-'), e.g. csi300 or all"
+        )
+    for key, parent in _CHILD_NAMES.items():
+        checks.child_name(key, out[key], parent)
+    checks.mlflow_experiment_name("experiment_name", out["experiment_name"])
+    checks.mlflow_model_name("registered_model_name", out["registered_model_name"])
+    checks.mlflow_run_name("run_name", out["run_name"])
     for key, choices in CHOICES.items():
         if out[key] not in choices:
             raise ConfigError(f"{key}: '{out[key]}' is not one of {', '.join(choices)}")
@@ -365,7 +391,18 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
     for source in sources:
         for name, value in source.items():
             merged[canonical_key(str(name))] = value
-    return validate(merged)
+    return check_paths(validate(merged))
+
+
+def check_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The output paths (``save_path``, ``dataset_path``, ``comet_offline_directory``) are
+    directories or can be created as one: a regular file there, or a folder above it that is a
+    file or not writable, is refused now rather than after the run has started. Returns ``config``."""
+    for key in DIRECTORY_KEYS:
+        if key == "comet_offline_directory" and not config[key]:
+            continue
+        checks.directory(key, config[key])
+    return config
 
 
 def flatten(config: Mapping[str, Any]) -> dict[str, str]:

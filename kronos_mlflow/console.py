@@ -25,3 +25,30 @@ class Console:
 
         enabled = self.enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
         return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def install_warning_format() -> None:
+    """Warnings this package raises (a dropped bar, an empty validation split) print as one line,
+    ``[kronos] warning: ...``, instead of Python's two (file, line and the source line). Other
+    libraries' warnings keep Python's format."""
+    if getattr(warnings.showwarning, "_kronos", False):
+        return
+    default = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if os.path.abspath(str(filename)).startswith(_PACKAGE_DIR + os.sep):
+            import sys
+
+            stream = file if file is not None else sys.stderr
+            try:
+                stream.write(f"[kronos] warning: {' '.join(str(message).split())}\n")
+            except (OSError, ValueError):
+                pass
+            return
+        default(message, category, filename, lineno, file, line)
+
+    showwarning._kronos = True  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning

@@ -42,10 +42,45 @@ def check_train_flags(argv: Sequence[str]) -> None:
     parser.parse_args(argv[argv.index(TRAIN_MODULE) + 1:])
 
 
+def _launcher_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of a launcher option (``--name V`` or ``--name=V``) before the training module."""
+    end = argv.index("-m") if "-m" in argv else len(argv)
+    for i, arg in enumerate(argv[:end]):
+        for name in names:
+            if arg == name and i + 1 < end:
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def check_launcher_flags(argv: Sequence[str]) -> None:
+    """torchrun's own numbers, checked as the training checks its flags (one line, exit 2,
+    recorded on the ``mlflow run`` run) instead of torchrun's usage text."""
+    from . import validate
+    from .cli import OneLineParser
+    from .errors import UserError
+    from .tracking.project_run import record_failure
+    from .train import MAX_RESTARTS
+
+    parser = OneLineParser(prog="python -m kronos_mlflow.launch")
+    parser.on_error = record_failure
+    restarts = _launcher_value(argv, "--max-restarts", "--max_restarts")
+    nproc = _launcher_value(argv, "--nproc-per-node", "--nproc_per_node")
+    try:
+        if restarts is not None:
+            validate.integer("--max-restarts", restarts, 0, MAX_RESTARTS)
+        if nproc is not None and nproc not in ("auto", "cpu", "gpu", "xpu"):
+            validate.integer("--nproc-per-node", nproc, 1, 256)
+    except UserError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [KEEP_KILLED]:
         return keep_killed(argv[1], int(argv[2]))
+    check_launcher_flags(argv)
     check_train_flags(argv)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -7,6 +7,12 @@ One process (CPU or one GPU)::
 Several processes on one machine (NCCL on GPUs, gloo on CPUs)::
 
     torchrun --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 30
+    python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 30
+
+Under either, a refusal every rank reaches (a bad flag or config value) is printed once, by
+rank 0, and the workers exit with code 2. ``kronos_mlflow.launch`` takes torchrun's arguments
+unchanged and checks them and the training flags first: a refusal is then the one line, without
+torchrun's own failure report (which plain ``torchrun`` prints after it).
 
 Through MLflow Projects (runs the same torchrun command, see ``MLproject``)::
 
@@ -74,18 +80,124 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     return model, result
 
 
-def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
-    """Check, in one process, what would otherwise fail inside every torchrun worker: the
-    pretrained checkpoint loads, the data splits prepare (so workers find the cache ready), the
-    tracking server answers."""
+MAX_RESTARTS = 1000  # torchrun restarts of a failed worker group (MLproject's max_restarts)
+
+
+def same_on_every_rank(exc: UserError) -> UserError:
+    """Mark a refusal every process of a torchrun group reaches alike (a flag, the config, a file
+    all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
+    exc.same_on_every_rank = True  # type: ignore[attr-defined]
+    return exc
+
+
+def check_processes(nproc: int, device) -> None:
+    """``nproc_per_node`` processes fit this machine: on CPU at most 4 per usable CPU (each
+    process imports torch and holds its own copy of the model), on CUDA one per visible GPU
+    (:func:`~kronos_mlflow.distributed.resolve_device` checks that)."""
+    from .errors import ConfigError
+
+    if getattr(device, "type", str(device)) != "cpu":
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    limit = max(4 * cpus, 4)
+    if nproc > limit:
+        raise ConfigError(f"nproc_per_node: {nproc} processes on CPU is too many for the {cpus} CPU(s) this process "
+                          f"may use; expected at most {limit} (4 per CPU), or device cuda with one per GPU")
+
+
+def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
+    """What a run refuses before it reads any data, the same on every rank: output paths,
+    device and process count, speed settings, Comet's key."""
+    from . import perf
+    from .config import check_paths
+    from .distributed import resolve_device
+    from .tracking.comet import check_comet
+
+    check_paths(config)
+    world = int(world_size or config["nproc_per_node"])
+    device = resolve_device(config["device"], 0, world)
+    check_processes(world, device)
+    perf.describe(config, device, perf.run_steps(config, world))
+    check_comet(config)
+
+
+def check_start_everywhere(config: Mapping[str, Any]) -> None:
+    """:func:`check_start` on each rank; its refusal is the same on all of them."""
+    try:
+        check_start(config)
+    except UserError as exc:
+        raise same_on_every_rank(exc) from None
+
+
+def prepare_everywhere(config: Mapping[str, Any], layout, info) -> None:
+    """Rank 0 prepares the data splits once (and makes the run's checkpoint folder); the other
+    ranks wait, then read the cache, or raise rank 0's refusal, which only rank 0 prints."""
     from .data import prepare_splits
+    from .distributed import barrier, broadcast_object
+
+    answer, refusal = ("ok", None), None
+    if info.is_main:
+        try:
+            layout.checkpoints.mkdir(parents=True, exist_ok=True)
+            prepare_splits(config)
+        except UserError as exc:
+            answer, refusal = ("error", str(exc)), exc
+    if info.distributed:
+        answer = broadcast_object(answer)
+    if answer[0] == "error":
+        raise same_on_every_rank(refusal or UserError(answer[1])) from None
+    barrier()
+
+
+def check_windows(config: Mapping[str, Any], world_size: int) -> None:
+    """Each rank gets at least one optimizer step per epoch (as :func:`kronos_mlflow.trainer.fit`
+    requires), from the prepared splits' manifest."""
+    from .data import prepare_splits
+    from .data.prepare import read_manifest
+    from .errors import ConfigError
+
+    windows = int(read_manifest(prepare_splits(config, progress=False))["splits"]["train"]["windows"])
+    per_epoch = min(int(config["n_train_iter"]), windows)
+    if per_epoch // max(1, world_size) // int(config["batch_size"]) == 0:
+        raise ConfigError(
+            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"{per_epoch} training windows per epoch; lower batch_size or raise n_train_iter"
+        )
+
+
+def check_resume(config: Mapping[str, Any], world_size: int) -> None:
+    """The ``resume`` setting can be honoured: ``must`` finds a state saved with this config, and a
+    saved state is not damaged (the same lookup the run makes at its start)."""
+    from .checkpoint import find_resumable
+    from .layout import RunLayout
+
+    find_resumable(RunLayout.of(config, world_size).root, config, world_size=world_size, mode=config["resume"])
+
+
+def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
+    """Check, in one process, everything a run would refuse at its start or its end, before any
+    torchrun worker starts: paths, device, process count and speed settings, Comet's key, the
+    pretrained checkpoint (loads, finite weights), the data splits (prepared, so workers find
+    the cache ready; enough windows for one step per rank), the saved training state
+    (``resume``), and the tracking store (its URI, its server, the run and experiment the run
+    would use, created once when it is a fresh sqlite file)."""
+    from .data import prepare_splits
+    from .tracking.mlflow import check_run_target
     from .tracking.server import check_tracking_server
 
+    world = int(config["nproc_per_node"])
+    check_start(config, world)
     if config["pretrained_tokenizer_path"]:
         build_model(config)
     prepare_splits(config)
+    check_windows(config, world)
+    check_resume(config, world)
     if check_tracking:
         check_tracking_server()
+        check_run_target(config)
 
 
 def main(config: Mapping[str, Any]) -> dict:
@@ -97,7 +209,7 @@ def main(config: Mapping[str, Any]) -> dict:
 
     from . import perf
     from .console import Console
-    from .data import data_digest, prepare_splits
+    from .data import data_digest
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
     from .checkpoint import find_resumable_everywhere
     from .layout import RunLayout
@@ -116,6 +228,7 @@ def main(config: Mapping[str, Any]) -> dict:
         config["nproc_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
     if not config["run_name"]:
         config["run_name"] = default_run_name(config)
+    check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root = None
@@ -126,17 +239,17 @@ def main(config: Mapping[str, Any]) -> dict:
         layout = RunLayout(Path(broadcast_object(root)))
         layout_root = layout.root
         console = Console(info.is_main)
-        resume_state = find_resumable_everywhere(layout.root, config, info)
+        try:
+            resume_state = find_resumable_everywhere(layout.root, config, info)
+        except UserError as exc:  # the same answer on every rank (rank 0's, broadcast)
+            raise same_on_every_rank(exc) from None
         saved_ids = (resume_state or {}).get("run_ids") or {}
         tracking = build_tracking(config, info.rank, run_id=saved_ids.get("mlflow_run_id"),
                                   comet_experiment_key=saved_ids.get("comet_experiment_key"),
                                   resume=resume_state is not None, spool_dir=layout.spool)
         logger = tracking.logger
         logger.log_hyperparams(cfg.run_params(config))
-        if info.is_main:  # prepare the data once; other ranks wait and then read the cache
-            layout.checkpoints.mkdir(parents=True, exist_ok=True)
-            prepare_splits(config)
-        barrier()
+        prepare_everywhere(config, layout, info)
         digest = data_digest(config)
         logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type,
                          "run_directory": str(layout.root.resolve())})
@@ -184,10 +297,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--check", dest="_check", action="store_true",
                         help="validate config, data, checkpoint and tracking server, then exit")
+    parser.add_argument("--max-restarts", "--max_restarts", dest="_max_restarts", default=None, metavar="N",
+                        help="torchrun restarts of a failed worker group (MLproject's max_restarts): checked "
+                             f"here, 0 to {MAX_RESTARTS}; the launcher applies it")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    from . import validate
+
+    try:
+        if getattr(args, "_max_restarts", None) is not None:
+            validate.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
+        config = config_from_args(args)
+    except UserError as exc:  # flags and config files: every rank of a group reads the same
+        raise same_on_every_rank(exc) from None
     if getattr(args, "_check", False):
         preflight(config)
         print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")
@@ -207,8 +330,14 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
     from .tracking.project_run import record_failure
 
+    from .console import install_warning_format
+
+    install_warning_format()
+    rank = os.environ.get("RANK")
+    main_rank = rank in (None, "0")
     parser = OneLineParser(prog="python -m kronos_mlflow.train", description=__doc__.split("\n\n")[0])
     parser.on_error = record_failure  # under `mlflow run`: the run ends FAILED with this line as its reason
+    parser.silent = not main_rank  # torchrun: every rank parses the same flags; rank 0 says what is wrong
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -223,11 +352,12 @@ def cli(argv: Sequence[str] | None = None) -> int:
         # KILLED status and stop_reason already tell the sweep, so workers exit cleanly there.
         return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else EXIT_PRUNED
     except UserError as exc:
-        rank = os.environ.get("RANK")
-        prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
-        print(f"{prefix}kronos-mlflow train: error: {exc}", file=sys.stderr)
-        if getattr(args, "_check", False):
-            record_failure(f"kronos-mlflow train: error: {exc}")
+        if main_rank:
+            print(f"kronos-mlflow train: error: {exc}", file=sys.stderr)
+            if getattr(args, "_check", False):
+                record_failure(f"kronos-mlflow train: error: {exc}")
+        elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
+            print(f"[rank {rank}] kronos-mlflow train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -144,8 +144,8 @@ def test_cli_demo_data(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--symbols", "0"], "--symbols 0"),
-    (["--seed", "-1"], "--seed -1"),
+    (["--symbols", "0"], "--symbols: 0 is out of range"),
+    (["--seed", "-1"], "--seed: -1 is out of range"),
     (["--start", "2022-01-01", "--end", "2021-01-01"], "after end"),
     (["--start", "yesterday"], "not dates"),
 ])

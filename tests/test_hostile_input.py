@@ -1,10 +1,10 @@
 """Hostile input through the real command lines: one clear line, exit code 2, nothing touched.
 
-Each case runs a real entry point in a subprocess (``kronos-mlflow ...``, ``python -m
-kronos_mlflow.train --check ...``, the MLproject ``main`` check command rendered from the
-MLproject file the way ``mlflow run`` renders it, ``python sweeps/sweep.py ...``) in its own copy
-of a workspace holding a finished run's outputs (best checkpoint, training state), a prepared
-data cache, a small Qlib market and an MLflow store. Every case must:
+Each case runs a real entry point (``kronos-mlflow ...``, ``python -m kronos_mlflow.train --check
+...``, the MLproject ``main`` check command rendered from the MLproject file the way ``mlflow run``
+renders it, ``python sweeps/sweep.py ...``) in its own copy of a workspace holding a finished
+run's outputs (best checkpoint, training state), a prepared data cache, a small Qlib market and
+an MLflow store with a FINISHED run. Every case must:
 
 - exit with code 2 and print exactly one non-empty line on stderr, without a traceback;
 - name the bad value (``needle``);
@@ -12,6 +12,13 @@ data cache, a small Qlib market and an MLflow store. Every case must:
   file either);
 - never print a credential: COMET_API_KEY, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN are
   set for every case, and cases put secrets in a config file, a flag and a tracking URI.
+
+The cases run in ``tests/forkrunner.py``: one interpreter that imports torch, MLflow, pandas and
+Qlib once and forks a child per case; the child is the user's process (its own cwd, environment,
+stdout/stderr files, ``sys.argv``, the console script's entry function, an uncaught exception
+printed with exit code 1, atexit handlers run). ``test_fork_runner_catches_a_traceback_and_a_write``
+proves that a case raising or writing a file fails the promise through the same path, and
+``test_fork_agrees_with_a_real_process`` runs some cases both ways and compares.
 
 ``docs/hostile-input.md`` is generated from these cases and their actual messages::
 
@@ -30,8 +37,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +154,10 @@ def make_csvs(inp: Path, ws: Path) -> None:
     _write(inp / "bad_date.csv", CSV_HEADER + "2024-01-02,1,2,0.5,1.5,100\n31/02/2024x,1,2,0.5,1.5,100\n")
     _write(inp / "dup_day.csv", CSV_HEADER + "2024-01-02,1,2,0.5,1.5,100\n2024-01-02,1,2,0.5,1.6,100\n")
     _write(inp / "good.csv", CSV_HEADER + "2024-01-02,1,2,0.5,1.5,100\n2024-01-03,1,2,0.5,1.6,100\n")
+    _write(inp / "two_zones.csv", CSV_HEADER + "2024-01-02T09:30:00+08:00,1,2,0.5,1.5,100\n"
+           "2024-01-03T09:30:00+09:00,1,2,0.5,1.6,100\n")
+    _write(inp / "zone_and_none.csv", CSV_HEADER + "2024-01-02 09:30:00+08:00,1,2,0.5,1.5,100\n"
+           "2024-01-02 09:35:00,1,2,0.5,1.6,100\n")
 
 
 def make_configs(inp: Path, ws: Path) -> None:
@@ -158,6 +169,128 @@ def make_configs(inp: Path, ws: Path) -> None:
     _write(inp / "huge.yaml", "d_model: 16384\nn_heads: 64\nff_dim: 65536\nn_enc_layers: 64\nn_dec_layers: 64\n")
     _write(inp / "space.yaml", b"learning_rate: {low: 1.0e-5, high: \xff\xfe}\n")
     _write(inp / "spool.jsonl", b'{"type": "header", "format": "kronos-mlflow-spool", "run_id": "\xff"}\n')
+    _write(inp / "nan.yaml", "clip: .nan\n")
+    _write(inp / "space_high.yaml", "learning_rate: {low: 1.0e-5, high: 10.0}\nweight_decay: {low: 0.01, high: 0.2}\n")
+
+
+def make_nan_weights(inp: Path, ws: Path) -> None:
+    """A checkpoint whose weights are all NaN (a diverged run's), same layout and dtypes."""
+    import safetensors.torch
+    import torch
+
+    path = _checkpoint(inp, "nan_ckpt", ws) / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(path))
+    tensors = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in tensors.items()}
+    safetensors.torch.save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def make_inf_weight(inp: Path, ws: Path) -> None:
+    """One infinite value in one weight."""
+    import safetensors.torch
+
+    path = _checkpoint(inp, "inf_ckpt", ws) / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(path))
+    tensors["head.weight"].view(-1)[3] = float("inf")
+    safetensors.torch.save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _calendar_lines(market: Path) -> list[str]:
+    return (market / "calendars" / "day.txt").read_text().splitlines()
+
+
+def make_market_calendar_repeat(inp: Path, ws: Path) -> None:
+    market = _market_copy(inp, ws, "cal_repeat")
+    lines = _calendar_lines(market)
+    _write(market / "calendars" / "day.txt", "\n".join(lines[:5] + [lines[4]] + lines[5:]) + "\n")
+
+
+def make_market_calendar_unsorted(inp: Path, ws: Path) -> None:
+    market = _market_copy(inp, ws, "cal_unsorted")
+    lines = _calendar_lines(market)
+    _write(market / "calendars" / "day.txt", "\n".join([lines[1], lines[0]] + lines[2:]) + "\n")
+
+
+def make_market_span_reversed(inp: Path, ws: Path) -> None:
+    market = _market_copy(inp, ws, "span_reversed")
+    path = market / "instruments" / "csi300.txt"
+    lines = path.read_text().splitlines()
+    sym, a, b = lines[0].split("\t")
+    _write(path, "\n".join([f"{sym}\t{b}\t{a}"] + lines[1:]) + "\n")
+
+
+def make_market_symbol_path(inp: Path, ws: Path) -> None:
+    market = _market_copy(inp, ws, "symbol_path")
+    path = market / "instruments" / "csi300.txt"
+    _write(path, path.read_text() + "../../../etc\t2020-01-01\t2021-12-31\n")
+
+
+def _first_bin(market: Path, field: str = "close") -> Path:
+    return sorted((market / "features").rglob(f"{field}.day.bin"))[0]
+
+
+def _set_start(path: Path, value: float) -> None:
+    import numpy as np
+
+    data = np.fromfile(path, dtype="<f4")
+    data[0] = value
+    data.tofile(path)
+
+
+def make_market_start_outside(inp: Path, ws: Path) -> None:
+    _set_start(_first_bin(_market_copy(inp, ws, "start_outside")), 99999.0)
+
+
+def make_market_start_nan(inp: Path, ws: Path) -> None:
+    _set_start(_first_bin(_market_copy(inp, ws, "start_nan")), float("nan"))
+
+
+def make_market_past_end(inp: Path, ws: Path) -> None:
+    """A series that starts in the calendar but holds more days than are left in it."""
+    import numpy as np
+
+    path = _first_bin(_market_copy(inp, ws, "past_end"))
+    data = np.fromfile(path, dtype="<f4")
+    np.concatenate([data, np.ones(40, dtype="<f4")]).astype("<f4").tofile(path)
+
+
+def make_fifo(inp: Path, ws: Path) -> None:
+    os.mkfifo(inp / "fifo.yaml")
+
+
+def finished_run_id(ws: Path) -> str:
+    """The id of the workspace store's FINISHED run (read with sqlite3: no MLflow import)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{ws / 'mlflow.db'}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT run_uuid FROM runs WHERE name = 'finished'").fetchone()[0]
+    finally:
+        con.close()
+
+
+def _spool(folder: Path, run_id: str, records: list[dict], experiment_id: str = "0", name: str | None = None) -> Path:
+    import json as _json
+
+    header = {"type": "header", "format": "kronos-mlflow-spool", "version": 1, "run_id": run_id,
+              "experiment_id": experiment_id, "tracking_uri": "sqlite:///elsewhere.db"}
+    lines = [_json.dumps(header)] + [_json.dumps(r) for r in records]
+    return _write(folder / (name or f"{run_id}.jsonl"), "\n".join(lines) + "\n")
+
+
+def make_spools(inp: Path, ws: Path) -> None:
+    """Hand-made spools naming the workspace's FINISHED run: what a colleague might hand over."""
+    run_id = finished_run_id(ws)
+    metric = {"type": "metric", "key": "best_val_loss", "value": 0.01, "step": 7, "timestamp": 1}
+    _spool(inp / "sp_outside", run_id, [metric, {"type": "artifact", "local_path": "/etc/hostname",
+                                                 "artifact_path": None},
+                                        {"type": "terminate", "status": "FAILED", "end_time": 1}])
+    _write(inp / "sp_dotdot" / "secret.txt", "not the spool's\n")
+    _spool(inp / "sp_dotdot" / "sub", run_id, [{"type": "artifact", "local_path": "../secret.txt",
+                                               "artifact_path": None}])
+    _spool(inp / "sp_status", run_id, [metric, {"type": "terminate", "status": "FAILED", "end_time": 1}])
+    _spool(inp / "sp_experiment", run_id, [metric], experiment_id="7")
+    _spool(inp / "sp_renamed", run_id, [metric], name="from-a-colleague.jsonl")
+    _spool(inp / "sp_key", run_id, [{**metric, "key": "../../x"}])
 
 
 def make_all(inp: Path, ws: Path) -> None:
@@ -183,7 +316,7 @@ class Case:
 
 
 TRAIN = ("{py}", "-m", "kronos_mlflow.train", "--check")
-CLI = ("{py}", "-m", "kronos_mlflow.cli")
+CLI = ("kronos-mlflow",)  # the console script
 SWEEP = ("{py}", str(ROOT / "sweeps" / "sweep.py"))
 MLPROJECT = ("<mlproject>",)
 
@@ -295,7 +428,149 @@ CASES: list[Case] = [
          CLI + ("upload-spool", "{in}/spool.jsonl"), "spool.jsonl"),
     Case("spool-missing", "spool", "a spool path that does not exist",
          CLI + ("upload-spool", "{in}/no_such_spool"), "no_such_spool"),
+    # ===== numbers the libraries cannot hold, counts beyond memory, non-finite numbers
+    Case("flag-seed-2p32", "flag", "`--seed 4294967296` (beyond 32 bits)", TRAIN + BASE + ("--seed", "4294967296"),
+         "4294967296"),
+    Case("flag-train-iter-huge", "flag", "`--n-train-iter 1e18`", TRAIN + BASE + ("--n-train-iter", "1e18"),
+         "n_train_iter"),
+    Case("flag-workers-huge", "flag", "`--num-workers 1000000` (a process each)",
+         TRAIN + BASE + ("--num-workers", "1000000"), "num_workers"),
+    Case("flag-nproc-huge", "flag", "`--nproc-per-node 1000000`", TRAIN + BASE + ("--nproc-per-node", "1000000"),
+         "nproc_per_node"),
+    Case("flag-lr-huge", "flag", "`--learning-rate 1e308`", TRAIN + BASE + ("--learning-rate", "1e308"), "1e+308"),
+    Case("flag-clip-overflow", "flag", "`--clip 1e400` (overflows to inf)", TRAIN + BASE + ("--clip", "1e400"),
+         "1e400"),
+    Case("flag-metrics-interval", "flag", "`--system-metrics-interval-s 1e-300` (a busy loop)",
+         TRAIN + BASE + ("--system-metrics-interval-s", "1e-300"), "1e-300"),
+    Case("flag-batch-over-windows", "flag", "`--batch-size 65` with 64 training windows per epoch",
+         TRAIN + BASE + ("--batch-size", "65"), "batch_size 65"),
+    Case("config-nan", "config file", "`clip: .nan` in the YAML", TRAIN + BASE + ("--config", "{in}/nan.yaml"), "nan"),
+    # ===== names MLflow refuses (at the run's start or, for the registry, after the whole training)
+    Case("flag-registered-model", "flag", "`--registered-model-name 'a/b:c%'`",
+         TRAIN + BASE + ("--registered-model-name", "a/b:c%"), "a/b:c%"),
+    Case("mlproject-registered-model", "MLproject", "`-P registered_model_name=a/b:c%`",
+         MLPROJECT + ("registered_model_name=a/b:c%",), "a/b:c%"),
+    Case("flag-experiment-long", "flag", "`--experiment-name` of 300 characters",
+         TRAIN + BASE + ("--experiment-name", "e" * 300), "experiment_name"),
+    Case("flag-run-name-long", "flag", "`--run-name` of 300 characters", TRAIN + BASE + ("--run-name", "r" * 300),
+         "run_name"),
+    Case("tracking-deleted-experiment", "tracking", "`--experiment-name retired` (deleted in the store)",
+         TRAIN + BASE + ("--experiment-name", "retired"), "retired"),
+    # ===== paths that must be directories, names that must stay inside their parent
+    Case("flag-save-path-file", "flag", "`--save-path` naming a regular file",
+         TRAIN + BASE + ("--save-path", "{in}/a_file"), "a_file"),
+    Case("flag-save-path-under-file", "flag", "`--save-path` under a regular file",
+         CLI + ("train", "--check") + BASE + ("--save-path", "{in}/a_file/models"), "a_file"),
+    Case("flag-dataset-path-file", "flag", "`--dataset-path` naming a regular file",
+         TRAIN + BASE + ("--dataset-path", "{in}/a_file"), "a_file"),
+    Case("flag-comet-dir-file", "flag", "`--comet offline --comet-offline-directory` naming a file",
+         TRAIN + BASE + ("--comet", "offline", "--comet-offline-directory", "{in}/a_file"), "a_file"),
+    Case("flag-folder-escape", "flag", "`--tokenizer-save-folder-name ../../x`",
+         TRAIN + BASE + ("--tokenizer-save-folder-name", "../../x"), "../../x"),
+    Case("flag-instrument-escape", "flag", "`--instrument ../calendars/day`",
+         TRAIN + BASE + ("--instrument", "../calendars/day"), "../calendars/day"),
+    Case("prepare-instrument-escape", "Qlib dir", "`kronos-mlflow prepare --instrument ../calendars/day`",
+         CLI + ("prepare", "--qlib-data-path", "{market}", "--dataset-path", "{ws}/cache", "--instrument",
+                "../calendars/day"), "../calendars/day"),
+    Case("csv-instrument-escape", "CSV", "`import-csv --instrument ../x`",
+         CLI + ("import-csv", "{in}/good.csv", "--out", "{ws}/imported", "--instrument", "../x"), "../x"),
+    # ===== start-of-run refusals --check now finds first
+    Case("flag-comet-online-no-key", "flag", "`--comet online` without COMET_API_KEY",
+         TRAIN + BASE + ("--comet", "online"), "online", env={"COMET_API_KEY": "", "HOME": "{ws}/home"}),
+    Case("flag-resume-must", "flag", "`--resume must` with no saved state for this config",
+         TRAIN + BASE + ("--resume", "must", "--epochs", "3"), "resume"),
+    Case("mlproject-max-restarts", "MLproject", "`-P max_restarts=abc`", MLPROJECT + ("max_restarts=abc",), "abc"),
+    Case("mlproject-nproc", "MLproject", "`-P nproc_per_node=1000000`", MLPROJECT + ("nproc_per_node=1000000",),
+         "nproc_per_node"),
+    Case("config-dev-zero", "config file", "`--config /dev/zero` (endless)", TRAIN + BASE + ("--config", "/dev/zero"),
+         "/dev/zero"),
+    Case("config-fifo", "config file", "`--config` naming a FIFO (would block)",
+         TRAIN + BASE + ("--config", "{in}/fifo.yaml"), "fifo.yaml", make=make_fifo),
+    # ===== data sanity (DATA_SANITY below, in the generated page)
+    Case("qlib-calendar-repeat", "Qlib dir", "calendars/day.txt repeats a date",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/cal_repeat"), "repeats", make=make_market_calendar_repeat),
+    Case("qlib-calendar-unsorted", "Qlib dir", "calendars/day.txt out of order",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/cal_unsorted"), "comes before", make=make_market_calendar_unsorted),
+    Case("qlib-span-reversed", "Qlib dir", "an instruments line whose start is after its end",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/span_reversed"), "after its end", make=make_market_span_reversed),
+    Case("qlib-symbol-path", "Qlib dir", "an instruments line whose symbol is `../../../etc`",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/symbol_path"), "../../../etc", make=make_market_symbol_path),
+    Case("qlib-start-outside", "Qlib dir", "a bin file starting at calendar index 99999",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/start_outside"), "99999", make=make_market_start_outside),
+    Case("qlib-start-nan", "Qlib dir", "a bin file whose start index is NaN",
+         TRAIN + BASE + ("--qlib-data-path", "{in}/start_nan"), "nan", make=make_market_start_nan),
+    Case("qlib-past-end", "Qlib dir", "a bin file running past the calendar's last day",
+         CLI + ("prepare", "--qlib-data-path", "{in}/past_end", "--dataset-path", "{ws}/cache"), "past the calendar",
+         make=make_market_past_end),
+    Case("csv-two-zones", "CSV", "timestamps at +08:00 and +09:00 in one file",
+         CLI + ("import-csv", "{in}/two_zones.csv", "--out", "{ws}/imported"), "+09:00"),
+    Case("csv-zone-and-none", "CSV", "one timestamp with an offset, the next without",
+         CLI + ("import-csv", "{in}/zone_and_none.csv", "--out", "{ws}/imported"), "no offset"),
+    Case("ckpt-nan-weights", "checkpoint", "every weight NaN (a diverged run's checkpoint)",
+         TRAIN + BASE + ("--pretrained-tokenizer-path", "{in}/nan_ckpt"), "NaN", make=make_nan_weights),
+    Case("mlproject-inf-weight", "MLproject", "`-P pretrained_tokenizer_path=` a checkpoint with one inf weight",
+         MLPROJECT + ("pretrained_tokenizer_path={in}/inf_ckpt",), "head.weight", make=make_inf_weight),
+    # ===== sweeps/sweep.py
+    Case("sweep-percentile-150", "sweep", "`--pruner percentile:150`", SWEEP + ("--pruner", "percentile:150"), "150"),
+    Case("sweep-pruner-negative", "sweep", "`--pruner median:n_startup_trials=-1`",
+         SWEEP + ("--pruner", "median:n_startup_trials=-1"), "-1"),
+    Case("sweep-pruner-reduction", "sweep", "`--pruner hyperband:reduction_factor=1`",
+         SWEEP + ("--pruner", "hyperband:reduction_factor=1"), "reduction_factor"),
+    Case("sweep-sampler-seed", "sweep", "`--sampler-seed 4294967296`", SWEEP + ("--sampler-seed", "4294967296"),
+         "4294967296"),
+    Case("sweep-timeout-nan", "sweep", "`--timeout nan`", SWEEP + ("--timeout", "nan"), "nan"),
+    Case("sweep-nproc-huge", "sweep", "`--nproc-per-node 1000000`", SWEEP + ("--nproc-per-node", "1000000"),
+         "1000000"),
+    Case("sweep-storage-scheme", "sweep", "`--storage ftp://host/db`", SWEEP + ("--storage", "ftp://host/db"), "ftp"),
+    Case("sweep-model-name", "sweep", "`--registered-model-name a/b`", SWEEP + ("--registered-model-name", "a/b"),
+         "a/b"),
+    Case("sweep-output-file", "sweep", "`--output-dir` naming a regular file", SWEEP + ("--output-dir", "{in}/a_file"),
+         "a_file"),
+    Case("sweep-space-above-training", "sweep", "a search space whose learning_rate reaches 10",
+         SWEEP + ("--search-space", "{in}/space_high.yaml"), "learning_rate"),
+    Case("sweep-train-seed", "sweep", "`--seed 1e30` passed to training", SWEEP + ("--seed", "1e30"), "seed"),
+    # ===== tracking URIs whose scheme no store serves
+    Case("tracking-uri-scheme", "tracking", "`MLFLOW_TRACKING_URI=ftp://host/x`", TRAIN + BASE, "ftp",
+         env={"MLFLOW_TRACKING_URI": "ftp://host/x"}),
+    Case("tracking-sqlite-no-folder", "tracking", "`MLFLOW_TRACKING_URI=sqlite:////nonexistent/dir/m.db`",
+         TRAIN + BASE, "/nonexistent/dir", env={"MLFLOW_TRACKING_URI": "sqlite:////nonexistent/dir/m.db"}),
+    Case("tracking-registry-scheme", "tracking", "`MLFLOW_REGISTRY_URI=ftp://host/x`", TRAIN + BASE, "ftp",
+         env={"MLFLOW_REGISTRY_URI": "ftp://host/x"}),
+    Case("tracking-database-down", "tracking", "`MLFLOW_TRACKING_URI=postgresql://kronos:<password>@127.0.0.1:9/mlflow` "
+         "(nothing listens)", TRAIN + BASE, "127.0.0.1:9",
+         env={"MLFLOW_TRACKING_URI": f"postgresql://kronos:{URI_PASSWORD}@127.0.0.1:9/mlflow"}),
+    Case("flag-comet-offline-env-file", "flag", "`--comet offline` with COMET_OFFLINE_DIRECTORY naming a file",
+         TRAIN + BASE + ("--comet", "offline"), "COMET_OFFLINE_DIRECTORY", env={"COMET_OFFLINE_DIRECTORY": "{in}/a_file"}),
+    Case("compare-uri-scheme", "tracking", "`kronos-mlflow compare --tracking-uri ftp://host/x`",
+         CLI + ("compare", "--tracking-uri", "ftp://host/x"), "ftp"),
+    Case("sweep-uri-scheme", "sweep", "`MLFLOW_TRACKING_URI=nosuch://x` for a sweep", SWEEP, "nosuch",
+         env={"MLFLOW_TRACKING_URI": "nosuch://x"}),
+    # ===== spools: data, not commands (each names the workspace's FINISHED run)
+    Case("spool-artifact-outside", "spool", "a spool uploading /etc/hostname and marking a FINISHED run FAILED",
+         CLI + ("upload-spool", "{in}/sp_outside"), "/etc/hostname", make=make_spools),
+    Case("spool-artifact-dotdot", "spool", "a spool artifact `../secret.txt`",
+         CLI + ("upload-spool", "{in}/sp_dotdot/sub"), "../secret.txt", make=make_spools),
+    Case("spool-ended-run", "spool", "a spool marking a FINISHED run FAILED", CLI + ("upload-spool", "{in}/sp_status"),
+         "FINISHED", make=make_spools),
+    Case("spool-other-experiment", "spool", "a spool whose header says experiment 7 (the run is in 0)",
+         CLI + ("upload-spool", "{in}/sp_experiment", "--dry-run"), "experiment 7", make=make_spools),
+    Case("spool-renamed", "spool", "a spool file not named after its header's run",
+         CLI + ("upload-spool", "{in}/sp_renamed/from-a-colleague.jsonl"), "from-a-colleague.jsonl", make=make_spools),
+    Case("spool-key-path", "spool", "a spool metric named `../../x`", CLI + ("upload-spool", "{in}/sp_key"),
+         "../../x", make=make_spools),
+    Case("spool-uri-scheme", "spool", "`upload-spool --tracking-uri ftp://host/x`",
+         CLI + ("upload-spool", "{in}/sp_status", "--tracking-uri", "ftp://host/x"), "ftp", make=make_spools),
+    # ===== demo-data
+    Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
+         CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
+    Case("demo-symbols-float", "demo data", "`kronos-mlflow demo-data --symbols 1e9`",
+         CLI + ("demo-data", "--out", "{ws}/demo", "--symbols", "1e9"), "1e9"),
 ]
+
+
+# Not in the table: a case that breaks the promise on purpose, run with the others (see
+# test_fork_runner_catches_a_traceback_and_a_write).
+SELF_CHECK = Case("runner-self-check", "runner", "a case that writes a file and raises", ("<self-check>",), "-")
 
 
 # ----------------------------------------------------------------------------- the workspace
@@ -333,6 +608,7 @@ def _build_template(root: Path) -> Path:
     run = client.create_run("0", run_name="finished")
     client.log_metric(run.info.run_id, "best_val_loss", 0.5)
     client.set_terminated(run.info.run_id)
+    client.delete_experiment(client.create_experiment("retired"))  # a name a run may not use
     (ws / "home").mkdir()
     return ws
 
@@ -369,18 +645,55 @@ class Result:
     changed: list[str]
     ws: Path
     inp: Path
+    seconds: float = 0.0
 
     @property
     def lines(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
     def normalise(self, text: str) -> str:
+        """The message as the docs show it: temporary paths, the store's run id and the run
+        directory's config digest (both differ per build) replaced by placeholders."""
+        import re
+
         market = str(self.ws.parent.parent.parent / "market")
         text = text.replace(str(self.ws), "<ws>").replace(str(self.inp), "<in>").replace(market, "<market>")
+        text = text.replace(finished_run_id(self.ws), "<finished-run-id>")
+        text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
         return text.replace(sys.executable, "python")
 
 
-def _run_case(case: Case, template: Path, root: Path) -> Result:
+TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
+CONSOLE_SCRIPT = str(Path(sys.executable).with_name("kronos-mlflow"))
+
+
+@dataclass
+class Prepared:
+    """A case ready to run: its workspace, inputs, the command both as argv and as an entry point."""
+    case: Case
+    ws: Path
+    inp: Path
+    argv: list[str]  # the command a user types
+    entry: str  # module:function that command's script calls
+    script_argv: list[str]  # sys.argv as that script sees it
+    env: dict[str, str]
+    before: dict[str, str]
+
+
+def _entry_of(argv: list[str]) -> tuple[str, list[str]]:
+    """The entry-point function a command runs and the ``sys.argv`` its script sees."""
+    if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train"]:
+        return "kronos_mlflow.train:cli", [TRAIN_SCRIPT, *argv[3:]]
+    if argv[0] == "kronos-mlflow":
+        return "kronos_mlflow.cli:main", [CONSOLE_SCRIPT, *argv[1:]]
+    if argv[:2] == [sys.executable, str(ROOT / "sweeps" / "sweep.py")]:
+        return "kronos_mlflow.sweep.driver:main", argv[1:]
+    if argv[0] == "<self-check>":
+        return "forkrunner:misbehave_for_test", ["misbehave", *argv[1:]]
+    raise AssertionError(f"no entry point for {argv[:3]}")
+
+
+def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
     base = root / case.id
     ws, inp = base / "ws", base / "in"
     shutil.copytree(template, ws, symlinks=True)
@@ -388,11 +701,10 @@ def _run_case(case: Case, template: Path, root: Path) -> Result:
     make_all(inp, ws)
     if case.make:
         case.make(inp, ws)
-    before = _hashes(ws)
-    env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
-    env.update(case.env)
     market = root.parent / "market"
     fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market)}
+    env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    env.update({k: v.format(**fill) for k, v in case.env.items()})
     if case.argv[0] == "<mlproject>":
         overrides = {"qlib_data_path": str(market), "config_file": str(inp / "mlproject.yaml"),
                      **{k: v for k, v in DATES.items()}}
@@ -401,29 +713,77 @@ def _run_case(case: Case, template: Path, root: Path) -> Result:
         for item in case.argv[1:]:
             key, _, value = item.partition("=")
             overrides[key] = value.format(**fill)
-        argv = ["bash", "-c", _mlproject_check_command(overrides)]
+        words = shlex.split(_mlproject_check_command(overrides))  # as bash splits what mlflow run renders
+        assert words[:3] == ["python", "-m", "kronos_mlflow.train"], words[:3]
+        argv = [sys.executable, *words[1:]]
     else:
         argv = [a.format(**fill) for a in case.argv]
-    proc = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True, timeout=300)
-    after = _hashes(ws)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    return Result(case, proc.returncode, proc.stdout, proc.stderr, changed, ws, inp)
+    entry, script_argv = _entry_of(argv)
+    return Prepared(case, ws, inp, argv, entry, script_argv, env, _hashes(ws))
+
+
+def _finish(p: Prepared, rc: int, stdout: str, stderr: str, seconds: float = 0.0) -> Result:
+    after = _hashes(p.ws)
+    changed = sorted(k for k in set(p.before) | set(after) if p.before.get(k) != after.get(k))
+    return Result(p.case, rc, stdout, stderr, changed, p.ws, p.inp, seconds)
+
+
+def run_forked(prepared: list[Prepared], scratch: Path, parallel: int = 3) -> dict[str, Result]:
+    """Every case through tests/forkrunner.py (one pre-imported interpreter, a fork per case)."""
+    import json as _json
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    requests = []
+    for p in prepared:
+        requests.append({"id": p.case.id, "entry": p.entry, "argv": p.script_argv, "cwd": str(p.ws), "env": p.env,
+                         "stdout": str(p.inp.parent / "stdout.txt"), "stderr": str(p.inp.parent / "stderr.txt"),
+                         "timeout": 240})
+    (scratch / "requests.json").write_text(_json.dumps(requests))
+    env = tiny_runs.isolated_env(scratch, extra={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "forkrunner.py"), str(scratch / "requests.json"),
+                           str(parallel)], cwd=scratch, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"the fork runner failed:\n{proc.stderr[-3000:]}"
+    done = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            item = _json.loads(line)
+            done[item["id"]] = item
+    out = {}
+    for p in prepared:
+        item = done[p.case.id]
+        out[p.case.id] = _finish(p, item["rc"], (p.inp.parent / "stdout.txt").read_text(errors="replace"),
+                                 (p.inp.parent / "stderr.txt").read_text(errors="replace"), item["seconds"])
+    return out
+
+
+def run_subprocess(p: Prepared) -> Result:
+    """The same case as a real process: the command exactly as a user types it."""
+    argv = [CONSOLE_SCRIPT, *p.argv[1:]] if p.argv[0] == "kronos-mlflow" else p.argv
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=p.ws, env=p.env, capture_output=True, text=True, timeout=300)
+    return _finish(p, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, Result]:
-    """Every case, run once, three at a time (each in its own workspace copy)."""
+def workspace_root():
+    """A template workspace (a finished run) and the shared market, built once for the module."""
     root = Path(tempfile.mkdtemp(prefix="kronos-hostile-"))
     try:
         template = _build_template(root / "template")
-        market_before = _hashes(root / "market")
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            futures = {c.id: pool.submit(_run_case, c, template, root / "cases") for c in CASES}
-            out = {cid: f.result() for cid, f in futures.items()}
-        assert _hashes(root / "market") == market_before, "a case changed the shared Qlib market"
-        yield out
+        yield root, template
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def results(workspace_root) -> dict[str, Result]:
+    """Every case, run once in its own workspace copy, through the fork runner."""
+    root, template = workspace_root
+    market_before = _hashes(root / "market")
+    prepared = [_prepare_case(c, template, root / "cases") for c in [*CASES, SELF_CHECK]]
+    out = run_forked(prepared, root / "runner")
+    assert _hashes(root / "market") == market_before, "a case changed the shared Qlib market"
+    return out
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -443,32 +803,141 @@ def test_config_size_guard_matches_the_model():
 
 
 def test_there_are_enough_cases_across_all_areas():
-    assert len(CASES) >= 20 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.area for c in CASES} >= {"flag", "MLproject", "config file", "Qlib dir", "CSV", "checkpoint", "sweep"}
+    assert len(CASES) >= 76 and len({c.id for c in CASES}) == len(CASES)
+    assert {c.area for c in CASES} >= {"flag", "MLproject", "config file", "Qlib dir", "CSV", "checkpoint", "sweep",
+                                       "tracking", "spool", "demo data"}
+
+
+def promise_broken(r: Result) -> str | None:
+    """Why ``r`` breaks the promise (None when it keeps it): exit 2, one line naming the bad
+    value, no traceback, no file of the workspace changed, no credential printed."""
+    detail = f"rc={r.returncode}\nstderr:\n{r.stderr[-3000:]}\nstdout:\n{r.stdout[-1000:]}"
+    if r.returncode != 2:
+        return f"exit code {r.returncode}, expected 2\n{detail}"
+    if "Traceback" in r.stderr + r.stdout:
+        return f"a traceback\n{detail}"
+    if len(r.lines) != 1:
+        return f"{len(r.lines)} lines on stderr, expected 1\n{detail}"
+    if r.case.needle not in r.lines[0]:
+        return f"the line does not name {r.case.needle!r}\n{detail}"
+    if r.changed:
+        return f"files changed in the workspace: {r.changed}"
+    for secret in NEVER_PRINTED:
+        if secret in r.stdout + r.stderr:
+            return f"{secret} printed:\n{detail}"
+    return None
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_line_exit_2_and_touches_nothing(results, case):
-    r = results[case.id]
-    detail = f"rc={r.returncode}\nstderr:\n{r.stderr[-3000:]}\nstdout:\n{r.stdout[-1000:]}"
-    assert r.returncode == 2, detail
-    assert "Traceback" not in r.stderr + r.stdout, detail
-    assert len(r.lines) == 1, detail
-    assert case.needle in r.lines[0], detail
-    assert r.changed == [], f"files changed in the workspace: {r.changed}"
-    for secret in NEVER_PRINTED:
-        assert secret not in r.stdout + r.stderr, f"{secret} printed:\n{detail}"
+    broken = promise_broken(results[case.id])
+    assert broken is None, broken
+
+
+def test_fork_runner_catches_a_traceback_and_a_write(results):
+    """A case that writes into its workspace and then raises, run in the same batch as the table's
+    cases: the runner reports the interpreter's traceback and exit code 1, the hash check sees
+    the new file, and the promise check fails it."""
+    r = results[SELF_CHECK.id]
+    assert r.returncode == 1, r.stderr
+    assert "Traceback (most recent call last)" in r.stderr and "RuntimeError: deliberately raised" in r.stderr
+    assert r.changed == ["written-by-the-case.txt"]
+    assert r.stdout == "about to raise\n"  # a child's stdout is its own file, flushed at exit
+    assert promise_broken(r) is not None
+
+
+# One case of each kind of entry point, run as a real process as well.
+AGREE = ("flag-registered-model", "csv-two-zones", "sweep-percentile-150", "spool-artifact-outside",
+         "mlproject-max-restarts")
+
+
+@pytest.mark.slow
+def test_fork_agrees_with_a_real_process(workspace_root, results, tmp_path):
+    """The fork runner shows what the real command shows: same exit code, same stderr, same
+    (empty) set of changed files, case by case."""
+    root, template = workspace_root
+    for cid in AGREE:
+        case = next(c for c in CASES if c.id == cid)
+        real = run_subprocess(_prepare_case(case, template, tmp_path / "real"))
+        forked = results[cid]
+        assert real.returncode == forked.returncode, (cid, real.stderr, forked.stderr)
+        assert real.normalise(real.stderr) == forked.normalise(forked.stderr), cid
+        assert real.changed == forked.changed == [], cid
 
 
 def test_no_secret_written_anywhere(results):
     """The secret-bearing cases left no credential in any file of their workspace either."""
-    for cid in ("config-secret", "flag-secret", "sweep-secret-flag", "tracking-uri-password"):
+    for cid in ("config-secret", "flag-secret", "sweep-secret-flag", "tracking-uri-password", "tracking-database-down"):
         r = results[cid]
         for path in r.ws.rglob("*"):
             if path.is_file():
                 blob = path.read_bytes()
                 for secret in NEVER_PRINTED:
                     assert secret.encode() not in blob, (cid, path)
+
+
+# The data-sanity policy (what is refused, what is dropped), part of the generated page.
+DATA_SANITY = """\
+## Data sanity: what is refused, what is dropped
+
+Market data reaches training through two doors: a Qlib provider directory (`--qlib-data-path`,
+read by `kronos-mlflow prepare` and by every training run) and CSV files turned into one
+(`kronos-mlflow import-csv`). Bad data is never used silently. Each kind of problem is either
+
+- **refused**: one line on stderr naming the file, the line or row and the value, exit code 2,
+  and nothing written (no cache, no lock file, no output directory); or
+- **dropped**: the offending bars are left out, and one line per symbol
+  (`[kronos] warning: SYMBOL in 'PATH': N bars dropped (...)`) says how many and why; the
+  prepared cache's `manifest.json` keeps the counts (`stats.rows_dropped_*`,
+  `stats.bars_dropped_by_symbol`). At most 20 symbols get a line each; one more line counts the
+  rest.
+
+The rule of thumb: what breaks the *index* of the data (the calendar, the listing spans, where a
+series starts) cannot be repaired by dropping a bar, so it is refused; a damaged *bar* is one
+observation a quant would throw away, so it is dropped and reported.
+
+### Qlib provider directories
+
+| problem | what happens | why |
+|---|---|---|
+| `calendars/<freq>.txt` repeats a date, or a date comes before the previous one | refused (file, both line numbers and dates) | every `*.bin` file is indexed by calendar line numbers: one extra or misplaced line shifts every series after it |
+| a calendar line that is not a date, or not UTF-8 | refused | as above |
+| `instruments/<name>.txt`: a span whose start is after its end | refused (file, line, symbol, both dates) | a reversed span selects no bars or the wrong ones; which was meant cannot be known |
+| `instruments/<name>.txt`: a symbol that is not a plain name (`../x`, `a/b`) | refused | it names a features folder outside `features/` |
+| `--instrument` that is not a plain name (`../calendars/day`) | refused before any file is opened | it would be read from outside `instruments/` |
+| a `features/<sym>/<field>.<freq>.bin` whose first value (the calendar index it starts at) is not a whole number inside the calendar (negative, NaN, past the last day) | refused (file, the index, the calendar's range) | the series would be placed on the wrong days or read as empty |
+| a bin file holding more values than the calendar has days left | refused | it belongs to another calendar |
+| a bin file that is not whole float32 values | refused | truncated or not Qlib's format |
+| NaN in a bar | dropped, counted (`rows_dropped_nonfinite`), no per-symbol line | NaN is Qlib's own encoding of "no bar" (suspension days, before listing) |
+| an infinite price, volume or amount (including an amount that overflows float32) | dropped, one line per symbol | a damaged value |
+| a bar whose high is below its low | dropped, one line per symbol | an impossible bar |
+
+A bar whose high is below its open or close (or low above them) is kept: vendors round prices
+differently for the extremes and for open/close, and such bars are common in real data.
+Negative volume is not checked.
+
+### CSV imports (`kronos-mlflow import-csv`)
+
+| problem | what happens | why |
+|---|---|---|
+| a missing column, a cell that is not a number or a date, a file that is not UTF-8 CSV | refused (file, row, column, value) | |
+| two rows for one symbol and bar, or rows out of time order | refused (file, row) | which row is right cannot be known |
+| timestamps of one file in different time zones (`+08:00` and `+09:00`, or one with an offset and one without) | refused (file, both rows and values) | offsets are dropped on import (bars keep the exchange's local clock time, as Qlib stores them); two clocks in one file would interleave wrongly |
+| a spacing of bars that is not one Qlib frequency | refused | |
+| a symbol (column or file name) or `--instrument` that is not a plain name | refused | it becomes a folder or file name |
+| an empty cell | kept as a missing bar (NaN) | what an empty cell means |
+| a value that is infinite or beyond what a float32 bin holds (`inf`, `1e39`) | the bar is stored as missing (NaN in every field), one line per symbol | a damaged value; the rest of the series is good |
+| a bar whose high is below its low | stored as missing, one line per symbol | an impossible bar |
+
+No raw pandas or numpy warning reaches the console: the package's own warnings are one line
+(`[kronos] warning: ...`), and the conversions that would overflow are checked before they run.
+
+### Checkpoints
+
+A pretrained checkpoint (`--pretrained-tokenizer-path`) whose weights hold a NaN or an infinite
+value is refused before training, like a truncated one (the message names the first such tensor
+and the count): such a model trains to the end with NaN losses and keeps no best model.
+"""
 
 
 def render_table(results: dict[str, Result]) -> str:
@@ -479,8 +948,32 @@ def render_table(results: dict[str, Result]) -> str:
         "(regenerate: `KRONOS_UPDATE_DOCS=1 python -m pytest -q tests/test_hostile_input.py -k docs`).",
         "Every case exits with code 2, prints this one line on stderr and nothing else there (no traceback),",
         "and leaves the existing checkpoints, training state, data cache and MLflow store byte-for-byte",
-        "unchanged. `<ws>` is the working directory (a finished run's outputs), `<in>` holds the hostile files.",
+        "unchanged. `<ws>` is the working directory (a finished run's outputs and an MLflow store holding a",
+        "FINISHED run), `<in>` holds the hostile files, `<market>` a small Qlib market.",
         "Credentials (from the environment, a config file, a flag or a tracking URI) are never printed.",
+        "",
+        "Where each kind of value is checked:",
+        "",
+        "- numbers: every config key has a range (`kronos_mlflow/config.py`); the seed is 0 to 2^32-1, what",
+        "  numpy's and Optuna's samplers take; `nan`, `inf` and overflowing numbers are refused everywhere a",
+        "  number goes (flags, YAML, MLproject parameters, the sweep's flags and pruner options, spool records);",
+        "- names that become a file or folder (instrument, tokenizer_save_folder_name, symbols in CSV files and",
+        "  instruments files) stay inside their parent; names MLflow refuses (registered model, experiment, run)",
+        "  are refused when the config is read, not after the training;",
+        "- output paths must be directories or creatable ones; tracking and storage URIs need a scheme some",
+        "  store serves and, for sqlite, an existing folder;",
+        "- `--check` (the MLproject's first step) refuses whatever the run would refuse at its start or end:",
+        "  device and process count, speed settings, Comet's key for `comet: online`, the pretrained checkpoint",
+        "  (finite weights), windows per rank, `resume`, the run and experiment it would log to, max_restarts;",
+        "- data: [Data sanity](#data-sanity-what-is-refused-what-is-dropped) below says what is refused and what",
+        "  is dropped with one line per symbol;",
+        "- spools are data, not commands: see `kronos-mlflow upload-spool --help` and the spool rows below;",
+        "- under torchrun, rank 0 alone prints a refusal every rank reaches (workers exit 2); `python -m",
+        "  kronos_mlflow.launch`, torchrun's drop-in that the MLproject runs, shows only that line, without",
+        "  torchrun's own failure report (tests/test_hostile_launchers.py).",
+        "",
+        DATA_SANITY,
+        "## Every case",
         "",
         "| # | case | area | input | the one line on stderr | exit |",
         "|---|------|------|-------|------------------------|------|",
@@ -502,6 +995,3 @@ def test_docs_table_is_current(results):
         "docs/hostile-input.md is stale; regenerate: KRONOS_UPDATE_DOCS=1 python -m pytest -q "
         "tests/test_hostile_input.py -k docs"
     )
-
-
-

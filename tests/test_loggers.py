@@ -686,14 +686,21 @@ def test_build_logger_auto_without_key_is_mlflow_only(env, client):
     assert run.info.status == "FINISHED"
 
 
-def test_build_logger_online_without_key_warns_and_drops(env, client, caplog):
-    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
-        tracking = build_tracking({"comet": "online", "experiment_name": "build"}, rank=0)
-    logger = tracking.logger
-    assert tracking.comet is None and tracking.mlflow is not None
-    warned = warnings_from(caplog, "could not start")
-    assert len(warned) == 1 and "COMET_API_KEY" in warned[0]
-    logger.finalize("success")
+def test_build_logger_online_without_key_is_refused_before_any_run(env, client, monkeypatch, tmp_path):
+    """``comet: online`` insists: without a key the run is refused (one line naming the fix)
+    before an MLflow run exists; ``auto`` and ``offline`` need no key."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.comet.config either
+    monkeypatch.delenv("COMET_CONFIG", raising=False)
+    before = len(client.search_runs(["0"]))
+    with pytest.raises(UserError, match="comet: 'online' needs a Comet API key") as info:
+        build_tracking({"comet": "online", "experiment_name": "online-refused"}, rank=0)
+    assert "\n" not in str(info.value)
+    assert client.get_experiment_by_name("online-refused") is None  # no experiment, no run made
+    assert len(client.search_runs(["0"])) == before
+    (tmp_path / ".comet.config").write_text("[comet]\napi_key = " + FAKE_COMET_KEY + "\n")
+    from kronos_mlflow.tracking.comet import comet_key_configured
+
+    assert comet_key_configured()  # a key in Comet's own config file counts
 
 
 def test_build_logger_offline_cross_links(env, client, tmp_path):

@@ -271,6 +271,85 @@ def test_last_line_cut_short_is_ignored(tmp_path):
     assert len(records) == 1 and ignored == 1
 
 
+# ----------------------------------------------------------------------------- a spool is data, not commands
+
+
+def _db_hash(uri: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(uri.split(":///", 1)[1]).read_bytes()).hexdigest()
+
+
+def _writer_spool(tmp_path: Path, client: MlflowClient, status: str = "FINISHED") -> tuple[Path, str]:
+    """A run left RUNNING on the server and the spool a logger writes for it: a metric, a tag,
+    an artifact copied next to the spool, the terminal status."""
+    run = client.create_run("0", run_name="spooled")
+    folder = tmp_path / "spool"
+    copy = spool.artifacts_dir(spool.spool_path(folder, run.info.run_id)) / "0000" / "summary.json"
+    copy.parent.mkdir(parents=True)
+    copy.write_text('{"best_val_loss": 0.5}\n')
+    path = spool.spool_path(folder, run.info.run_id)
+    spool.append_records(path, {"run_id": run.info.run_id, "experiment_id": "0", "tracking_uri": "x"}, [
+        {"type": "metric", "key": "best_val_loss", "value": 0.5, "step": 0, "timestamp": 5},
+        {"type": "tag", "key": "late", "value": "tag"},
+        {"type": "artifact", "local_path": os.path.relpath(copy, folder), "artifact_path": None},
+        {"type": "terminate", "status": status, "end_time": 12345},
+    ])
+    return path, run.info.run_id
+
+
+def test_dry_run_says_what_it_would_do_and_changes_nothing(sqlite_env, tmp_path, capsys):
+    from kronos_mlflow.cli import main
+
+    client = MlflowClient(sqlite_env)
+    path, run_id = _writer_spool(tmp_path, client)
+    before = _db_hash(sqlite_env)
+    assert main(["upload-spool", str(path.parent), "--dry-run"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"kronos-mlflow upload-spool: {path.name}: would run {run_id} (experiment 0, RUNNING): send 1 metric "
+                   "values (0 already there), 0 params, 1 tags, 1 artifacts (summary.json); end it FINISHED"]
+    assert _db_hash(sqlite_env) == before and path.is_file()
+    assert main(["upload-spool", str(path.parent)]) == 0  # the same line ("will"), then what was done
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and out[0].startswith(f"kronos-mlflow upload-spool: {path.name}: will run {run_id}")
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.end_time == 12345 and run.data.tags["late"] == "tag"
+    assert [a.path for a in client.list_artifacts(run_id)] == ["summary.json"]
+
+
+def test_an_ended_run_keeps_how_it_ended(sqlite_env, tmp_path):
+    """A spool agreeing with an ended run's status adds what is missing and leaves its status and
+    end time; a spool saying another status is refused before anything is sent."""
+    client = MlflowClient(sqlite_env)
+    path, run_id = _writer_spool(tmp_path, client, status="FINISHED")
+    client.set_terminated(run_id, "FINISHED", end_time=999)
+    counts = spool.upload_spool(path, client, finish="keep")
+    run = client.get_run(run_id)
+    assert counts["status"] is None and counts["status_kept"] == "FINISHED"
+    assert run.info.status == "FINISHED" and run.info.end_time == 999 and run.data.metrics["best_val_loss"] == 0.5
+    other, other_id = _writer_spool(tmp_path / "b", client, status="FAILED")
+    client.set_terminated(other_id, "KILLED", end_time=7)
+    before = _db_hash(sqlite_env)
+    with pytest.raises(UserError, match="already ended KILLED"):
+        spool.upload_spool(other, client)
+    assert _db_hash(sqlite_env) == before and other.is_file()
+
+
+def test_an_artifact_linked_outside_the_spool_is_refused(sqlite_env, tmp_path):
+    """A symlink inside the spool's artifact copies that points elsewhere is refused, naming it."""
+    client = MlflowClient(sqlite_env)
+    path, run_id = _writer_spool(tmp_path, client)
+    (tmp_path / "private.txt").write_text("not for the server\n")
+    copy_dir = spool.artifacts_dir(path) / "0000"
+    os.symlink(tmp_path / "private.txt", copy_dir / "link.txt")
+    spool.append_records(path, {}, [{"type": "artifact", "local_path": os.path.relpath(copy_dir, path.parent),
+                                     "artifact_path": "more"}])
+    before = _db_hash(sqlite_env)
+    with pytest.raises(UserError, match="link.txt"):
+        spool.upload_spool(path, client)
+    assert _db_hash(sqlite_env) == before
+
+
 # ----------------------------------------------------------------------------- slow: a real server
 
 

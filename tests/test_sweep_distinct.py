@@ -112,7 +112,7 @@ def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, text, needl
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--sampler-seed", "abc"], "--sampler-seed: invalid int value: 'abc'"),
+    (["--sampler-seed", "abc"], "--sampler-seed: 'abc' is not an integer"),
     (["--sampler-seed", "1.5"], "--sampler-seed"),
     (["--pruner", "halving"], "pruner 'halving' is not one of successive_halving"),
     (["--trial-epochs-budget", "-3"], "--trial-epochs-budget"),

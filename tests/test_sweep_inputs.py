@@ -70,8 +70,8 @@ def test_pruners():
     "args, needle",
     [
         (["--n-trials", "0"], "--n-trials"),
-        (["--storage", "sqlite:////nonexistent-dir/x/optuna.db"], "cannot be opened"),
-        (["--storage", "nosuchdb://x"], "cannot be opened"),
+        (["--storage", "sqlite:////nonexistent-dir/x/optuna.db"], "'/nonexistent-dir/x/optuna.db' does not exist"),
+        (["--storage", "nosuchdb://x"], "scheme 'nosuchdb', which no store serves"),
         (["--pruner", "sometimes"], "sometimes"),
         (["--learning-rate", "1e-3"], "search space"),
         (["--epochs", "zero"], "epochs"),

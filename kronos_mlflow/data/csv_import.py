@@ -11,8 +11,12 @@ Accepted columns (names case-insensitive): a date column named ``timestamps`` (u
 One row per symbol and bar, sorted by time (duplicated or unsorted timestamps are refused). The
 frequency is inferred: ``day`` when no symbol has two rows on one date, otherwise the spacing of
 bars within a day (1, 5, 15, 30 or 60 minutes; a missing bar is fine, a spacing that is not a
-multiple of the frequency is refused); ``--freq`` overrides it. Every bar is kept. Empty cells
-are kept as missing bars (NaN), which ``prepare`` drops.
+multiple of the frequency is refused); ``--freq`` overrides it. Timestamps may carry a UTC
+offset, the same one throughout a file (two offsets in one file are refused); bars keep their
+local clock time. Empty cells are kept as missing bars (NaN), which ``prepare`` drops. A bar with
+a value that is infinite or beyond float32 (``inf``, ``1e39``), or with its high below its low,
+is stored as a missing bar, with one warning line per symbol saying how many
+(``docs/hostile-input.md``, Data sanity).
 
 The output holds ``calendars/<freq>.txt`` (the union of all timestamps, in ``dump_bin.py``'s
 formats), ``instruments/all.txt`` (each
@@ -24,6 +28,7 @@ temporary directory and renamed, and a non-empty ``--out`` is refused unless ``-
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -77,6 +82,7 @@ def _read_one(path: Path):
         raise DataError(f"'{path}' has a header but no rows; expected one row per symbol and day")
 
     raw_dates = df[date_col].astype(str).str.strip()
+    _check_one_zone(path, raw_dates)
     dates = pd.to_datetime(raw_dates, errors="coerce")
     if dates.isna().any():
         try:
@@ -102,8 +108,9 @@ def _read_one(path: Path):
             raise DataError(f"'{path}' row {i + 2}: '{text.iloc[i]}' in column {col} is not a number; expected numbers")
         values[col] = num
     if "amount" not in values:
-        values["amount"] = amount_from_ohlcv(values["open"], values["high"], values["low"], values["close"],
-                                             values["volume"])
+        with np.errstate(all="ignore"):
+            values["amount"] = amount_from_ohlcv(values["open"], values["high"], values["low"], values["close"],
+                                                 values["volume"])
 
     if "symbol" in df.columns:
         syms = df["symbol"].astype(str).str.strip().to_numpy()
@@ -130,7 +137,52 @@ def _read_one(path: Path):
             i = int(np.flatnonzero(step < 0)[0])
             raise DataError(f"'{path}' row {rows[i + 1] + 2}: symbol {sym}'s timestamp {_show(d[i + 1])} comes before "
                             f"the previous row's {_show(d[i])}; expected rows sorted by time")
-        out.append((sym, d, {k: v[rows] for k, v in values.items()}))
+        out.append((sym, d, _drop_bad_bars(path, sym, {k: v[rows] for k, v in values.items()}, rows)))
+    return out
+
+
+# A timestamp's UTC offset: after a time of day, Z or +HH:MM / -HHMM / +HH.
+_ZONE_RE = r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\s*(Z|[+-]\d{2}(?::?\d{2})?)$"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_one_zone(path: Path, raw_dates) -> None:
+    """All timestamps of a file carry the same UTC offset, or none: offsets are dropped on
+    import (bars keep the exchange's local clock time, as Qlib stores them), so two offsets in
+    one file would put bars of different clocks on one calendar."""
+    zones = raw_dates.str.extract(_ZONE_RE, expand=False).fillna("").to_numpy()
+    if len(zones) and (zones != zones[0]).any():
+        i = int(np.flatnonzero(zones != zones[0])[0])
+        a, b = zones[0] or "no offset", zones[i] or "no offset"
+        raise DataError(f"'{path}' rows 2 and {i + 2}: timestamps '{raw_dates.iloc[0]}' and '{raw_dates.iloc[i]}' "
+                        f"are in different time zones ({a}, {b}); expected one UTC offset (or none) for the whole "
+                        "file: convert the timestamps to the exchange's local time")
+
+
+def _drop_bad_bars(path: Path, sym: str, vals: dict, rows: np.ndarray) -> dict:
+    """Damaged bars become missing bars (NaN in every field, as an empty row is), with one
+    warning line for the symbol saying how many and why: a value that is infinite or beyond
+    what a float32 bin holds (``inf``, ``1e39``), or a high below the low."""
+    with np.errstate(all="ignore"):
+        stacked = np.stack([vals[k] for k in ("open", "high", "low", "close", "volume", "amount")], axis=1)
+        huge = np.isinf(stacked).any(axis=1) | (np.abs(np.nan_to_num(stacked)) > _FLOAT32_MAX).any(axis=1)
+        inverted = ~huge & (vals["high"] < vals["low"])
+    bad = huge | inverted
+    if not bad.any():
+        return vals
+    from .prepare import DataWarning
+
+    reasons = [f"{int(n)} with {why}" for n, why in ((huge.sum(), "an infinite value or one beyond float32"),
+                                                     (inverted.sum(), "high below low")) if n]
+    n = int(bad.sum())
+    first = int(rows[np.flatnonzero(bad)[0]]) + 2  # the file's row (the header is row 1)
+    warnings.warn(f"{sym} in '{path}': {n} bar{'s' if n > 1 else ''} dropped ({', '.join(reasons)}; first at row "
+                  f"{first}); they are stored as missing bars", DataWarning, stacklevel=3)
+    out = {}
+    for key, v in vals.items():
+        v = v.copy()
+        v[bad] = np.nan
+        out[key] = v
     return out
 
 

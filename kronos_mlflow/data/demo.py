@@ -88,10 +88,10 @@ def _garch(rng: np.random.Generator, n_days: int, n: int, sigma: np.ndarray, alp
 
 
 def _check_size(n_symbols: int, seed: int) -> None:
-    if int(n_symbols) < 1 or int(n_symbols) > MAX_SYMBOLS:
-        raise DataError(f"--symbols {n_symbols} is out of range; expected 1 to {MAX_SYMBOLS}")
-    if int(seed) < 0:
-        raise DataError(f"--seed {seed} is negative; expected an integer >= 0")
+    from ..validate import integer, seed as check_seed
+
+    integer("--symbols", n_symbols, 1, MAX_SYMBOLS, error=DataError)
+    check_seed("--seed", seed, error=DataError)
 
 
 def _listing_spans(rng: np.random.Generator, T: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -264,9 +264,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "used when qlib_data_path is empty")
     parser.add_argument("--freq", default="day", choices=("day", *INTRADAY_FREQS),
                         help="bar frequency: day, or intraday bars in two sessions a day (default day)")
-    parser.add_argument("--symbols", type=int, default=None,
+    parser.add_argument("--symbols", default=None,
                         help=f"number of symbols (default {DEFAULT_SYMBOLS}; intraday {INTRADAY_DEFAULT_SYMBOLS})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED})")
+    parser.add_argument("--seed", default=DEFAULT_SEED, help=f"random seed, 0 to 2^32-1 (default {DEFAULT_SEED})")
     parser.add_argument("--start", default=None,
                         help=f"first calendar day (default {DEFAULT_START}; intraday {INTRADAY_DEFAULT_START})")
     parser.add_argument("--end", default=DEFAULT_END, help=f"last calendar day (default {DEFAULT_END})")
@@ -276,9 +276,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from ..validate import integer, seed as check_seed
+
     t0 = time.perf_counter()
     symbols = args.symbols if args.symbols is not None else (
         DEFAULT_SYMBOLS if args.freq == "day" else INTRADAY_DEFAULT_SYMBOLS)
+    symbols = integer("--symbols", symbols, 1, MAX_SYMBOLS, error=DataError)
+    args.seed = check_seed("--seed", args.seed, error=DataError)
     if args.out is None:
         if (args.start, args.end) != (None, DEFAULT_END):
             raise DataError("--start/--end need --out; the shared demo cache always uses the default dates")

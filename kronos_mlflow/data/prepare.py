@@ -12,7 +12,9 @@ What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
    (about two million bars) at a time; each symbol's membership spans applied, each span its own
    series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
-   (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN/inf feature dropped;
+   (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
+   bar") dropped and counted; damaged bars (an infinite value, a high below the low) dropped
+   with one warning line per symbol (:func:`bar_sanity`, ``docs/hostile-input.md``, Data sanity);
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
    (:func:`~kronos_mlflow.features.time_features`);
 3. per split: each series' rows whose times lie in the split's range (a date as a range end
@@ -278,6 +280,44 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
 
 
 # ----------------------------------------------------------------------------------------------
+# Bar sanity (docs/hostile-input.md, Data sanity)
+# ----------------------------------------------------------------------------------------------
+
+BAD_BAR_REASONS = {"infinite": "an infinite price, volume or amount", "high_below_low": "high below low"}
+_MAX_DROP_LINES = 20
+
+
+def bar_sanity(full: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """Rows of ``full`` (open, high, low, close, vol, amt) to keep, and the bad bars by reason.
+
+    A NaN is Qlib's own "no bar" (a suspension day, a symbol not yet listed): dropped and counted
+    (``rows_dropped_nonfinite``), never reported per symbol. An infinite value, or a high below
+    the low, is a damaged bar: dropped and reported (:func:`report_dropped_bars`)."""
+    nan = np.isnan(full).any(axis=1)
+    inf = np.isinf(full).any(axis=1) & ~nan
+    high_below_low = ~nan & ~inf & (full[:, 1] < full[:, 2])
+    keep = ~(nan | inf | high_below_low)
+    bad = {name: int(n) for name, n in (("infinite", inf.sum()), ("high_below_low", high_below_low.sum())) if n}
+    return keep, bad
+
+
+def report_dropped_bars(dropped: Mapping[str, Mapping[str, int]], where: Path) -> None:
+    """One :class:`DataWarning` line per symbol whose damaged bars were dropped (at most 20 lines,
+    then one line counting the rest)."""
+    symbols = sorted(dropped)
+    for sym in symbols[:_MAX_DROP_LINES]:
+        reasons = dropped[sym]
+        n = sum(reasons.values())
+        why = ", ".join(f"{k} with {BAD_BAR_REASONS[r]}" for r, k in sorted(reasons.items()))
+        warnings.warn(f"{sym} in '{where}': {n} bar{'s' if n > 1 else ''} dropped ({why})", DataWarning, stacklevel=3)
+    if len(symbols) > _MAX_DROP_LINES:
+        rest = symbols[_MAX_DROP_LINES:]
+        n = sum(sum(dropped[s].values()) for s in rest)
+        warnings.warn(f"{len(rest)} more symbols in '{where}' had damaged bars dropped ({n} bars); the cache's "
+                      "manifest.json lists them (stats.bars_dropped_by_symbol)", DataWarning, stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------
 # Building the splits
 # ----------------------------------------------------------------------------------------------
 
@@ -392,6 +432,7 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     stats = {"symbols_read": 0, "symbols_kept": 0, "symbols_dropped_short": 0, "series_read": 0, "series_kept": 0,
              "series_dropped_short": 0, "rows_read": 0, "rows_dropped_nonfinite": 0, "rows_kept": 0}
     seen: dict[str, bool] = {}  # symbol -> kept (some series long enough)
+    dropped: dict[str, dict[str, int]] = {}  # symbol -> reason -> bad bars dropped (see bar_sanity)
     try:
         for sym, dates, raw in read_qlib(path, cfg["instrument"], cfg["dataset_begin_time"], cfg["dataset_end_time"],
                                          lookback, predict, progress, freq=freq,
@@ -400,9 +441,15 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
             seen.setdefault(sym, False)
             stats["rows_read"] += len(dates)
             o, h, lo, c, v = (raw[:, j] for j in range(5))
-            full = np.stack([o, h, lo, c, v, amount_from_ohlcv(o, h, lo, c, v)], axis=1).astype(np.float32, copy=False)
-            ok = np.isfinite(full).all(axis=1)
-            stats["rows_dropped_nonfinite"] += int((~ok).sum())
+            with np.errstate(all="ignore"):  # an overflowing amount is an infinite value, dropped below
+                full = np.stack([o, h, lo, c, v, amount_from_ohlcv(o, h, lo, c, v)], axis=1).astype(np.float32,
+                                                                                                  copy=False)
+                ok, bad = bar_sanity(full)
+            stats["rows_dropped_nonfinite"] += int((~ok).sum()) - bad.get("high_below_low", 0)
+            for reason, n in bad.items():
+                stats[f"rows_dropped_{reason}"] = stats.get(f"rows_dropped_{reason}", 0) + n
+                dropped.setdefault(sym, {}).setdefault(reason, 0)
+                dropped[sym][reason] += n
             feats, dates = np.ascontiguousarray(full[ok][:, fidx]), dates[ok]
             if len(dates) < window:
                 stats["series_dropped_short"] += 1
@@ -421,6 +468,8 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     stats["symbols_dropped_short"] = stats["symbols_read"] - stats["symbols_kept"]
 
     splits_info = _write_offsets(out, cfg, writers, series)
+    report_dropped_bars(dropped, path)
+    stats["bars_dropped_by_symbol"] = dropped
     _check_windows(splits_info, cfg, path, window)
 
     manifest = {
@@ -449,7 +498,7 @@ def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool
     """
     cfg = _cfg(config)
     path = resolve_qlib_path(cfg)
-    pv.check_instrument(path, cfg["instrument"])
+    pv.check_instrument(path, cfg["instrument"], cfg["freq"])
     _feature_indices(cfg)
     key = _cache_key(cfg, path)
     digest = pv.digest_of(key)
@@ -508,7 +557,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"prepared {m['freq']} splits of '{m['key']['instrument']}' from {src} in {time.perf_counter() - t0:.1f}s")
     print(f"  cache: {out}")
     print(f"  symbols: {s['symbols_kept']} kept, {s['symbols_dropped_short']} dropped (shorter than {m['window']} rows)")
-    print(f"  rows: {s['rows_kept']} kept, {s['rows_dropped_nonfinite']} dropped (NaN/inf)")
+    damaged = s.get("rows_dropped_infinite", 0) + s.get("rows_dropped_high_below_low", 0)
+    missing = s["rows_dropped_nonfinite"] - s.get("rows_dropped_infinite", 0)
+    print(f"  rows: {s['rows_kept']} kept, {missing} missing (NaN) and {damaged} damaged (inf, high below low) "
+          "dropped")
     for split in SPLITS:
         info = m["splits"][split]
         a, b = info["time_range"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -28,14 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..validate import NAME_RE  # symbols and universe names become file names
 
 CALENDAR_FILE = Path("calendars") / "day.txt"
 INSTRUMENTS_DIR = Path("instruments")
 FEATURES_DIR = Path("features")
 FREQ = "day"
 
-# Symbols and universe names become file names: keep them to a portable set.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
 @dataclass
@@ -263,7 +261,10 @@ _MAX_CALENDAR_BYTES = 16 << 20  # a century of minute bars is far less
 
 
 def _check_calendar(path: Path, key: str, freq: str = FREQ) -> None:
-    """``calendars/<freq>.txt`` is UTF-8 text with one date a line (Qlib's own errors name no file)."""
+    """``calendars/<freq>.txt`` is UTF-8 text with one date (or date-time) a line, strictly
+    increasing: every bin file is indexed by its line numbers, so a repeated or misplaced line
+    would shift every series after it (Qlib's own errors name no file, and it would use such a
+    calendar as it is)."""
     CALENDAR_FILE = calendar_file(freq)  # noqa: N806
     cal = path / CALENDAR_FILE
     size = cal.stat().st_size
@@ -276,18 +277,40 @@ def _check_calendar(path: Path, key: str, freq: str = FREQ) -> None:
         line = data[: exc.start].count(b"\n") + 1
         raise DataError(f"{key} '{path}': {CALENDAR_FILE} is not UTF-8 text (line {line}); "
                         "expected one YYYY-MM-DD date a line") from None
-    import datetime as _dt
-
+    numbers, items = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         item = line.strip()
-        if not item:
-            continue
-        try:
-            _dt.date.fromisoformat(item[:10])
-        except ValueError:
-            shown = item if len(item) <= 40 else item[:37] + "..."
-            raise DataError(f"{key} '{path}': {CALENDAR_FILE} line {number} '{shown}' is not a date; "
-                            "expected one YYYY-MM-DD date a line") from None
+        if item:
+            numbers.append(number)
+            items.append(item)
+    try:
+        stamps = np.array(items, dtype="datetime64[s]")
+    except ValueError:
+        stamps = None
+    if stamps is None or np.isnat(stamps).any():
+        for number, item in zip(numbers, items):
+            try:
+                if np.isnat(np.datetime64(item, "s")):
+                    raise ValueError(item)
+            except ValueError:
+                shown = item if len(item) <= 40 else item[:37] + "..."
+                raise DataError(f"{key} '{path}': {CALENDAR_FILE} line {number} '{shown}' is not a date; "
+                                "expected one YYYY-MM-DD date a line") from None
+    steps = np.diff(stamps.astype(np.int64))
+    if (steps <= 0).any():
+        i = int(np.flatnonzero(steps <= 0)[0])
+        what = "repeats" if steps[i] == 0 else "comes before"
+        raise DataError(
+            f"{key} '{path}': {CALENDAR_FILE} line {numbers[i + 1]} '{items[i + 1]}' {what} line {numbers[i]} "
+            f"'{items[i]}'; expected each trading {'day' if freq == FREQ else 'bar'} once, in increasing order "
+            "(every feature file is indexed by these lines: re-import or re-download the directory)"
+        )
+
+
+def calendar_length(path: Path, freq: str = FREQ) -> int:
+    """Lines (dates) of ``calendars/<freq>.txt``."""
+    text = (Path(path) / calendar_file(freq)).read_text(encoding="utf-8")
+    return sum(1 for line in text.splitlines() if line.strip())
 
 
 def _check_feature_files(path: Path, key: str, freq: str = FREQ) -> None:
@@ -317,14 +340,88 @@ def list_instruments(path: Path) -> list[str]:
         return []
 
 
-def check_instrument(path: Path, instrument: str) -> str:
+def check_instrument(path: Path, instrument: str, freq: str = FREQ) -> str:
+    """``instruments/<instrument>.txt`` exists directly in the provider's ``instruments/`` (the
+    name is never a path), each line is ``SYMBOL<TAB>START<TAB>END`` with a valid symbol name and
+    START <= END, and each listed symbol's feature files start and end inside the calendar."""
     available = list_instruments(path)
     # Qlib opens instruments/<name lowercased>.txt, whatever case the name is given in.
-    if not (Path(path) / INSTRUMENTS_DIR / f"{str(instrument).lower()}.txt").is_file():
+    if (not isinstance(instrument, str) or not NAME_RE.match(instrument)
+            or not (Path(path) / INSTRUMENTS_DIR / f"{str(instrument).lower()}.txt").is_file()):
         raise DataError(
             f"instrument '{instrument}' is not in '{path / INSTRUMENTS_DIR}'; available: {', '.join(available)}"
         )
+    spans = _check_instrument_file(Path(path), instrument)
+    _check_series_bounds(Path(path), sorted(spans), freq)
     return instrument
+
+
+def _check_instrument_file(path: Path, instrument: str) -> dict[str, list[tuple[str, str]]]:
+    import datetime as _dt
+
+    where = INSTRUMENTS_DIR / f"{instrument.lower()}.txt"
+    try:
+        text = (path / where).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"qlib_data_path '{path}': {where} is not UTF-8 text; expected SYMBOL<TAB>START<TAB>END "
+                        "lines") from None
+    out: dict[str, list[tuple[str, str]]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split("\t")]
+        shown = line if len(line) <= 60 else line[:57] + "..."
+        if len(parts) < 3 or not parts[0]:
+            raise DataError(f"qlib_data_path '{path}': {where} line {number} '{shown}' is not SYMBOL<TAB>START<TAB>END")
+        symbol, a, b = parts[:3]
+        if not NAME_RE.match(symbol):
+            raise DataError(f"qlib_data_path '{path}': {where} line {number}: symbol '{symbol}' is not a valid name "
+                            "(its features folder would lie outside features/); expected letters, digits, '_', '.' "
+                            "or '-'")
+        try:
+            first, last = (_dt.datetime.fromisoformat(v.replace(" ", "T", 1)) for v in (a, b))
+        except ValueError:
+            raise DataError(f"qlib_data_path '{path}': {where} line {number} '{shown}': START and END must be dates "
+                            "(YYYY-MM-DD)") from None
+        if first > last:
+            raise DataError(f"qlib_data_path '{path}': {where} line {number}: symbol {symbol}'s span starts {a}, after "
+                            f"its end {b}; expected START <= END")
+        out.setdefault(symbol, []).append((a, b))
+    return out
+
+
+def _check_series_bounds(path: Path, symbols: Sequence[str], freq: str = FREQ) -> None:
+    """Each ``features/<symbol>/*.<freq>.bin`` starts at a whole calendar index and ends inside
+    the calendar (Qlib would read a series that starts outside it as empty, or misplace it)."""
+    n_cal = calendar_length(path, freq)
+    for symbol in symbols:
+        folder = path / FEATURES_DIR / symbol.lower()
+        try:
+            entries = sorted(e for e in os.listdir(folder) if e.endswith(f".{freq}.bin"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no features: Qlib yields nothing for the symbol
+        for name in entries:
+            file = folder / name
+            size = file.stat().st_size
+            with open(file, "rb") as fh:
+                head = np.frombuffer(fh.read(4), dtype="<f4")
+            if len(head) < 1:
+                continue  # a short file: _check_feature_files names it
+            start = float(head[0])
+            n_values = size // 4 - 1
+            rel = FEATURES_DIR / symbol.lower() / name
+            if not np.isfinite(start) or start != int(start) or start < 0 or start >= max(n_cal, 1):
+                raise DataError(
+                    f"qlib_data_path '{path}': {rel} starts at calendar index {start:g}, outside the calendar "
+                    f"(0..{n_cal - 1}, {calendar_file(freq)}); the file is damaged or belongs to another calendar: "
+                    "re-import or re-download that directory"
+                )
+            if int(start) + n_values > n_cal:
+                raise DataError(
+                    f"qlib_data_path '{path}': {rel} holds {n_values:,} values from calendar index {int(start)}, past "
+                    f"the calendar's last day (index {n_cal - 1}); the file belongs to another calendar: re-import "
+                    "or re-download that directory"
+                )
 
 
 def read_instrument_file(path: Path, instrument: str) -> dict[str, list[tuple[str, str]]]:

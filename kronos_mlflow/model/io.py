@@ -111,6 +111,7 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
     for name, tensor in loaded.items():
         if tensor.is_floating_point():
             loaded[name] = tensor.to(torch.float32)
+    check_finite(weights_path, loaded)
     bsq_basis = {
         "tokenizer.bsq.basis": 2 ** torch.arange(config["s1_bits"] + config["s2_bits"] - 1, -1, -1),
         "tokenizer.bsq.group_basis": 2 ** torch.arange(config["group_size"] - 1, -1, -1),
@@ -133,6 +134,30 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
 
 # --------------------------------------------------------------------------------------------
 
+
+
+def check_finite(path: Path, tensors: Mapping[str, torch.Tensor], *,
+                 advice: str = "use the checkpoint of an earlier epoch or a fresh model") -> None:
+    """Every float tensor is finite, else a one-line CheckpointError naming the first bad one and
+    the count (``advice`` ends it): a NaN or inf weight (a diverged run's checkpoint, a damaged
+    file) would train to the end with NaN losses and no best model."""
+    bad = []
+    total = 0
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        if not tensor.is_floating_point():
+            continue
+        n = int((~torch.isfinite(tensor)).sum())
+        if n:
+            bad.append((name, n, tensor.numel()))
+            total += n
+    if bad:
+        name, n, size = bad[0]
+        more = f" and {len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"weights file '{path}': tensor '{name}' holds {n:,} of {size:,} values that are NaN or infinite"
+            f"{more} ({total:,} in all); expected finite weights: {advice}"
+        )
 
 
 def _temp_path(directory: Path, final_name: str) -> str:

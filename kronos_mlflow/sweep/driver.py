@@ -280,13 +280,13 @@ def _plots(study, out_dir: Path) -> list[Path]:
     }
     for name, draw in plots.items():
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # Optuna's "experimental", matplotlib's layout notes
                 warnings.simplefilter("ignore")
                 ax = draw()
-            fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
-            fig.set_size_inches(8, 5.5)
-            fig.tight_layout()
-            fig.savefig(out_dir / name, dpi=110)
+                fig = ax.flat[0].figure if hasattr(ax, "flat") else ax.figure
+                fig.set_size_inches(8, 5.5)
+                fig.tight_layout()
+                fig.savefig(out_dir / name, dpi=110)
             plt.close(fig)
             made.append(out_dir / name)
         except Exception as exc:  # noqa: BLE001 - e.g. importances need 2+ complete trials
@@ -325,23 +325,23 @@ def build_parser():
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
                       "one parent MLflow run, one child run per trial. Unlisted --key value flags go to training.")
     p.on_error = record_failure  # under `mlflow run -e sweep`: the parent run ends FAILED with this line
-    p.add_argument("--n-trials", type=int, default=8, help="trials this worker runs (default 8)")
-    p.add_argument("--timeout", type=float, default=0, help="stop starting trials after this many seconds (0: none)")
+    p.add_argument("--n-trials", default=8, help="trials this worker runs (default 8)")
+    p.add_argument("--timeout", default=0, help="stop starting trials after this many seconds (0: none)")
     p.add_argument("--study-name", default="kronos-lr-wd", help="Optuna study (resumed when it exists)")
     p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
     p.add_argument("--pruner", default=DEFAULT_PRUNER, help="successive_halving (default), hyperband, median, "
                    "percentile[:P], none; options as median:n_startup_trials=3,n_warmup_steps=1")
-    p.add_argument("--sampler-seed", type=int, default=None, help="TPE sampler seed; a fresh study draws the same "
+    p.add_argument("--sampler-seed", default=None, help="TPE sampler seed; a fresh study draws the same "
                    "trials for the same seed, a resumed one mixes in the trials already there")
-    p.add_argument("--trial-epochs-budget", type=int, default=0,
+    p.add_argument("--trial-epochs-budget", default=0,
                    help="stop starting trials once this worker's trials trained this many epochs (0: none)")
     p.add_argument("--search-space", default=str(DEFAULT_SPACE), help="YAML search space file")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="processes per trial (torchrun when > 1)")
+    p.add_argument("--nproc-per-node", default=1, help="processes per trial (torchrun when > 1)")
     p.add_argument("--registered-model-name", default="", help="register the best trial's model, alias champion")
     p.add_argument("--experiment-name", default="", help="MLflow experiment (default: MLflow's)")
     p.add_argument("--output-dir", default="", help="checkpoints go to OUTPUT_DIR/STUDY/trial-N (default: "
                    "'sweeps' next to the config's save_path, ./outputs/sweeps)")
-    p.add_argument("--max-retry", type=int, default=1, help="retries of a trial whose worker died")
+    p.add_argument("--max-retry", default=1, help="retries of a trial whose worker died")
     p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
     return p
 
@@ -349,16 +349,35 @@ def build_parser():
 def parse(argv: Sequence[str] | None):
     from .. import config as cfg
 
+    from .. import validate as checks
+
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.n_trials < 1:
-        parser.error(f"argument --n-trials: {args.n_trials} must be at least 1")
-    if args.nproc_per_node < 1:
-        parser.error(f"argument --nproc-per-node: {args.nproc_per_node} must be at least 1")
-    if args.timeout < 0:
-        parser.error(f"argument --timeout: {args.timeout} must be >= 0")
-    if args.trial_epochs_budget < 0:
-        parser.error(f"argument --trial-epochs-budget: {args.trial_epochs_budget} must be >= 0")
+    # The sweep's own flags, each with its range (MLproject passes every -P value as text).
+    try:
+        args.n_trials = checks.integer("n_trials", args.n_trials, 1, 1_000_000, what="argument --n-trials")
+        args.timeout = checks.number("timeout", args.timeout, 0.0, 1e9, what="argument --timeout")
+        if args.sampler_seed not in (None, ""):
+            args.sampler_seed = checks.seed("sampler_seed", args.sampler_seed, what="argument --sampler-seed")
+        else:
+            args.sampler_seed = None
+        args.trial_epochs_budget = checks.integer("trial_epochs_budget", args.trial_epochs_budget, 0, 10**9,
+                                                  what="argument --trial-epochs-budget")
+        args.nproc_per_node = checks.integer("nproc_per_node", args.nproc_per_node, 1, 256,
+                                             what="argument --nproc-per-node")
+        args.max_retry = checks.integer("max_retry", args.max_retry, 0, 100, what="argument --max-retry")
+        if args.storage:
+            checks.storage_url(args.storage, "argument --storage")
+        if not args.study_name.strip() or len(args.study_name) > 512 or any(ord(c) < 32 for c in args.study_name):
+            raise UserError(f"argument --study-name: '{checks.shown(args.study_name)}' is not a study name; expected "
+                            "1 to 512 characters, no control characters")
+        checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name)
+        checks.mlflow_experiment_name("argument --experiment-name", args.experiment_name)
+        if args.output_dir:
+            checks.directory("argument --output-dir", args.output_dir)
+        make_pruner(args.pruner)  # its name and options, before any store is opened
+    except UserError as exc:
+        parser.error(str(exc))
     # Pass-through flags: every training key, validated now so a typo fails before any trial.
     overrides: dict[str, str] = {}
     i = 0
@@ -378,6 +397,13 @@ def parse(argv: Sequence[str] | None):
             parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
+    from ..distributed import resolve_device
+    from ..train import check_processes
+
+    check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
+    from ..tracking.comet import check_comet
+
+    check_comet(config)
     if not args.output_dir:
         args.output_dir = sweep_output_dir(config.get("save_path"))
     train_flags = []
@@ -394,17 +420,20 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
 
     import optuna
 
-    from ..tracking.server import check_tracking_server
+    from ..tracking.server import check_tracking_server, ensure_sqlite_store
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
     args.storage = args.storage or default_storage()
     pruner = make_pruner(args.pruner)
-    check_tracking_server()
+    check_tracking_server(create=False)
     storage = open_storage(args.storage, max_retry=args.max_retry)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(storage, args.study_name, pruner, args.sampler_seed)
 
+    import mlflow
+
+    ensure_sqlite_store(mlflow.get_tracking_uri())  # created once, whatever number of workers start together
     client = MlflowClient()
     experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if os.environ.get("MLFLOW_EXPERIMENT_ID") and not experiment_name:
@@ -494,6 +523,9 @@ def _log_param_once(client, run_id, key, value) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..console import install_warning_format
+
+    install_warning_format()
     try:
         return run_sweep(argv)
     except UserError as exc:

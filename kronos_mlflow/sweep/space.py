@@ -15,6 +15,15 @@ DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.y
 PARAMS = ("learning_rate", "weight_decay")
 
 
+def _config_max() -> dict[str, float]:
+    from ..config import _MAX, ALIASES
+
+    return {name: float(_MAX[ALIASES[name]]) for name in PARAMS}
+
+
+_CONFIG_MAX = _config_max()
+
+
 def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """Read and check the YAML search space; errors name the parameter and what is accepted."""
     path = Path(path or DEFAULT_SPACE)
@@ -40,6 +49,10 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
             raise ConfigError(f"search space: {name} low {low:g} must be > 0 on a log scale (set include_zero for 0)")
         if low < 0:
             raise ConfigError(f"search space: {name} low {low:g} must be >= 0")
+        top = _CONFIG_MAX[name]
+        if high > top:  # a trial would be refused by the training's own config check
+            raise ConfigError(f"search space: {name} high {high:g} is above what training accepts; expected at "
+                              f"most {top:g}")
         space[name] = {"low": low, "high": high, "log": log, "include_zero": bool(spec.get("include_zero", False))}
     if space["learning_rate"]["include_zero"]:
         raise ConfigError("search space: learning_rate cannot include_zero; a zero learning rate does not train")

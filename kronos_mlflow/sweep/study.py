@@ -24,18 +24,31 @@ def make_pruner(spec: str):
     ``median:n_startup_trials=3``."""
     import optuna
 
+    import math
+
     name, _, opts = (spec or DEFAULT_PRUNER).partition(":")
     name = name.strip().lower()
     kwargs: dict[str, Any] = {}
     if name == "percentile" and opts and "=" not in opts:
-        kwargs["percentile"] = float(opts)
-        opts = ""
+        opts = f"percentile={opts}"
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, _, value = item.partition("=")
+        key = key.strip()
         try:
-            kwargs[key.strip()] = float(value) if "." in value or "e" in value.lower() else int(value)
+            number = float(value)
         except ValueError:
-            raise ConfigError(f"pruner option '{item}' is not key=number") from None
+            raise ConfigError(f"pruner '{spec}': option '{item}' is not key=number") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"pruner '{spec}': {key} {value.strip()} is not a finite number")
+        if key in _PRUNER_INTS:
+            low = _PRUNER_INTS[key]
+            if number != int(number) or number < low:
+                raise ConfigError(f"pruner '{spec}': {key} {value.strip()} is out of range; expected an integer "
+                                  f">= {low}")
+            number = int(number)
+        elif key == "percentile" and not 0.0 <= number <= 100.0:
+            raise ConfigError(f"pruner '{spec}': percentile {value.strip()} is out of range; expected 0 to 100")
+        kwargs[key] = number
     try:
         if name == "median":
             kwargs.setdefault("n_startup_trials", 2)
@@ -56,9 +69,15 @@ def make_pruner(spec: str):
             kwargs.setdefault("min_resource", 1)
             kwargs.setdefault("reduction_factor", 3)
             return optuna.pruners.SuccessiveHalvingPruner(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"pruner '{spec}': {exc}") from None
+    except (TypeError, ValueError) as exc:  # an unknown option, or a value Optuna refuses
+        raise ConfigError(f"pruner '{spec}': {' '.join(str(exc).split())}") from None
     raise ConfigError(f"pruner '{spec}' is not one of successive_halving, hyperband, median, percentile, none")
+
+
+# Integer options of Optuna's pruners, with their smallest accepted value.
+_PRUNER_INTS = {"n_startup_trials": 0, "n_warmup_steps": 0, "interval_steps": 1, "n_min_trials": 1,
+                "min_resource": 1, "max_resource": 1, "reduction_factor": 2, "min_early_stopping_rate": 0,
+                "bootstrap_count": 0}
 
 
 def default_storage() -> str:

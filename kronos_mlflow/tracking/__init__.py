@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..secrets import install_secret_filter
-from .comet import CometLogger, comet_mode, start_comet
+from .comet import CometLogger, check_comet, comet_mode, start_comet
 from .mlflow import MLflowLogger
 from .protocol import ExperimentLogger, MultiLogger, NullLogger, Status
 from .server import check_tracking_server, is_connection_error
@@ -63,9 +63,10 @@ def build_tracking(
 
     Ranks other than 0 get ``Tracking(NullLogger())``. Rank 0 gets an :class:`MLflowLogger`
     (errors propagate: MLflow is required) and, when ``config["comet"]`` asks for it, a
-    :class:`CometLogger`; Comet failing to start, e.g. ``comet="online"`` with no
-    ``COMET_API_KEY`` nor Comet config file, is warned about once and training continues with
-    MLflow only. The two are cross-linked: the MLflow run id is logged to Comet
+    :class:`CometLogger`; ``comet="online"`` with no ``COMET_API_KEY`` nor Comet config file is
+    refused (a :class:`~kronos_mlflow.errors.UserError`, before any run is made); Comet failing
+    to start otherwise (its server unreachable) is warned about once and training continues
+    with MLflow only. The two are cross-linked: the MLflow run id is logged to Comet
     (``mlflow_run_id``) and the Comet key tagged on the run (``comet_experiment_key``). Also
     installs :class:`~kronos_mlflow.secrets.SecretFilter` on the root logger's handlers, and starts
     MLflow's system-metrics monitor on the run (:mod:`~kronos_mlflow.tracking.system_metrics`;
@@ -84,6 +85,7 @@ def build_tracking(
     if rank != 0:
         return Tracking(NullLogger())
     install_secret_filter()
+    check_comet(config)  # comet online without a key: refused before the MLflow run is made
     mode = comet_mode(config)
     run_name = str(config.get("run_name") or "") or None
     mlflow_logger = MLflowLogger(

@@ -227,6 +227,44 @@ def comet_mode(config: Mapping[str, Any]) -> Literal["online", "offline"] | None
     raise ConfigError(f"comet: '{value}' is not one of auto, online, offline, off")
 
 
+def comet_key_configured() -> bool:
+    """A Comet API key is there for comet_ml to read: ``COMET_API_KEY``, or ``api_key`` in the
+    ``[comet]`` section of ``$COMET_CONFIG``, ``./.comet.config`` or ``~/.comet.config`` (the
+    key itself is never read into this process's config)."""
+    import configparser
+
+    if os.environ.get("COMET_API_KEY", "").strip():
+        return True
+    for path in (os.environ.get("COMET_CONFIG", ""), ".comet.config", os.path.expanduser("~/.comet.config")):
+        if not path or not os.path.isfile(path):
+            continue
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.get("comet", "api_key", fallback="").strip():
+            return True
+    return False
+
+
+def check_comet(config: Mapping[str, Any]) -> None:
+    """``comet: online`` insists on Comet: without an API key the run is refused before it
+    starts (``auto`` is then off, ``offline`` needs no key)."""
+    from ..errors import UserError
+
+    mode = comet_mode(config)
+    if mode == "online" and not comet_key_configured():
+        raise UserError("comet: 'online' needs a Comet API key, and none is set (COMET_API_KEY, or api_key in "
+                        "~/.comet.config); set one, or use comet offline (an archive to upload later), auto or off")
+    if mode == "offline" and not config.get("comet_offline_directory"):
+        folder = os.environ.get("COMET_OFFLINE_DIRECTORY", "").strip()
+        if folder:
+            from ..validate import directory
+
+            directory("COMET_OFFLINE_DIRECTORY", folder, error=UserError)
+
+
 def start_comet(
     config: Mapping[str, Any], mode: Literal["online", "offline"], run_name: str | None, mlflow_logger,
     experiment_key: str | None = None,

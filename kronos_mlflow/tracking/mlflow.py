@@ -17,7 +17,7 @@ from ..errors import UserError, short_reason
 from ..secrets import redact, redact_uri, scrub_params, secret_values
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line, same_param
-from .server import hide_uri_printing, mlflow_limits, probe_tracking_server
+from .server import ensure_sqlite_store, hide_uri_printing, mlflow_limits, probe_tracking_server
 
 log = logging.getLogger("kronos_mlflow.tracking")
 # mlflow is imported inside the methods: `kronos-mlflow --help` and the no-MLflow paths stay fast.
@@ -85,6 +85,7 @@ class MLflowLogger(OutageQueue):
         self.tracking_uri: str = tracking_uri or mlflow.get_tracking_uri()
         hide_uri_printing(self.tracking_uri)
         probe_tracking_server(self.tracking_uri, probe_timeout_s)
+        ensure_sqlite_store(self.tracking_uri)  # created once, even when several processes start together
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.flush_every_s = float(flush_every_s)
         self.flush_max_metrics = max(1, int(flush_max_metrics))
@@ -413,3 +414,59 @@ class MLflowLogger(OutageQueue):
             raise error
 
 
+
+
+def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None) -> None:
+    """Read-only: the run and experiment a training with ``config`` would log to can be used, as
+    :class:`MLflowLogger` checks them at the run's start (``MLFLOW_RUN_ID`` exists and is not
+    deleted; the experiment named by ``experiment_name`` / ``MLFLOW_EXPERIMENT_NAME`` is not
+    deleted; ``MLFLOW_EXPERIMENT_ID`` exists). Nothing is created."""
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    hide_uri_printing(uri)
+    run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        if run_id:
+            try:
+                run = client.get_run(run_id)
+            except MlflowException as exc:
+                if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    raise UserError(f"MLflow run {run_id} (MLFLOW_RUN_ID) does not exist at {redact_uri(uri)}; "
+                                    "unset MLFLOW_RUN_ID or point MLFLOW_TRACKING_URI at the server that holds it") \
+                        from None
+                raise
+            if run.info.lifecycle_stage == "deleted":
+                raise UserError(f"MLflow run {run_id} (MLFLOW_RUN_ID) is deleted; restore it or unset MLFLOW_RUN_ID")
+            return
+        name = str(config.get("experiment_name") or "") or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+        if name:
+            from ..validate import mlflow_experiment_name
+
+            source = "experiment_name" if config.get("experiment_name") else "MLFLOW_EXPERIMENT_NAME"
+            mlflow_experiment_name(source, name, error=UserError)
+            experiment = client.get_experiment_by_name(name)
+            if experiment is not None and experiment.lifecycle_stage == "deleted":
+                raise UserError(f"MLflow experiment '{name}' is deleted; restore it (mlflow experiments restore "
+                                f"--experiment-id {experiment.experiment_id}) or choose another experiment_name")
+            return
+        experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip()
+        if experiment_id:
+            try:
+                experiment = client.get_experiment(experiment_id)
+            except MlflowException as exc:
+                if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    raise UserError(f"MLflow experiment id '{experiment_id}' (MLFLOW_EXPERIMENT_ID) does not exist at "
+                                    f"{redact_uri(uri)}; set an existing id or use MLFLOW_EXPERIMENT_NAME") from None
+                raise
+            if experiment.lifecycle_stage == "deleted":
+                raise UserError(f"MLflow experiment id '{experiment_id}' (MLFLOW_EXPERIMENT_ID) is deleted; restore it "
+                                "or choose another")
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store answered something unexpected: one line
+        raise UserError(redact(f"MLflow tracking store {redact_uri(uri)} cannot be read ({short_reason(exc)}); "
+                               "check MLFLOW_TRACKING_URI")) from None

@@ -34,13 +34,18 @@ def mlflow_limits() -> dict[str, int]:
 
 
 def probe_tracking_server(uri: str, timeout: float) -> None:
-    """Raise a one-line UserError when an http(s) tracking server does not answer.
+    """Raise a one-line UserError when ``uri`` names no store (:func:`check_uri`) or an http(s)
+    tracking server does not answer.
 
     MLflow's own client retries for minutes before giving up; one GET of ``/health`` with a
     short timeout tells the user at once. Any HTTP answer (even 401/404) counts as reachable,
     except 502/504: a proxy in between could not reach the server.
     """
+    check_uri(uri)
     parts = urllib.parse.urlsplit(uri)
+    if parts.scheme.lower().split("+", 1)[0] in ("postgresql", "mysql", "mssql"):
+        probe_database(uri, timeout)
+        return
     if parts.scheme.lower() not in ("http", "https"):
         return
     netloc = parts.netloc.rpartition("@")[2]  # urllib cannot take user:pass@ in the URL
@@ -61,6 +66,33 @@ def probe_tracking_server(uri: str, timeout: float) -> None:
     )
 
 
+def probe_database(uri: str, timeout: float) -> None:
+    """One-line UserError when a database tracking store (PostgreSQL, MySQL, SQL Server) cannot
+    be connected to, or its driver is missing: one connection attempt with a short timeout
+    (MLflow's own store retries for minutes, then raises a traceback)."""
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == uri.strip()
+    hint = "start it or unset MLFLOW_TRACKING_URI" if from_env else "start it or use another tracking URI"
+    try:
+        import sqlalchemy
+
+        args = {"connect_timeout": max(1, int(timeout))} if scheme.startswith(("postgresql", "mysql")) else {}
+        engine = sqlalchemy.create_engine(uri, connect_args=args, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except ImportError as exc:  # no driver for the scheme
+        raise UserError(redact(f"MLflow tracking store {redact_uri(uri)} needs a database driver that is not installed "
+                               f"({one_line(exc, 120)}); install it (postgresql: psycopg[binary]; mysql: mysqlclient "
+                               "or PyMySQL with mysql+pymysql://)")) from None
+    except Exception as exc:  # noqa: BLE001 - refused, unknown host, bad credentials, timeout
+        reason = getattr(exc, "orig", None) or exc
+        raise UserError(redact(f"MLflow tracking store {redact_uri(uri)} cannot be reached: {one_line(reason, 200)}; "
+                               f"{hint}")) from None
+
+
 def hide_uri_printing(uri: str) -> None:
     """MLflow's client writes "View run NAME at: <tracking URI>/#/..." to stdout when it ends a
     run on a tracking server, password included when the URI holds one (``user:pw@host``).
@@ -70,13 +102,70 @@ def hide_uri_printing(uri: str) -> None:
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
-def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
-    """One-line UserError when the tracking server (``uri`` or MLflow's current one) is down."""
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0, *, create: bool = True) -> None:
+    """One-line UserError when the tracking URI (``uri`` or MLflow's current one) names no store
+    (an unknown scheme, a sqlite file in a missing folder), or its server is down; with
+    ``create``, a fresh sqlite store is created once (:func:`ensure_sqlite_store`)."""
     if uri is None:
         import mlflow
 
         uri = mlflow.get_tracking_uri()
+    registry = os.environ.get("MLFLOW_REGISTRY_URI", "").strip()
+    if registry:
+        check_uri(registry, "MLFLOW_REGISTRY_URI", kind="MLflow model registry URI")
     probe_tracking_server(str(uri), timeout)
+    if create:
+        ensure_sqlite_store(str(uri))
+
+
+def check_uri(uri: str, source: str | None = None, kind: str = "MLflow tracking URI") -> str:
+    """:func:`kronos_mlflow.validate.tracking_uri`, ``source`` defaulting to MLFLOW_TRACKING_URI
+    when the URI came from there."""
+    from ..validate import tracking_uri
+
+    if source is None:
+        from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == str(uri).strip()
+        source = "MLFLOW_TRACKING_URI" if from_env else "tracking URI"
+    return tracking_uri(str(uri), source, kind=kind)
+
+
+def _sqlite_store_ready(db) -> bool:
+    """The database holds MLflow's schema and its default experiment (what a store's first open
+    writes last). Any error (missing, locked while another process migrates it) means not yet."""
+    import sqlite3
+
+    if not db.is_file() or db.stat().st_size == 0:
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            version = con.execute("SELECT version_num FROM alembic_version").fetchone()
+            experiment = con.execute("SELECT experiment_id FROM experiments LIMIT 1").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return bool(version) and experiment is not None
+
+
+def ensure_sqlite_store(uri: str) -> None:
+    """Create a sqlite tracking store once, under a file lock beside the database
+    (``<db>.lock``): processes started together on a fresh store (sweep workers, torchrun
+    ranks) would otherwise race in MLflow's schema migration ("duplicate column name", "expected
+    to match one row"). A store that is ready is not touched."""
+    from ..validate import sqlite_path
+
+    db = sqlite_path(str(uri))
+    if db is None or _sqlite_store_ready(db):
+        return
+    from ..data.provider import file_lock
+
+    with file_lock(db.with_name(db.name + ".lock")):
+        if _sqlite_store_ready(db):
+            return  # another process made it while we waited
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri=str(uri)).search_experiments(max_results=1)
 
 
 

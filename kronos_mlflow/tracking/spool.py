@@ -8,9 +8,18 @@ when the logger has no save directory), and prints the command that uploads it::
     kronos-mlflow upload-spool outputs/models/finetune_tokenizer_demo/mlflow-spool
     kronos-mlflow upload-spool run.jsonl --tracking-uri http://mlflow.example:5000
 
+A spool is data, not commands: before anything is sent, each spool is checked against its run
+and refused in one line when it would touch another run (its file name, header run id and
+experiment must match the run's), read a file outside its own directory (artifacts are the
+copies its writer kept next to it, ``<run_id>.artifacts/``), or change how a run that already
+ended ended (a run still RUNNING gets the spool's status; one that ended keeps its status and
+end time, and a spool saying otherwise is refused). Every key and value is checked as MLflow
+would check it, so an upload never stops halfway. One line says what the upload will do;
+``--dry-run`` prints only that line and changes nothing.
+
 Uploading is idempotent: metric ``(key, step)`` pairs already on the run are skipped, params
-already there are kept, tags are set, artifacts are uploaded again (same content), and the run
-gets its terminal status and end time. A spool that was uploaded is renamed
+already there are kept, tags are set, artifacts are uploaded again (same content), and a
+RUNNING run gets its terminal status and end time. A spool that was uploaded is renamed
 ``<run_id>.jsonl.uploaded`` (``--delete`` removes it instead) so that running the command twice
 changes nothing. Credentials are never written: params are scrubbed and tags redacted before
 they reach the spool, the tracking URI is stored without its password, and uploading uses the
@@ -30,6 +39,8 @@ import argparse
 import json
 import math
 import os
+import posixpath
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
@@ -44,6 +55,20 @@ SUFFIX = ".jsonl"
 UPLOADED_SUFFIX = ".uploaded"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 _MAX_LINE = 1 << 20  # a record is small; a megabyte-long line is not ours
+_MAX_SPOOL_BYTES = 1 << 30  # millions of metric values; a bigger file is not a spool
+# What MLflow accepts (mlflow.utils.validation): checked on every line before anything is sent,
+# so that MLflow never refuses a record halfway through an upload.
+_KEY_RE = re.compile(r"^[/\w.\- :]{1,250}$")
+_MAX_PARAM_VALUE = 6000
+_MAX_TAG_VALUE = 8000
+_INT64_MAX = 2**63 - 1
+
+
+def _check_key(key: str, kind: str, bad) -> None:
+    norm = posixpath.normpath(key)
+    if not _KEY_RE.match(key) or norm != key or norm == "." or norm.startswith(("..", "/")):
+        raise bad(f"{kind} key '{key[:80]}' is not a name MLflow accepts; expected at most 250 letters, digits, "
+                  "'_', '-', '.', ' ', ':' or '/', not a path such as ../x")
 
 
 class SpoolError(UserError):
@@ -106,6 +131,10 @@ def read_spool(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, 
     last line was cut short (a crash while appending), else 0."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if path.is_file() and size > _MAX_SPOOL_BYTES:
+            raise SpoolError(f"spool file '{path}' is {size:,} bytes; a kronos-mlflow spool is far smaller (at most "
+                             f"{_MAX_SPOOL_BYTES:,} bytes are read)")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SpoolError(f"spool file '{path}' does not exist") from None
@@ -169,19 +198,28 @@ def _check_record(obj: Any, path: Path, number: int) -> dict[str, Any]:
     if kind in ("param", "tag"):
         if not isinstance(obj.get("key"), str) or not isinstance(obj.get("value"), str):
             raise bad(f"a {kind} needs a string key and value")
+        _check_key(obj["key"], kind, bad)
+        limit = _MAX_PARAM_VALUE if kind == "param" else _MAX_TAG_VALUE
+        if len(obj["value"]) > limit:
+            raise bad(f"{kind} '{obj['key']}' has a value of {len(obj['value']):,} characters; expected at most "
+                      f"{limit:,}")
     elif kind == "metric":
         value, step, ts = obj.get("value"), obj.get("step"), obj.get("timestamp")
         if not isinstance(obj.get("key"), str):
             raise bad("a metric needs a string key")
+        _check_key(obj["key"], "metric", bad)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise bad(f"metric '{obj['key']}' has value {value!r}; expected a finite number")
         for name, v in (("step", step), ("timestamp", ts)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise bad(f"metric '{obj['key']}' has {name} {v!r}; expected an integer >= 0")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _INT64_MAX:
+                raise bad(f"metric '{obj['key']}' has {name} {v!r}; expected an integer from 0 to {_INT64_MAX}")
     elif kind == "artifact":
         if not isinstance(obj.get("local_path"), str) or not (obj.get("artifact_path") is None
                                                               or isinstance(obj.get("artifact_path"), str)):
             raise bad("an artifact needs a local_path (and an optional artifact_path)")
+        where = obj.get("artifact_path")
+        if where is not None and (where.startswith("/") or ".." in where.split("/") or "\\" in where):
+            raise bad(f"artifact_path '{where}' is not a folder inside the run's artifacts")
     elif kind == "terminate":
         if obj.get("status") not in TERMINAL_STATUSES:
             raise bad(f"status {obj.get('status')!r} is not one of {', '.join(TERMINAL_STATUSES)}")
@@ -198,12 +236,44 @@ def _check_record(obj: Any, path: Path, number: int) -> dict[str, Any]:
 # uploading
 
 
-def upload_spool(path: str | os.PathLike, client, *, finish: str = "rename") -> dict[str, Any]:
-    """Replay one spool onto its run through ``client`` (an ``MlflowClient``); idempotent.
+def _inside(path: Path, base: Path) -> bool:
+    try:
+        path.relative_to(base)
+        return True
+    except ValueError:
+        return False
 
-    ``finish``: ``rename`` (to ``.uploaded``), ``delete``, or ``keep``. Returns counts:
-    ``metrics`` sent, ``metrics_present`` skipped, ``params``, ``params_present``, ``tags``,
-    ``artifacts``, ``status`` (or None), ``run_id``, ``ignored_lines``.
+
+def _artifact_source(path: Path, rec: Mapping[str, Any], number: int) -> Path:
+    """The local file (or folder) of an artifact record: a relative path inside the spool's own
+    directory, which every file under it (symlinks resolved) stays inside too. A spool names
+    only the copies its writer put next to it; anything else is refused, naming it."""
+    base = path.parent.resolve()
+    raw = str(rec["local_path"])
+    local = Path(raw)
+    refuse = (f"spool '{path}': artifact '{raw}' lies outside the spool's directory '{base}'; a spool uploads only "
+              "the copies kept next to it (<run_id>.artifacts/): nothing was uploaded")
+    if local.is_absolute() or ".." in local.parts or not raw.strip():
+        raise SpoolError(refuse)
+    target = (base / local).resolve()
+    if not _inside(target, base) or target == base:
+        raise SpoolError(refuse)
+    if target.is_dir():
+        for inner in target.rglob("*"):
+            if not _inside(inner.resolve(), base):
+                raise SpoolError(f"spool '{path}': artifact '{raw}' holds '{inner.relative_to(target)}', a link to "
+                                 f"'{inner.resolve()}' outside the spool's directory: nothing was uploaded")
+    return target
+
+
+def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
+    """Check a spool against its run and work out what uploading it would do; writes nothing.
+
+    Refused (a :class:`SpoolError`, nothing sent): a file not named ``<run_id>.jsonl`` after its
+    header's run, a header without the experiment id or naming another experiment than the
+    run's, a run that does not exist or is deleted, an artifact outside the spool's directory, a
+    terminal status other than the one a run that already ended has (a spool never changes how a
+    run ended). Returns the plan :func:`apply_upload` carries out.
     """
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
@@ -211,6 +281,14 @@ def upload_spool(path: str | os.PathLike, client, *, finish: str = "rename") -> 
     path = Path(path)
     header, records, ignored = read_spool(path)
     run_id = header["run_id"]
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else None
+    if stem != run_id:
+        raise SpoolError(f"spool file '{path}' is not named after the run in its header ({run_id}); a spool is "
+                         f"<run_id>{SUFFIX}: rename it to {run_id}{SUFFIX} if that is the run it belongs to")
+    experiment_id = header.get("experiment_id")
+    if not isinstance(experiment_id, str) or not experiment_id.strip():
+        raise SpoolError(f"spool file '{path}': the header names no experiment_id; expected the header a "
+                         "kronos-mlflow run writes")
     try:
         run = client.get_run(run_id)
     except MlflowException as exc:
@@ -220,17 +298,32 @@ def upload_spool(path: str | os.PathLike, client, *, finish: str = "rename") -> 
         raise
     if run.info.lifecycle_stage == "deleted":
         raise SpoolError(f"run {run_id} of spool '{path}' is deleted; restore it first (mlflow runs restore)")
+    if run.info.experiment_id != experiment_id:
+        raise SpoolError(f"spool '{path}' says run {run_id} is in experiment {experiment_id}, but that run is in "
+                         f"experiment {run.info.experiment_id}; the spool was not written for this run: nothing "
+                         "was uploaded")
 
-    counts: dict[str, Any] = {"run_id": run_id, "metrics": 0, "metrics_present": 0, "params": 0,
-                              "params_present": 0, "tags": 0, "artifacts": 0, "artifacts_present": 0, "status": None,
-                              "ignored_lines": ignored}
+    artifacts = []
+    for number, rec in enumerate(records, start=2):
+        if rec["type"] == "artifact":
+            artifacts.append((_artifact_source(path, rec, number), rec.get("artifact_path")))
+
+    terminal = [rec for rec in records if rec["type"] == "terminate"]
+    status = terminal[-1]["status"] if terminal else None
+    ended = run.info.status in TERMINAL_STATUSES
+    if status and ended and status != run.info.status:
+        raise SpoolError(f"spool '{path}' would mark run {run_id} {status}, but it already ended {run.info.status}; a "
+                         "spool never changes how a run ended: nothing was uploaded (delete the spool's "
+                         "terminate line to upload the rest)")
+
     params = run.data.params
     new_params = []
+    params_present = 0
     for rec in records:
         if rec["type"] != "param":
             continue
         if rec["key"] in params or any(p.key == rec["key"] for p in new_params):
-            counts["params_present"] += 1
+            params_present += 1
             continue
         new_params.append(Param(rec["key"], rec["value"]))
     tags = {rec["key"]: rec["value"] for rec in records if rec["type"] == "tag"}
@@ -241,50 +334,81 @@ def upload_spool(path: str | os.PathLike, client, *, finish: str = "rename") -> 
         present[key] = {int(m.step) for m in client.get_metric_history(run_id, key)}
     to_send = []
     seen: set[tuple[str, int]] = set()
+    metrics_present = 0
     for rec in metrics:
         pair = (rec["key"], rec["step"])
         if rec["step"] in present.get(rec["key"], ()) or pair in seen:
-            counts["metrics_present"] += 1
+            metrics_present += 1
             continue
         seen.add(pair)
         to_send.append(Metric(rec["key"], float(rec["value"]), rec["timestamp"], rec["step"]))
+    return {
+        "path": path, "run_id": run_id, "experiment_id": experiment_id, "run_status": run.info.status,
+        "params": new_params, "params_present": params_present, "tags": [RunTag(k, v) for k, v in tags.items()],
+        "metrics": to_send, "metrics_present": metrics_present, "artifacts": artifacts,
+        "status": status if status and not ended else None, "status_kept": status if status and ended else None,
+        "end_time": terminal[-1]["end_time"] if terminal else None, "ignored_lines": ignored,
+    }
 
-    for start in range(0, len(new_params), 100):
-        client.log_batch(run_id, params=new_params[start:start + 100])
-    counts["params"] = len(new_params)
-    tag_items = [RunTag(k, v) for k, v in tags.items()]
-    for start in range(0, len(tag_items), 100):
-        client.log_batch(run_id, tags=tag_items[start:start + 100])
-    counts["tags"] = len(tag_items)
-    for start in range(0, len(to_send), 1000):
-        client.log_batch(run_id, metrics=to_send[start:start + 1000])
-    counts["metrics"] = len(to_send)
 
-    base = path.parent
-    for rec in records:
-        if rec["type"] != "artifact":
-            continue
-        local = Path(rec["local_path"])
-        local = local if local.is_absolute() else base / local
+def describe_plan(plan: Mapping[str, Any]) -> str:
+    """What uploading will do, in one line."""
+    if plan["status"]:
+        status = f"end it {plan['status']}"
+    elif plan["status_kept"]:
+        status = f"keep its status {plan['status_kept']}"
+    else:
+        status = f"leave it {plan['run_status']}"
+    names = ", ".join(str(a[0].name) for a in plan["artifacts"][:3]) + (", ..." if len(plan["artifacts"]) > 3 else "")
+    artifacts = f"{len(plan['artifacts'])} artifacts" + (f" ({names})" if plan["artifacts"] else "")
+    return (f"run {plan['run_id']} (experiment {plan['experiment_id']}, {plan['run_status']}): send "
+            f"{len(plan['metrics'])} metric values ({plan['metrics_present']} already there), {len(plan['params'])} "
+            f"params, {len(plan['tags'])} tags, {artifacts}; {status}")
+
+
+def apply_upload(plan: Mapping[str, Any], client, *, finish: str = "rename") -> dict[str, Any]:
+    """Carry out a :func:`plan_upload` plan; returns the counts :func:`upload_spool` documents."""
+    run_id = plan["run_id"]
+    params, tags, metrics = plan["params"], plan["tags"], plan["metrics"]
+    for start in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[start:start + 100])
+    for start in range(0, len(tags), 100):
+        client.log_batch(run_id, tags=tags[start:start + 100])
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+    counts: dict[str, Any] = {"run_id": run_id, "metrics": len(metrics), "metrics_present": plan["metrics_present"],
+                              "params": len(params), "params_present": plan["params_present"], "tags": len(tags),
+                              "artifacts": 0, "artifacts_present": 0, "status": plan["status"],
+                              "status_kept": plan["status_kept"], "ignored_lines": plan["ignored_lines"]}
+    for local, artifact_path in plan["artifacts"]:
         if local.is_dir():
-            client.log_artifacts(run_id, str(local), rec.get("artifact_path"))
+            client.log_artifacts(run_id, str(local), artifact_path)
         elif local.is_file():
-            client.log_artifact(run_id, str(local), rec.get("artifact_path"))
-        elif _artifact_present(client, run_id, rec.get("artifact_path"), local.name):
+            client.log_artifact(run_id, str(local), artifact_path)
+        elif _artifact_present(client, run_id, artifact_path, local.name):
             counts["artifacts_present"] += 1  # uploaded before, its copy since removed
             continue
         else:
-            raise SpoolError(f"spool '{path}': artifact file '{local}' is missing; restore it or delete that line")
+            raise SpoolError(f"spool '{plan['path']}': artifact file '{local}' is missing; restore it or delete "
+                             "that line")
         counts["artifacts"] += 1
-
-    terminal = [rec for rec in records if rec["type"] == "terminate"]
-    if terminal:
-        last = terminal[-1]
-        client.set_terminated(run_id, last["status"], end_time=last["end_time"])
-        counts["status"] = last["status"]
-
-    finish_spool(path, finish)
+    if plan["status"]:
+        client.set_terminated(run_id, plan["status"], end_time=plan["end_time"])
+    finish_spool(Path(plan["path"]), finish)
     return counts
+
+
+def upload_spool(path: str | os.PathLike, client, *, finish: str = "rename") -> dict[str, Any]:
+    """Replay one spool onto its run through ``client`` (an ``MlflowClient``); idempotent.
+
+    Everything is checked first (:func:`plan_upload`): a spool that would touch another run,
+    read a file outside its directory or change how an ended run ended is refused before
+    anything is sent. ``finish``: ``rename`` (to ``.uploaded``), ``delete``, or ``keep``.
+    Returns counts: ``metrics`` sent, ``metrics_present`` skipped, ``params``,
+    ``params_present``, ``tags``, ``artifacts``, ``status`` (set, or None), ``status_kept`` (the
+    ended run's status, which the spool agreed with), ``run_id``, ``ignored_lines``.
+    """
+    return apply_upload(plan_upload(path, client), client, finish=finish)
 
 
 def _artifact_present(client, run_id: str, artifact_path: str | None, name: str) -> bool:
@@ -337,6 +461,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "spool recorded)")
     parser.add_argument("--delete", action="store_true", help="delete each spool once uploaded (default: rename "
                                                               "it to .uploaded)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check each spool against its run and say in one line what uploading would do; "
+                             "change nothing")
 
 
 def _resolve_uri(cli_uri: str | None, header: Mapping[str, Any]) -> str:
@@ -356,8 +483,9 @@ def _resolve_uri(cli_uri: str | None, header: Mapping[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
-    from .server import hide_uri_printing, probe_tracking_server
+    from .server import check_uri, hide_uri_printing, probe_tracking_server
     from ..secrets import install_secret_filter, redact, redact_uri
+    from ..validate import sqlite_path
 
     install_secret_filter()
     if args.path is None and not default_spool_dir().exists():
@@ -368,15 +496,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"kronos-mlflow upload-spool: no spool files in '{args.path or default_spool_dir()}'")
         return 0
     clients: dict[str, Any] = {}
-    for path in files:
-        header, _records, _ = read_spool(path)  # a bad file fails before anything is sent
+    plans = []
+    for path in files:  # every spool checked against its run before anything is sent
+        header, _records, _ = read_spool(path)
         uri = _resolve_uri(args.tracking_uri, header)
         if uri not in clients:
             hide_uri_printing(uri)
+            check_uri(uri, "--tracking-uri" if (args.tracking_uri or "").strip() else None)
             probe_tracking_server(uri, 10.0)
+            db = sqlite_path(uri)
+            if db is not None and not db.is_file():
+                raise SpoolError(f"no MLflow database at {db} (tracking URI {redact_uri(uri)}); pass --tracking-uri "
+                                 "of the store the run was logged to")
             clients[uri] = MlflowClient(tracking_uri=uri)
         try:
-            counts = upload_spool(path, clients[uri], finish="delete" if args.delete else "rename")
+            plans.append((path, uri, plan_upload(path, clients[uri])))
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the server went away, refused a request...: one line
+            raise SpoolError(redact(f"reading run {header['run_id']} of '{path}' from {redact_uri(uri)} failed "
+                                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"))
+    for path, uri, plan in plans:
+        prefix = "would" if args.dry_run else "will"
+        print(f"kronos-mlflow upload-spool: {path.name}: {prefix} {describe_plan(plan)}", flush=True)
+        if args.dry_run:
+            continue
+        try:
+            counts = apply_upload(plan, clients[uri], finish="delete" if args.delete else "rename")
         except UserError:
             raise
         except Exception as exc:  # noqa: BLE001 - the server went away, refused a value...: one line
@@ -384,6 +530,8 @@ def run(args: argparse.Namespace) -> int:
                                     f"{' '.join(str(exc).split())[:300]}); nothing is lost: run the command again"))
         done = "deleted" if args.delete else f"renamed to {path.name}{UPLOADED_SUFFIX}"
         status = f", status {counts['status']}" if counts["status"] else ""
+        if counts["status_kept"]:
+            status = f", status {counts['status_kept']} kept"
         print(f"kronos-mlflow upload-spool: run {counts['run_id']}: {counts['metrics']} metric values sent "
               f"({counts['metrics_present']} already there), {counts['params']} params, {counts['tags']} tags, "
               f"{counts['artifacts']} artifacts{status}; spool {done}", flush=True)
