@@ -272,6 +272,20 @@ def test_flipped_byte_fails_the_checksum(saved):
     _one_line(info.value, "checksum")
 
 
+def test_a_diverged_runs_state_is_refused_before_resuming(tmp_path):
+    """NaN weights saved with valid sizes and checksums (a run that diverged): the resume check
+    refuses them in one line, as --check does, instead of training on with NaN losses."""
+    config = _config()
+    model, opt, sched = _build(config, 0)
+    _steps(model, opt, sched, config, 1)
+    with torch.no_grad():
+        next(iter(model.parameters())).fill_(float("nan"))
+    _save(ckpt.state_dir(tmp_path), model, opt, sched, config)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.find_resumable(tmp_path, config)
+    _one_line(info.value, "model.safetensors", "NaN or infinite", "diverged run")
+
+
 def test_missing_state_json(saved):
     save_dir, directory, config = saved
     (directory / "state.json").unlink()

@@ -39,6 +39,7 @@ from ..digest import digest_config
 from ..errors import CheckpointError, short_reason
 from ..fsutil import fsync_dir, fsync_file, read_json
 from ..layout import RunLayout
+from ..model.io import check_finite
 from .encoding import decode, encode
 from .rng import capture_rng_state, restore_rng_state
 
@@ -257,6 +258,10 @@ def read_training_state(directory: str | os.PathLike, *, verify: bool = True) ->
             if _sha256(path) != meta["sha256"]:
                 raise CheckpointError(f"tensor file '{path}' does not match its saved checksum; it is damaged: "
                                       "delete that directory to start over")
+            # A diverged run saves NaN weights and moments with valid checksums: resuming it
+            # would train on to the end with NaN losses and no best model.
+            check_finite(path, _read_tensors(path, "cpu"),
+                         advice="the saved state is from a diverged run: delete that directory or set resume to never")
     state["directory"] = str(directory)
     return state
 
