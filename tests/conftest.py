@@ -99,3 +99,15 @@ def user_sweep(tmp_path_factory):
     from shared_runs import mlflow_run_sweep_twice
 
     return mlflow_run_sweep_twice(tmp_path_factory.mktemp("user-sweep"))
+
+
+@pytest.fixture(scope="session")
+def commands(tmp_path_factory):
+    """``commands.run(argv, cwd=..., env=...)``: a short user command (``kronos-mlflow ...``,
+    ``python -m kronos_mlflow.train ...``, ``python sweeps/sweep.py ...``) in a process of its own,
+    forked from one pre-imported interpreter (tests/commands.py); a ``CompletedProcess``."""
+    from commands import Commands
+
+    runner = Commands(tmp_path_factory.mktemp("commands"))
+    yield runner
+    runner.close()

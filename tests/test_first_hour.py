@@ -55,10 +55,9 @@ def _mlflow_run(tmp: Path, uri: str, *params: str, timeout: int = 900, **popen):
     (["train", "--learning-rat", "1e-3"], "--learning-rat", "--learning-rate"),
     (["train", "--batch", "8"], "--batch", "--batch-size"),
 ])
-def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, argv, flag, hint):
+def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, commands, argv, flag, hint):
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
-    proc = subprocess.run(["kronos-mlflow", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = commands.run(["kronos-mlflow", *argv], cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -66,15 +65,15 @@ def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, argv, flag, hin
     assert not (tmp_path / "outputs").exists()
 
 
-def test_python_m_train_and_sweep_refuse_abbreviations(tmp_path):
+def test_python_m_train_and_sweep_refuse_abbreviations(tmp_path, commands):
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--seed", "1", "--epoch", "3"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow.train", "--seed", "1", "--epoch", "3"], cwd=tmp_path,
+                        env=env, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "python -m kronos_mlflow.train: error: unknown flag --epoch (did you mean --epochs?); "
         "flags are never abbreviated"], proc.stderr
-    proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trial", "3"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trial", "3"], cwd=tmp_path,
+                        env=env, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "n_trial" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -343,7 +342,7 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
     assert {r.inputs.dataset_inputs[0].dataset.name for r in runs} == {"qlib-csi300-demo"}
 
 
-def test_every_front_door_defaults_to_the_demo_market(tmp_path):
+def test_every_front_door_defaults_to_the_demo_market(tmp_path, commands):
     """No data path: ``kronos-mlflow train --check`` checks the demo market (it would refuse a
     missing ``~/.qlib/qlib_data/cn_data`` otherwise), as the MLproject's empty default does."""
     from kronos_mlflow.config import DEFAULTS
@@ -353,7 +352,6 @@ def test_every_front_door_defaults_to_the_demo_market(tmp_path):
     assert 'qlib_data_path: {type: string, default: ""}' in mlproject
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", {"HOME": str(tmp_path / "nohome")})
     flags = [f for f in _tiny_train(tmp_path)[2:]]
-    proc = subprocess.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = commands.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout

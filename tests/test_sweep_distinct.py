@@ -85,10 +85,10 @@ def test_default_pruner_halves_on_epochs():
 # --------------------------------------------------------------------------- bad input
 
 
-def _sweep(*args, cwd):
+def _sweep(commands, *args, cwd):
+    """``python sweeps/sweep.py ARGS`` (through the session's fork server)."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{cwd}/mlflow.db")
-    return subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env, timeout=120)
 
 
 DUPLICATE_PARAM = "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.1, high: 0.2}\n" \
@@ -100,12 +100,12 @@ MISSING_PARAM = "weight_decay: {low: 0.1, high: 0.2}\n"
 @pytest.mark.parametrize("text, needle", [(DUPLICATE_PARAM, "'learning_rate' twice (line 3)"),
                                           (DUPLICATE_OPTION, "'low' twice (line 1)"),
                                           (MISSING_PARAM, "'learning_rate' needs")])
-def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, text, needle):
+def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, commands, text, needle):
     path = tmp_path / "space.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         load_search_space(path)
-    proc = _sweep("--search-space", str(path), "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
+    proc = _sweep(commands, "--search-space", str(path), "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (tmp_path / "o.db").exists()
@@ -117,8 +117,8 @@ def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, text, needl
     (["--pruner", "halving"], "pruner 'halving' is not one of successive_halving"),
     (["--trial-epochs-budget", "-3"], "--trial-epochs-budget"),
 ])
-def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, args, needle):
-    proc = _sweep(*args, "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
+def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, commands, args, needle):
+    proc = _sweep(commands, *args, "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (tmp_path / "o.db").exists()

@@ -128,9 +128,9 @@ def test_validation_over_two_ranks_equals_one_process(workdir):
 # ----------------------------------------------------------------------------- bad input
 
 
-def _check(*args):
-    return subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--check", *args],
-                          capture_output=True, text=True, timeout=120)
+def _check(commands, *args):
+    """``python -m kronos_mlflow.train --check ARGS`` (through the session's fork server)."""
+    return commands.run([sys.executable, "-m", "kronos_mlflow.train", "--check", *args], timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -147,28 +147,24 @@ def _check(*args):
         (["--config", "/nonexistent/config.yaml"], "config.yaml"),
     ],
 )
-def test_bad_flags_one_line_exit_2(args, needle):
-    from kronos_mlflow.cli import main as cli_main
-
-    proc = subprocess.run([sys.executable, "-c", "import sys; from kronos_mlflow.train import cli; sys.exit(cli())",
-                           "--check", *args], capture_output=True, text=True, timeout=120)
+def test_bad_flags_one_line_exit_2(commands, args, needle):
+    proc = _check(commands, *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
-    del cli_main
 
 
-def test_bad_pretrained_path_and_data_dir(workdir):
-    proc = _check("--pretrained-tokenizer-path", str(workdir / "missing_ckpt"))
+def test_bad_pretrained_path_and_data_dir(workdir, commands):
+    proc = _check(commands, "--pretrained-tokenizer-path", str(workdir / "missing_ckpt"))
     assert proc.returncode == 2 and "missing_ckpt" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = _check("--qlib-data-path", str(workdir / "no_such_qlib_dir"))
+    proc = _check(commands, "--qlib-data-path", str(workdir / "no_such_qlib_dir"))
     assert proc.returncode == 2 and "no_such_qlib_dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_unreachable_tracking_server_is_one_line(workdir, monkeypatch):
+def test_unreachable_tracking_server_is_one_line(workdir, monkeypatch, commands):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
-    proc = _check("--config", str(workdir / "tiny.yaml"), "--qlib-data-path", "")
+    proc = _check(commands, "--config", str(workdir / "tiny.yaml"), "--qlib-data-path", "")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "127.0.0.1:9" in lines[0] and "unreachable" in lines[0]
