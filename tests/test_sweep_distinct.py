@@ -1,6 +1,8 @@
 """No trial of a study repeats another's (learning_rate, weight_decay): seeds derived per process,
-repeats detected before training; the user's commands (`mlflow run . -e sweep`) resumed and run as
-two workers at once; the parent run's summary; bad input (seed, pruner, search space)."""
+repeats detected before training; the user's command (`mlflow run . -e sweep`) typed twice on one
+study (the shared sweep of tests/shared_runs.py); the parent run's summary; bad input (seed,
+pruner, search space). Workers at once: tests/test_hostile_launchers.py (three on a fresh sqlite
+store) and tests/test_team_scale.py (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -188,18 +190,6 @@ def test_mlflow_run_sweep_twice_on_one_study_never_repeats(user_sweep):
     """The shared sweep (tests/shared_runs.py): the same command twice, the second resumes."""
     _check_study_and_runs(user_sweep.root, user_sweep.env, n_parents=2, n_trials=2 * user_sweep.n_trials)
     assert (user_sweep.root / "outputs" / "sweeps" / "kronos-lr-wd").is_dir()
-
-
-@pytest.mark.slow
-def test_two_mlflow_run_sweep_workers_at_once_never_repeat(project_env):
-    tmp_path, env = project_env
-    cmd = _mlflow_run_sweep(tmp_path, "-P", "n_trials=2", "-P", "registered_model_name=kronos-tok")
-    procs = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, err[-3000:]
-    _check_study_and_runs(tmp_path, env, n_parents=2, n_trials=4)
 
 
 @pytest.mark.slow
