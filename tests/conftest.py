@@ -81,3 +81,33 @@ def postgres() -> Iterator[str]:
             yield url
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def user_run(tmp_path_factory):
+    """One real ``mlflow run .`` (tests/shared_runs.py), made on first use and read by several
+    tests: the table of what a run records, the end-to-end checks, serving, system metrics."""
+    from shared_runs import mlflow_run_main
+
+    return mlflow_run_main(tmp_path_factory.mktemp("user-run"))
+
+
+@pytest.fixture(scope="session")
+def user_sweep(tmp_path_factory):
+    """``mlflow run . -e sweep`` typed twice on one study (tests/shared_runs.py), read by the
+    sweep tests and the Optuna Dashboard test."""
+    from shared_runs import mlflow_run_sweep_twice
+
+    return mlflow_run_sweep_twice(tmp_path_factory.mktemp("user-sweep"))
+
+
+@pytest.fixture(scope="session")
+def commands(tmp_path_factory):
+    """``commands.run(argv, cwd=..., env=...)``: a short user command (``kronos-mlflow ...``,
+    ``python -m kronos_mlflow.train ...``, ``python sweeps/sweep.py ...``) in a process of its own,
+    forked from one pre-imported interpreter (tests/commands.py); a ``CompletedProcess``."""
+    from commands import Commands
+
+    runner = Commands(tmp_path_factory.mktemp("commands"))
+    yield runner
+    runner.close()

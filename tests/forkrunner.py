@@ -12,6 +12,7 @@ end. It runs in a clean interpreter (not inside pytest), so logging, warnings fi
 handlers are an ordinary process's.
 
     python tests/forkrunner.py REQUESTS.json [PARALLEL]
+    python tests/forkrunner.py --serve        # one request a line on stdin, one reply a line on stdout
 
 ``REQUESTS.json`` holds a list of ``{"id", "entry": "module:function", "argv": [argv0, ...],
 "cwd", "env": {...}, "stdout": path, "stderr": path, "timeout": seconds}``; one JSON line
@@ -110,7 +111,43 @@ def _child(req: dict) -> None:
             os._exit(code & 0xFF)
 
 
+def _wait(pid: int, timeout: float) -> tuple[int, bool]:
+    """Exit code of child ``pid``, killed once past ``timeout`` seconds (then rc 124)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status), False
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return 124, True
+        time.sleep(0.005)
+
+
+def serve() -> int:
+    """For a test session (tests/commands.py): each line of stdin is one request, run in a fresh
+    fork as soon as it arrives; its ``{"id", "rc", "seconds"}`` line goes to stdout when it ends."""
+    _preimport()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _child(req)  # never returns
+        rc, timed_out = _wait(pid, float(req.get("timeout", 300)))
+        print(json.dumps({"id": req["id"], "rc": rc, "timed_out": timed_out,
+                          "seconds": round(time.monotonic() - started, 3)}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:] == ["--serve"]:
+        return serve()
     requests = json.loads(open(argv[1], encoding="utf-8").read())
     parallel = int(argv[2]) if len(argv) > 2 else 2
     _preimport()

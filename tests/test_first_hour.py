@@ -55,10 +55,9 @@ def _mlflow_run(tmp: Path, uri: str, *params: str, timeout: int = 900, **popen):
     (["train", "--learning-rat", "1e-3"], "--learning-rat", "--learning-rate"),
     (["train", "--batch", "8"], "--batch", "--batch-size"),
 ])
-def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, argv, flag, hint):
+def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, commands, argv, flag, hint):
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
-    proc = subprocess.run(["kronos-mlflow", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = commands.run(["kronos-mlflow", *argv], cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -66,15 +65,15 @@ def test_kronos_mlflow_train_refuses_abbreviated_flags(tmp_path, argv, flag, hin
     assert not (tmp_path / "outputs").exists()
 
 
-def test_python_m_train_and_sweep_refuse_abbreviations(tmp_path):
+def test_python_m_train_and_sweep_refuse_abbreviations(tmp_path, commands):
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/m.db")
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--seed", "1", "--epoch", "3"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow.train", "--seed", "1", "--epoch", "3"], cwd=tmp_path,
+                        env=env, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "python -m kronos_mlflow.train: error: unknown flag --epoch (did you mean --epochs?); "
         "flags are never abbreviated"], proc.stderr
-    proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trial", "3"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trial", "3"], cwd=tmp_path,
+                        env=env, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "n_trial" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -111,7 +110,8 @@ def _wait_for(predicate, deadline_s: float, what: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, nproc", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+# SIGTERM (a job scheduler) on two workers, SIGINT (Ctrl-C) on one: both signals, both launch shapes.
+@pytest.mark.parametrize("sig, nproc", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_mlflow_run_stopped_by_a_signal_ends_killed_with_one_line(tmp_path, sig, nproc):
     """``mlflow run .`` (its whole process group, as a terminal's Ctrl-C or a job scheduler
     signals it) stopped mid-training: the run ends KILLED with a stop_reason, the console gets
@@ -201,20 +201,15 @@ def _artifacts(client, run_id, path=None):
 
 
 @pytest.mark.slow
-def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
+def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
+    """The shared ``mlflow run .`` (tests/shared_runs.py: the tiny config file, two workers,
+    a registered model) records exactly what the table says."""
     from kronos_mlflow import config as cfg
     from kronos_mlflow.keys import MLPROJECT_PARAMS
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = _client(uri)
-    client.search_experiments()
-    config = _tiny_yaml(tmp_path)
-    cmd, env = _mlflow_run(tmp_path, uri, f"config_file={config}", "n_train_iter=64", "n_val_iter=36", "epochs=2",
-                           "comet=off", "registered_model_name=kronos-readme")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "type hints" not in proc.stderr, proc.stderr[-3000:]  # no MLflow warning of our making
-    run = _only_run(client)
+    uri, client = user_run.uri, user_run.client()
+    assert "type hints" not in user_run.stderr, user_run.stderr[-3000:]  # no MLflow warning of our making
+    run = user_run.run()
     rows = readme_table()
     metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]
     documented_metrics = {name for k in metric_rows for name in rows[k]}
@@ -231,7 +226,7 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
     assert any(k.startswith("system/") for k in run.data.metrics)
     for key in rows["per epoch (step = epoch)"]:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 1]  # 0-based epochs
-    summary_path = run_dir(tmp_path / "outputs") / "summary.json"
+    summary_path = run_dir(user_run.save_path) / "summary.json"
     best_epoch = json.loads(summary_path.read_text())["final_result"]["best_epoch"]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "best_val_loss")] == [best_epoch]
 
@@ -242,7 +237,7 @@ def test_readme_table_matches_a_real_mlflow_run(tmp_path, monkeypatch):
     assert always <= ours, always - ours
     assert ours <= always | sometimes, ours - always - sometimes
     assert run.data.tags["run_directory"] == str(summary_path.parent.resolve())
-    assert run.data.tags["world_size"] == "1" and run.data.tags["device"] == "cpu"
+    assert run.data.tags["world_size"] == str(user_run.nproc) and run.data.tags["device"] == "cpu"
 
     # artifacts: exactly the documented files
     assert sorted(_artifacts(client, run.info.run_id)) == sorted(_row(rows, "artifacts"))
@@ -327,7 +322,7 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
     before = _tree(first[0])
     assert "checkpoints/best_model/model.safetensors" in before and "summary.json" in before
 
-    train("--seed", "2")
+    train("--seed", "2", "--system-metrics", "off")  # a name-only key: the directory follows the seed
     dirs = sorted(folder.glob("cfg-*"))
     assert len(dirs) == 2
     assert _tree(first[0]) == before
@@ -339,11 +334,15 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
 
     runs = _client(uri).search_runs(["0"])
     assert sorted(r.data.tags["run_directory"] for r in runs) == sorted(str(d.resolve()) for d in dirs)
+    # --system-metrics off: that run has no system/ metric, the others (the default, on) do
+    off = [r for r in runs if r.data.params["system_metrics"] == "off"]
+    assert len(off) == 1 and not [k for k in off[0].data.metrics if k.startswith("system/")]
+    assert all(any(k.startswith("system/") for k in r.data.metrics) for r in runs if r not in off)
     assert {r.data.params["qlib_data_path"] for r in runs} == {""}
     assert {r.inputs.dataset_inputs[0].dataset.name for r in runs} == {"qlib-csi300-demo"}
 
 
-def test_every_front_door_defaults_to_the_demo_market(tmp_path):
+def test_every_front_door_defaults_to_the_demo_market(tmp_path, commands):
     """No data path: ``kronos-mlflow train --check`` checks the demo market (it would refuse a
     missing ``~/.qlib/qlib_data/cn_data`` otherwise), as the MLproject's empty default does."""
     from kronos_mlflow.config import DEFAULTS
@@ -353,7 +352,6 @@ def test_every_front_door_defaults_to_the_demo_market(tmp_path):
     assert 'qlib_data_path: {type: string, default: ""}' in mlproject
     env = isolated_env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", {"HOME": str(tmp_path / "nohome")})
     flags = [f for f in _tiny_train(tmp_path)[2:]]
-    proc = subprocess.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = commands.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout

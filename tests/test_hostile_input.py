@@ -44,6 +44,7 @@ from pathlib import Path
 
 import pytest
 import tiny_runs
+from commands import CONSOLE_SCRIPT, entry_of
 from tiny_runs import run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -688,8 +689,6 @@ class Result:
         return text.replace(sys.executable, "python")
 
 
-TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
-CONSOLE_SCRIPT = str(Path(sys.executable).with_name("kronos-mlflow"))
 
 
 @dataclass
@@ -703,19 +702,6 @@ class Prepared:
     script_argv: list[str]  # sys.argv as that script sees it
     env: dict[str, str]
     before: dict[str, str]
-
-
-def _entry_of(argv: list[str]) -> tuple[str, list[str]]:
-    """The entry-point function a command runs and the ``sys.argv`` its script sees."""
-    if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train"]:
-        return "kronos_mlflow.train:cli", [TRAIN_SCRIPT, *argv[3:]]
-    if argv[0] == "kronos-mlflow":
-        return "kronos_mlflow.cli:main", [CONSOLE_SCRIPT, *argv[1:]]
-    if argv[:2] == [sys.executable, str(ROOT / "sweeps" / "sweep.py")]:
-        return "kronos_mlflow.sweep.driver:main", argv[1:]
-    if argv[0] == "<self-check>":
-        return "forkrunner:misbehave_for_test", ["misbehave", *argv[1:]]
-    raise AssertionError(f"no entry point for {argv[:3]}")
 
 
 def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
@@ -743,7 +729,7 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
         argv = [sys.executable, *words[1:]]
     else:
         argv = [a.format(**fill) for a in case.argv]
-    entry, script_argv = _entry_of(argv)
+    entry, script_argv = entry_of(argv)
     return Prepared(case, ws, inp, argv, entry, script_argv, env, _hashes(ws))
 
 

@@ -131,7 +131,8 @@ def test_mlflow_run_refuses_max_restarts_in_the_check_step(tmp_path):
 def test_three_sweep_workers_start_together_on_a_fresh_default_store(tmp_path):
     """Three ``python sweeps/sweep.py`` started at once in an empty directory (MLflow's default
     sqlite store and Optuna's default study, both created by the workers): the store is created
-    once under its lock, every worker finishes, and the trials are distinct."""
+    once under its lock, every worker finishes, the trials are distinct, and the alias
+    ``champion`` names the study's best trial."""
     import optuna
     from mlflow import MlflowClient
 
@@ -145,7 +146,10 @@ def test_three_sweep_workers_start_together_on_a_fresh_default_store(tmp_path):
     flags = []
     for key, value in {**TINY_NO_EPOCHS, **DATES, "epochs": 1, "comet": "off", "qlib_data_path": market}.items():
         flags += [f"--{key.replace('_', '-')}", str(value)]
-    cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trials", "1", *flags]
+    # --promote always: the alias follows the study's best trial whatever its test verdict, so the
+    # three workers race to set it
+    cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trials", "1", "--registered-model-name",
+           "kronos-tok", "--promote", "always", *flags]
     started = time.monotonic()
     procs = [subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
@@ -164,5 +168,11 @@ def test_three_sweep_workers_start_together_on_a_fresh_default_store(tmp_path):
     study = optuna.load_study(study_name="kronos-lr-wd", storage=f"sqlite:///{work / 'optuna.db'}")
     done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 3 and len({(t.params["learning_rate"], t.params.get("weight_decay")) for t in done}) == 3
+    assert {r.info.run_id for r in trials} == {t.user_attrs["mlflow_run_id"] for t in done}
+    for parent in parents:  # each worker ran its own trial and says so
+        assert parent.data.metrics["trials_complete"] == 1 and parent.data.metrics["trials_failed"] == 0
+    # one champion, made from the study's best trial, whichever worker registered last
+    champion = client.get_model_version_by_alias("kronos-tok", "champion")
+    assert champion.run_id == study.best_trial.user_attrs["mlflow_run_id"]
     print(f"three sweep workers on a fresh sqlite store: 3 of 3 finished, 3 distinct trials, {took:.0f} s",
           file=sys.__stdout__)

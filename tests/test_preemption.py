@@ -108,33 +108,19 @@ def _val_history(client, run_id: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted 2-process run of the same config: its validation losses and step count."""
+    """An uninterrupted 2-process plain torchrun job of the same config, as the fault-injection
+    script runs it (its own store and directory): its validation losses and step count."""
     base = tmp_path_factory.mktemp("reference")
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.chdir(base)
-        for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "COMET_API_KEY",
-                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
-            mp.delenv(name, raising=False)
-        mp.setenv("KRONOS_MLFLOW_HOME", str(base / "home"))
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{base}/mlflow.db")
-        mp.setenv("TQDM_DISABLE", "1")
-        paths = {"save_path": str(base / "outputs"), "dataset_path": str(base / "cache")}
-        (base / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in {**TINY_YAML, **paths}.items()))
-        from mlflow import MlflowClient
+    figures = _faults().train_torchrun(base / "uninterrupted", base / "home", epochs=EPOCHS)
+    assert figures["rc"] == 0 and figures["status"] == ["FINISHED"], figures["stderr_tail"]
+    steps = sorted(figures["steps"][STEP_METRIC])
+    assert steps == list(range(figures["global_steps"]))
+    from mlflow import MlflowClient
 
-        client = MlflowClient()
-        client.search_experiments()
-        proc, log = _start(_torchrun_command(base, restarts=0), base, "reference.log")
-        output = _finish(proc, log)
-        assert proc.returncode == 0, output[-3000:]
-        (run,) = client.search_runs(["0"])
-        return {"val": _val_history(client, run.info.run_id), "best": run.data.metrics["best_val_loss"],
-                "steps": len(_steps(client, run.info.run_id, STEP_METRIC)),
-                "test": {k: run.data.metrics[k] for k in ("test_tokenizer_loss", "base_test_tokenizer_loss")},
-                "verdict": run.data.tags["verdict"]}
-    finally:
-        mp.undo()
+    (run,) = MlflowClient(f"sqlite:///{base / 'uninterrupted'}/mlflow.db").search_runs(["0"])
+    return {"val": figures["val_loss_history"], "best": figures["best_val_loss"], "steps": len(steps),
+            "test": {k: run.data.metrics[k] for k in ("test_tokenizer_loss", "base_test_tokenizer_loss")},
+            "verdict": run.data.tags["verdict"]}
 
 
 def _assert_resumed_like_reference(client, run_id: str, reference: dict) -> None:
@@ -157,7 +143,7 @@ def _assert_resumed_like_reference(client, run_id: str, reference: dict) -> None
 
 @pytest.mark.slow
 def test_plain_torchrun_with_restarts_resumes_after_a_worker_is_killed(workdir, reference):
-    """The README's command as a user types it, no extra environment: rank 1 SIGKILLed in the
+    """The command of docs/reliability.md as a user types it, no extra environment: rank 1 SIGKILLed in the
     second epoch; torchrun restarts the group, which joins again and finishes the same run."""
     from mlflow import MlflowClient
 

@@ -1,8 +1,8 @@
 """Serving the registered champion with MLflow's real scoring server (slow: about a minute).
 
-A tiny training registers its best model; the test gives version 1 the ``champion`` alias (as a
-sweep does), starts ``mlflow models serve -m models:/<name>@champion --env-manager local`` on a
-free 127.0.0.1 port, posts real demo-market windows to ``/invocations`` and checks the answer
+The shared ``mlflow run .`` (tests/shared_runs.py) registered its best model; the test gives
+version 1 the ``champion`` alias (as a sweep does), starts ``mlflow models serve -m
+models:/<name>@champion --env-manager local`` on a free 127.0.0.1 port, posts real demo-market windows to ``/invocations`` and checks the answer
 against ``KronosTokenizer`` run on the same windows with the same normalisation. A request of
 the wrong shape gets a 400 whose last line is the model's one-line message; a shorter window is accepted.
 """
@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from servers import serve_on_free_port, stop_process_group
-from tiny_runs import isolated_env, run_dir, tiny_config, train_command
+from shared_runs import REGISTERED_MODEL
+from tiny_runs import isolated_env, run_dir
 
 pytestmark = pytest.mark.slow
-MODEL = "kronos-tok"
+MODEL = REGISTERED_MODEL
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -61,24 +62,20 @@ def _expected(checkpoint: Path, x: np.ndarray, lookback: int, clip: float) -> di
     return {"reconstruction": recon, "tokens": full.numpy(), "s1_tokens": s1.numpy(), "s2_tokens": s2.numpy()}
 
 
-def test_champion_served_over_rest_matches_the_tokenizer(tmp_path):
-    from mlflow import MlflowClient
-
+def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, monkeypatch):
+    from kronos_mlflow.config import load_config
     from kronos_mlflow.tracking.model_logging import example_windows
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = MlflowClient(uri)
-    client.search_experiments()
-    env = isolated_env(tmp_path, uri)
-    train = subprocess.run(train_command(tmp_path, registered_model_name=MODEL, epochs=1), cwd=tmp_path, env=env,
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    assert train.returncode == 0, (train.stdout + train.stderr)[-3000:]
+    # the shared run (tests/shared_runs.py) registered its best model as version 1
+    client = user_run.client()
     client.set_registered_model_alias(MODEL, "champion", "1")
+    env = isolated_env(tmp_path, user_run.uri)
 
-    config = tiny_config(tmp_path)
+    monkeypatch.setenv("KRONOS_MLFLOW_HOME", user_run.env["KRONOS_MLFLOW_HOME"])  # its demo market, read only
+    config = load_config(path=str(user_run.config))
     x = example_windows(config, n=3)  # real windows of the demo market's validation split
     assert x.shape == (3, config["lookback_window"] + config["predict_window"] + 1, 6)
-    checkpoint = run_dir(tmp_path / "outputs", config["tokenizer_save_folder_name"]) / "checkpoints" / "best_model"
+    checkpoint = run_dir(user_run.save_path, config["tokenizer_save_folder_name"]) / "checkpoints" / "best_model"
     expected = _expected(checkpoint, x, config["lookback_window"], config["clip"])
 
     # `mlflow models serve` starts uvicorn by name: the environment's bin/ must be on PATH
@@ -94,7 +91,7 @@ def test_champion_served_over_rest_matches_the_tokenizer(tmp_path):
         np.testing.assert_allclose(np.asarray(got["reconstruction"], dtype=np.float32), expected["reconstruction"],
                                    rtol=1e-4, atol=1e-4)
 
-        # the README's request: the model's own serving example, downloaded through the alias
+        # the request of docs/serving.md: the model's own serving example, downloaded through the alias
         (tmp_path / "example").mkdir()
         download = subprocess.run([sys.executable, "-m", "mlflow", "artifacts", "download", "-u",
                                    f"models:/{MODEL}@champion/serving_input_example.json", "-d", "example"],

@@ -122,7 +122,7 @@ def test_rotate_equals_the_spec_rotation():
 
 @pytest.mark.parametrize("cfg", [BASE_CONFIG, SMALL], ids=["base", "small"])
 def test_fast_loss_and_gradients_equal_plain(cfg):
-    x = _x(b=4)
+    x = _x(b=2, t=40)  # the architecture is what differs; a short window keeps the base model quick
     fast = _model(cfg).set_fused(True)
     plain = _model(cfg).set_fused(False)
     loss_f, parts_f, grads_f = _loss_and_grads(fast, x)
@@ -240,6 +240,7 @@ def _can_compile() -> bool:
     return True
 
 
+@pytest.mark.slow  # inductor compiles C++ kernels: seconds to tens of seconds
 @pytest.mark.skipif(not _can_compile(), reason="torch.compile (inductor) is unavailable here")
 @pytest.mark.parametrize("fused_layers", ["off", "on"])  # CPU's auto, CUDA's auto
 def test_compiled_step_equals_eager(fused_layers):
@@ -407,6 +408,7 @@ print(json.dumps({"reuse": settings["malloc_reuse"], "faults": faults, "losses":
 """
 
 
+@pytest.mark.slow  # two training processes
 @pytest.mark.skipif(not perf.malloc_reuse_available(), reason="needs glibc (mallopt)")
 def test_malloc_reuse_keeps_freed_memory_for_the_next_allocation():
     """With ``malloc_reuse`` a large block freed and allocated again reuses the same pages (no
@@ -443,6 +445,7 @@ def test_malloc_reuse_choices():
 # ----------------------------------------------------------------------------------- the benchmark
 
 
+@pytest.mark.slow  # the benchmark script in its own process
 def test_bench_train_reports_what_it_promises(tmp_path):
     """``benchmarks/bench_train.py`` on a tiny model: the JSON line has the issue's keys with
     sane values, both paths, the per-round figures and the breakdown. Nothing is timed here."""

@@ -1,6 +1,7 @@
 """Sweeps end to end on the demo market with a tiny model: parent and child runs, resume,
-pruning from inside torchrun, the champion alias, plots. Two workers on one study:
-test_sweep_distinct (sqlite, through mlflow run) and test_team_scale (PostgreSQL)."""
+pruning from inside torchrun, the champion alias, plots (the first on the shared sweep of
+tests/shared_runs.py). Two workers on one study: test_sweep_distinct (sqlite, through mlflow
+run) and test_team_scale (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import optuna
 import pytest
 import tiny_runs
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from shared_runs import REGISTERED_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -41,63 +44,81 @@ def _run(cmd, env, cwd):
     return proc
 
 
-def _children(client, parent_id):
-    return client.search_runs(["0"], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
-
-
-def _parents(client):
-    return [r for r in client.search_runs(["0"]) if r.data.tags.get("sweep.role") == "parent"]
-
-
-def test_four_trials_then_resume(sweep_env):
-    tmp_path, env = sweep_env
-    proc = _run(_sweep_cmd(tmp_path, "--n-trials", "4", "--pruner", "none", "--sampler-seed", "1",
-                           "--registered-model-name", "kronos-tok", "--promote", "always"), env, tmp_path)
-    assert "best: trial" in proc.stdout
-
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    (parent,) = _parents(client)
-    children = _children(client, parent.info.run_id)
-    assert len(children) == 4
+def test_a_sweep_and_its_resume_record_trials_parents_champion_and_plots(user_sweep):
+    """The shared ``mlflow run . -e sweep`` typed twice (tests/shared_runs.py: two trials each,
+    the default pruner, a registered model): each parent's children, their params and tags, the
+    parent's summary of the study's best, the champion, the plots; the second command resumed the
+    study. Which draws never repeat: tests/test_sweep_distinct.py."""
+    client, n = user_sweep.client(), user_sweep.n_trials
+    assert all("best: trial" in out for out, _ in user_sweep.outputs)
+    study = user_sweep.study()
+    assert [t.number for t in study.trials] == list(range(2 * n))  # resumed: numbers go on
+    by_number = {t.number: t for t in study.trials}
+    first, second = parents = user_sweep.parents()
     pairs = set()
-    for run in children:
-        p, t = run.data.params, run.data.tags
-        lr, wd = float(p["learning_rate"]), float(p["weight_decay"])
-        assert 1e-5 <= lr <= 1e-3 and (wd == 0.0 or 1e-4 <= wd <= 0.3)
-        pairs.add((lr, wd))
-        assert t["optuna.study_name"] == "s" and t["optuna.trial_state"] == "COMPLETE"
-        assert run.info.status == "FINISHED" and "best_val_loss" in run.data.metrics
-        assert len(client.get_metric_history(run.info.run_id, "val_tokenizer_loss_epoch")) == 2
-    assert len(pairs) == 4
-    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == [0, 1, 2, 3]
+    for k, parent in enumerate(parents):
+        children = user_sweep.children(parent.info.run_id)
+        assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == list(range(k * n, (k + 1) * n))
+        for run in children:
+            p, t = run.data.params, run.data.tags
+            lr, wd = float(p["learning_rate"]), float(p["weight_decay"])
+            assert 1e-5 <= lr <= 1e-3 and (wd == 0.0 or 1e-4 <= wd <= 0.3)
+            pairs.add((lr, wd))
+            trial = by_number[int(t["optuna.trial_number"])]
+            assert t["optuna.study_name"] == user_sweep.study_name and t["optuna.trial_state"] == trial.state.name
+            assert trial.user_attrs["mlflow_run_id"] == run.info.run_id
+            epochs = len(client.get_metric_history(run.info.run_id, "val_tokenizer_loss_epoch"))
+            if trial.state == optuna.trial.TrialState.COMPLETE:
+                assert run.info.status == "FINISHED" and "best_val_loss" in run.data.metrics and epochs == 2
+            else:  # pruned by successive halving: KILLED, with the epochs it trained
+                assert trial.state == optuna.trial.TrialState.PRUNED and run.info.status == "KILLED" and epochs >= 1
+        # plots and the trials table on each parent
+        plots = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "plots")}
+        assert {"optimization_history.png", "param_importances.png", "contour_lr_wd.png"} <= plots
+        assert "trials.txt" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+        assert parent.info.status == "FINISHED"
+    assert len(pairs) == 2 * n
 
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    # the first parent: the best of the study as it was then (its param keeps the first value)
+    done_then = [t for t in study.trials[:n] if t.state == optuna.trial.TrialState.COMPLETE]
+    best_then = min(done_then, key=lambda t: t.value)
+    assert first.data.tags["best_run"] == best_then.user_attrs["mlflow_run_id"]
+    assert float(first.data.params["best_learning_rate"]) == pytest.approx(best_then.params["learning_rate"])
+    # the second: the study's best after the resume
     best = study.best_trial
-    best_run = best.user_attrs["mlflow_run_id"]
-    assert parent.info.status == "FINISHED"
-    assert parent.data.tags["best_run"] == best_run
-    assert parent.data.metrics["best_val_loss"] == pytest.approx(best.value)
-    assert float(parent.data.params["best_learning_rate"]) == pytest.approx(best.params["learning_rate"])
-    assert parent.data.metrics["best_val_loss"] == pytest.approx(
-        min(r.data.metrics["best_val_loss"] for r in children))
+    assert second.data.tags["best_run"] == best.user_attrs["mlflow_run_id"]
+    assert second.data.metrics["best_val_loss"] == pytest.approx(best.value)
+    # each parent shows its best trial's test verdict, and the champion moved only on better
+    for parent in parents:
+        _check_champion_rule(client, parent)
+    try:
+        champion = client.get_model_version_by_alias(REGISTERED_MODEL, "champion")
+    except MlflowException:  # no best trial was ever better
+        assert all("champion" not in p.data.tags for p in parents)
+    else:
+        assert client.get_run(champion.run_id).data.tags["verdict"] == "better"
+        moved = [p.data.tags["champion"] for p in parents if "champion" in p.data.tags]
+        assert moved and moved[-1] == f"{REGISTERED_MODEL}/{champion.version}"  # the last move stands
 
-    # champion (--promote always): the best trial's model, whatever its test verdict
-    champion = client.get_model_version_by_alias("kronos-tok", "champion")
-    assert champion.run_id == best_run
-    # plots and the summary table on the parent
-    plots = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "plots")}
-    assert {"optimization_history.png", "param_importances.png", "contour_lr_wd.png"} <= plots
-    assert "trials.txt" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
-    # rerunning the same command resumes the study and adds trials
-    _run(_sweep_cmd(tmp_path, "--n-trials", "1", "--pruner", "none", "--registered-model-name", "kronos-tok",
-                    "--promote", "always"),
-         env, tmp_path)
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
-    assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
-    assert len(_parents(client)) == 2
-    champion = client.get_model_version_by_alias("kronos-tok", "champion")
-    assert champion.run_id == study.best_trial.user_attrs["mlflow_run_id"]
+def _check_champion_rule(client, parent) -> None:
+    """The parent's best_trial_* numbers and verdict are its best trial's; the alias moved
+    (tag champion) only for a better verdict, and otherwise champion_unchanged says why."""
+    best = client.get_run(parent.data.tags["best_run"])
+    verdict = best.data.tags["verdict"]
+    assert parent.data.tags["best_trial_verdict"] == verdict
+    assert parent.data.metrics["best_trial_test_tokenizer_loss"] == pytest.approx(
+        best.data.metrics["test_tokenizer_loss"])
+    trial = best.data.tags["optuna.trial_number"]
+    if verdict != "better":
+        assert "champion" not in parent.data.tags
+        assert parent.data.tags["champion_unchanged"].startswith(
+            f"best trial {trial}'s test verdict is {verdict}, not better")
+    elif "champion" in parent.data.tags:
+        version = parent.data.tags["champion"].split("/")[-1]
+        assert client.get_model_version(REGISTERED_MODEL, version).run_id == best.info.run_id
+    else:  # better, but not better than the champion on the same windows
+        assert "does not beat the champion's" in parent.data.tags["champion_unchanged"]
 
 
 def test_pruned_trial_under_torchrun_is_marked_and_keeps_metrics(sweep_env):

@@ -1,6 +1,8 @@
 """No trial of a study repeats another's (learning_rate, weight_decay): seeds derived per process,
-repeats detected before training; the user's commands (`mlflow run . -e sweep`) resumed and run as
-two workers at once; the parent run's summary; bad input (seed, pruner, search space)."""
+repeats detected before training; the user's command (`mlflow run . -e sweep`) typed twice on one
+study (the shared sweep of tests/shared_runs.py); the parent run's summary; bad input (seed,
+pruner, search space). Workers at once: tests/test_hostile_launchers.py (three on a fresh sqlite
+store) and tests/test_team_scale.py (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-import tiny_runs
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from shared_runs import sweep_command, sweep_dir
 
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.sweep.space import load_search_space, suggest
@@ -85,10 +88,10 @@ def test_default_pruner_halves_on_epochs():
 # --------------------------------------------------------------------------- bad input
 
 
-def _sweep(*args, cwd):
+def _sweep(commands, *args, cwd):
+    """``python sweeps/sweep.py ARGS`` (through the session's fork server)."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{cwd}/mlflow.db")
-    return subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env, timeout=120)
 
 
 DUPLICATE_PARAM = "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.1, high: 0.2}\n" \
@@ -100,12 +103,12 @@ MISSING_PARAM = "weight_decay: {low: 0.1, high: 0.2}\n"
 @pytest.mark.parametrize("text, needle", [(DUPLICATE_PARAM, "'learning_rate' twice (line 3)"),
                                           (DUPLICATE_OPTION, "'low' twice (line 1)"),
                                           (MISSING_PARAM, "'learning_rate' needs")])
-def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, text, needle):
+def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, commands, text, needle):
     path = tmp_path / "space.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         load_search_space(path)
-    proc = _sweep("--search-space", str(path), "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
+    proc = _sweep(commands, "--search-space", str(path), "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (tmp_path / "o.db").exists()
@@ -117,8 +120,8 @@ def test_search_space_with_a_repeated_or_missing_parameter(tmp_path, text, needl
     (["--pruner", "halving"], "pruner 'halving' is not one of successive_halving"),
     (["--trial-epochs-budget", "-3"], "--trial-epochs-budget"),
 ])
-def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, args, needle):
-    proc = _sweep(*args, "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
+def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, commands, args, needle):
+    proc = _sweep(commands, *args, "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert not (tmp_path / "o.db").exists()
@@ -126,26 +129,15 @@ def test_bad_seed_pruner_budget_one_line_exit_2(tmp_path, args, needle):
 
 # --------------------------------------------------------------------------- the user's commands
 
-TINY_P = ["-P", "batch_size=8", "-P", f"n_train_iter={tiny_runs.TINY['n_train_iter']}",
-          "-P", "n_val_iter=32", "-P", "qlib_data_path=", "-P", "comet=off"]
-
-
 @pytest.fixture()
 def project_env(tmp_path, monkeypatch):
     """`mlflow run` runs in the project directory: config, store, study and outputs in tmp_path."""
     monkeypatch.chdir(tmp_path)
-    paths = {"save_path": str(tmp_path / "outputs" / "models"), "dataset_path": str(tmp_path / "cache")}
-    config = {**{k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}, **paths}
-    (tmp_path / "tiny.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
-    env = tiny_runs.isolated_env(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
-    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # one process creates the store
-    return tmp_path, env
+    return sweep_dir(tmp_path)
 
 
 def _mlflow_run_sweep(tmp_path, *params, epochs=2):
-    return [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "sweep",
-            "-P", f"config_file={tmp_path / 'tiny.yaml'}", "-P", f"storage=sqlite:///{tmp_path}/optuna.db",
-            "-P", f"epochs={epochs}", *TINY_P, *params]
+    return sweep_command(tmp_path, *params, epochs=epochs)
 
 
 def _pairs(study):
@@ -179,39 +171,32 @@ def _check_study_and_runs(tmp_path, env, n_parents, n_trials):
         assert parent.data.params["pruner"] == DEFAULT_PRUNER and parent.data.params["sampler_seed"] == "0"
     # the first trial to reach a rung always goes on, so one trial at least is complete
     assert any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    last = max(parents, key=lambda r: r.info.end_time)
+    # The parent that summed the study up last (not always the last to end: two workers at once
+    # finish their own last steps, plots and champion, at their own pace) saw every trial.
+    def seen(run):
+        return run.data.metrics["study_trials_complete"] + run.data.metrics["study_trials_pruned"]
+
+    last = max(parents, key=seen)
+    assert seen(last) == n_trials
     assert last.data.metrics["best_val_loss"] == pytest.approx(study.best_value)
     assert float(last.data.tags["best_learning_rate"]) == pytest.approx(study.best_params["learning_rate"])
-    assert last.data.metrics["study_trials_complete"] + last.data.metrics["study_trials_pruned"] == n_trials
-    # one champion: the alias names one version, made from the study's best trial
-    champion = client.get_model_version_by_alias("kronos-tok", "champion")
-    assert champion.run_id == study.best_trial.user_attrs["mlflow_run_id"]
+    # at most one champion, and only a trial whose test verdict is better (promote better, the
+    # default; the rule itself: tests/test_sweep.py and tests/test_verdict_runs.py)
+    try:
+        champion = client.get_model_version_by_alias("kronos-tok", "champion")
+    except MlflowException:
+        assert not [p for p in parents if "champion" in p.data.tags]
+    else:
+        assert client.get_run(champion.run_id).data.tags["verdict"] == "better"
+        assert client.get_registered_model("kronos-tok").aliases == {"champion": champion.version}
     return study
 
 
 @pytest.mark.slow
-def test_mlflow_run_sweep_twice_on_one_study_never_repeats(project_env):
-    tmp_path, env = project_env
-    cmd = _mlflow_run_sweep(tmp_path, "-P", "n_trials=2", "-P", "registered_model_name=kronos-tok",
-                            "-P", "promote=always")  # the alias follows the study's best, whatever its verdict
-    for _ in range(2):  # the same command twice: the second resumes the study
-        proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    _check_study_and_runs(tmp_path, env, n_parents=2, n_trials=4)
-    assert (tmp_path / "outputs" / "sweeps" / "kronos-lr-wd").is_dir()
-
-
-@pytest.mark.slow
-def test_two_mlflow_run_sweep_workers_at_once_never_repeat(project_env):
-    tmp_path, env = project_env
-    cmd = _mlflow_run_sweep(tmp_path, "-P", "n_trials=2", "-P", "registered_model_name=kronos-tok",
-                            "-P", "promote=always")  # the alias follows the study's best, whatever its verdict
-    procs = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, err[-3000:]
-    _check_study_and_runs(tmp_path, env, n_parents=2, n_trials=4)
+def test_mlflow_run_sweep_twice_on_one_study_never_repeats(user_sweep):
+    """The shared sweep (tests/shared_runs.py): the same command twice, the second resumes."""
+    _check_study_and_runs(user_sweep.root, user_sweep.env, n_parents=2, n_trials=2 * user_sweep.n_trials)
+    assert (user_sweep.root / "outputs" / "sweeps" / "kronos-lr-wd").is_dir()
 
 
 @pytest.mark.slow

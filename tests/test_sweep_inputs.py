@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,10 +16,10 @@ from kronos_mlflow.sweep.study import make_pruner
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _sweep(*args, cwd, env_extra=None):
+def _sweep(commands, *args, cwd, env_extra=None):
+    """``python sweeps/sweep.py ARGS`` (through the session's fork server)."""
     env = isolated_env(cwd, extra=env_extra)
-    return subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *args], cwd=cwd, env=env, timeout=120)
 
 
 def test_default_space_reads_and_suggests_in_range():
@@ -77,19 +76,19 @@ def test_pruners():
         (["--epochs", "zero"], "epochs"),
     ],
 )
-def test_bad_command_lines_exit_2_with_one_line(tmp_path, args, needle):
-    proc = _sweep(*args, cwd=tmp_path)
+def test_bad_command_lines_exit_2_with_one_line(tmp_path, commands, args, needle):
+    proc = _sweep(commands, *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 
 
-def test_existing_study_with_other_direction_is_refused_and_untouched(tmp_path):
+def test_existing_study_with_other_direction_is_refused_and_untouched(tmp_path, commands):
     url = f"sqlite:///{tmp_path}/optuna.db"
     study = optuna.create_study(study_name="s", storage=url, direction="maximize")
     study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1.0))
     before = (tmp_path / "optuna.db").read_bytes()
-    proc = _sweep("--storage", url, "--study-name", "s", cwd=tmp_path)
+    proc = _sweep(commands, "--storage", url, "--study-name", "s", cwd=tmp_path)
     assert proc.returncode == 2
     assert "direction maximize" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert (tmp_path / "optuna.db").read_bytes() == before

@@ -1,18 +1,16 @@
 """System metrics (``kronos_mlflow.tracking.system_metrics``): MLflow's monitor on the run, stopped with it.
 
-The slow test trains through the user's command (``python -m kronos_mlflow.train``, tiny sizes,
-default sampling interval) and reads the run's ``system/...`` metrics back from the store.
+The slow test reads the ``system/...`` metrics of a real ``mlflow run .`` (the shared run of
+tests/shared_runs.py: default sampling interval) back from the store.
 """
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from tiny_runs import isolated_env, train_command
 
 from kronos_mlflow.config import load_config
 from kronos_mlflow.errors import ConfigError
@@ -99,17 +97,11 @@ def test_a_run_shorter_than_one_interval_still_gets_a_point(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_training_run_records_system_metrics(tmp_path):
-    """``python -m kronos_mlflow.train`` on the defaults (system metrics on, 30 s interval)."""
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    MlflowClient(uri).search_experiments()
-    proc = subprocess.run(train_command(tmp_path), cwd=tmp_path, env=isolated_env(tmp_path, uri),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    client = MlflowClient(uri)
-    (run,) = client.search_runs(["0"])
+def test_training_run_records_system_metrics(user_run):
+    """The shared ``mlflow run .`` (system metrics on by default, 30 s interval) has MLflow's
+    system metrics. ``--system-metrics off``: tests/test_first_hour.py's three-run test."""
+    client = user_run.client()
+    run = user_run.run()
     assert run.info.status == "FINISHED"
     assert run.data.params["system_metrics"] == "on"
     system = {k: v for k, v in run.data.metrics.items() if k.startswith("system/")}
@@ -118,18 +110,3 @@ def test_training_run_records_system_metrics(tmp_path):
     assert len(history) >= 1 and all(0.0 <= m.value <= 100.0 for m in history)
     assert 0 < system["system/system_memory_usage_percentage"] <= 100
     assert not any(k.startswith("system/gpu") for k in system) or Path("/dev/nvidia0").exists()
-
-
-@pytest.mark.slow
-def test_system_metrics_off(tmp_path):
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    MlflowClient(uri).search_experiments()
-    proc = subprocess.run(train_command(tmp_path, system_metrics="off", epochs=1), cwd=tmp_path,
-                          env=isolated_env(tmp_path, uri), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    (run,) = MlflowClient(uri).search_runs(["0"])
-    assert run.info.status == "FINISHED"
-    assert not [k for k in run.data.metrics if k.startswith("system/")]

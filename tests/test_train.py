@@ -1,5 +1,6 @@
 """Training: the loss, distributed validation, bad input, failure marking, and the whole
-job end to end through ``mlflow run`` with one and two torchrun processes (slow)."""
+job end to end through ``mlflow run`` with two torchrun processes (slow; the shared run of
+tests/shared_runs.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tiny_runs import TINY, tiny_config, write_config
 import torch
 import torch.nn.functional as F
-from tiny_runs import run_dir
+from shared_runs import SECRETS
+from tiny_runs import TINY, run_dir, tiny_config, write_config
 
 from kronos_mlflow import keys, optim, train, trainer
 from kronos_mlflow.config import load_config, run_params
@@ -22,11 +23,6 @@ from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRETS = {
-    "COMET_API_KEY": "cometkey-SHOULD-NOT-LEAK-1234",
-    "MLFLOW_TRACKING_TOKEN": "mlflowtoken-SHOULD-NOT-LEAK-5678",
-    "MLFLOW_TRACKING_PASSWORD": "mlflowpass-SHOULD-NOT-LEAK-9012",
-}
 
 
 @pytest.fixture()
@@ -132,9 +128,9 @@ def test_validation_over_two_ranks_equals_one_process(workdir):
 # ----------------------------------------------------------------------------- bad input
 
 
-def _check(*args):
-    return subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--check", *args],
-                          capture_output=True, text=True, timeout=120)
+def _check(commands, *args):
+    """``python -m kronos_mlflow.train --check ARGS`` (through the session's fork server)."""
+    return commands.run([sys.executable, "-m", "kronos_mlflow.train", "--check", *args], timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -151,28 +147,24 @@ def _check(*args):
         (["--config", "/nonexistent/config.yaml"], "config.yaml"),
     ],
 )
-def test_bad_flags_one_line_exit_2(args, needle):
-    from kronos_mlflow.cli import main as cli_main
-
-    proc = subprocess.run([sys.executable, "-c", "import sys; from kronos_mlflow.train import cli; sys.exit(cli())",
-                           "--check", *args], capture_output=True, text=True, timeout=120)
+def test_bad_flags_one_line_exit_2(commands, args, needle):
+    proc = _check(commands, *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
-    del cli_main
 
 
-def test_bad_pretrained_path_and_data_dir(workdir):
-    proc = _check("--pretrained-tokenizer-path", str(workdir / "missing_ckpt"))
+def test_bad_pretrained_path_and_data_dir(workdir, commands):
+    proc = _check(commands, "--pretrained-tokenizer-path", str(workdir / "missing_ckpt"))
     assert proc.returncode == 2 and "missing_ckpt" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = _check("--qlib-data-path", str(workdir / "no_such_qlib_dir"))
+    proc = _check(commands, "--qlib-data-path", str(workdir / "no_such_qlib_dir"))
     assert proc.returncode == 2 and "no_such_qlib_dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_unreachable_tracking_server_is_one_line(workdir, monkeypatch):
+def test_unreachable_tracking_server_is_one_line(workdir, monkeypatch, commands):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
-    proc = _check("--config", str(workdir / "tiny.yaml"), "--qlib-data-path", "")
+    proc = _check(commands, "--config", str(workdir / "tiny.yaml"), "--qlib-data-path", "")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "127.0.0.1:9" in lines[0] and "unreachable" in lines[0]
@@ -224,25 +216,13 @@ def _scan_for_secrets(paths, texts=()):
 
 
 @pytest.mark.slow
-# One process through `mlflow run` is covered by test_first_hour.test_readme_table_matches_a_real_mlflow_run;
-# here two torchrun workers (gloo), the Comet offline archive and the secret scan.
-@pytest.mark.parametrize("nproc", [2])
-def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
-    from mlflow import MlflowClient
-
-    for key, value in SECRETS.items():
-        monkeypatch.setenv(key, value)
-    cmd = ["mlflow", "run", str(ROOT), "--env-manager", "local", "-P", f"nproc_per_node={nproc}",
-           "-P", f"config_file={workdir / 'tiny.yaml'}", "-P", "comet=offline", "-P", "epochs=2",
-           "-P", "batch_size=8", "-P", "n_train_iter=64", "-P", "n_val_iter=36"]
-    proc = subprocess.run([sys.executable, "-m", "mlflow", *cmd[1:]], cwd=workdir, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    client = MlflowClient()
-    runs = client.search_runs(["0"])
-    assert len(runs) == 1
-    run = runs[0]
+def test_mlflow_run_end_to_end(user_run):
+    """The shared ``mlflow run .`` (tests/shared_runs.py): two torchrun workers (gloo), Comet
+    offline, every credential in its environment. One process through ``mlflow run`` to the end:
+    tests/test_data_intraday.py; stopped by a signal: tests/test_first_hour.py."""
+    workdir, nproc = user_run.root, user_run.nproc
+    client = user_run.client()
+    run = user_run.run()
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
     params = run.data.params
@@ -264,7 +244,7 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "qlib-csi300-demo"
 
     # summary.json: on disk and as an artifact
-    save_dir = run_dir(workdir / "outputs" / "models")
+    save_dir = run_dir(user_run.save_path)
     assert run.data.tags["run_directory"] == str(save_dir.resolve())
     summary = json.loads((save_dir / "summary.json").read_text())
     assert summary["final_result"]["best_val_loss"] == pytest.approx(best[0].value)
@@ -286,8 +266,8 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
         "out = m.predict(x)\n"
         "print(json.dumps({k: list(v.shape) for k, v in out.items()}))\n"
     )
-    pred = subprocess.run([sys.executable, "-c", code, model_uri], cwd=workdir, capture_output=True, text=True,
-                          timeout=300)
+    pred = subprocess.run([sys.executable, "-c", code, model_uri], cwd=workdir, env=user_run.env,
+                          capture_output=True, text=True, timeout=300)
     assert pred.returncode == 0, pred.stderr[-2000:]
     shapes = json.loads(pred.stdout.strip().splitlines()[-1])
     assert shapes["reconstruction"][1:] == [26, 6] and len(shapes["tokens"]) == 2
@@ -304,4 +284,4 @@ def test_mlflow_run_end_to_end(workdir, monkeypatch, nproc):
     assert set(keys.STEP_METRICS) | {keys.VAL_METRIC, "best_val_loss"} <= names
 
     # no secret anywhere: DB, artifacts, outputs, Comet archive, console
-    assert _scan_for_secrets([workdir], [proc.stdout, proc.stderr]) == []
+    assert _scan_for_secrets([workdir], [user_run.stdout, user_run.stderr]) == []

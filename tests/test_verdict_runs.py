@@ -139,6 +139,30 @@ def test_a_run_from_a_pretrained_checkpoint_judges_its_best_checkpoint_on_the_te
     assert inputs["qlib-csi300-demo"]["mlflow.data.context"] == "training"
 
 
+def test_a_fresh_two_worker_run_is_judged_against_its_initial_weights(user_run, monkeypatch):
+    """The shared ``mlflow run .`` (tests/shared_runs.py: fresh weights, two torchrun workers):
+    its starting weights are kept, the verdict's base is ``fresh``, and both losses, scored in
+    shares by the two ranks, equal one process's recomputation on independently built windows."""
+    from kronos_mlflow.mlflow_model import load_tokenizer
+    from kronos_mlflow.model import KronosTokenizer
+
+    run = user_run.run()
+    metrics, tags = run.data.metrics, run.data.tags
+    assert tags["verdict_base"] == "fresh" and tags["world_size"] == "2"
+    assert tags["verdict"] == decide(metrics["test_loss_change_ci_low"], metrics["test_loss_change_ci_high"], 0.005)
+    assert RUN_METRICS <= set(metrics) and metrics["test_windows"] == TINY["n_val_iter"]
+    start = KronosTokenizer.from_pretrained(run_dir(user_run.save_path) / "checkpoints" / "start")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", user_run.uri)
+    tuned = load_tokenizer(f"runs:/{run.info.run_id}/best_model").eval()
+    n = TINY["n_val_iter"]
+    assert metrics["test_tokenizer_loss"] == pytest.approx(
+        independent_test_losses(user_run.root / "cache", tuned, n).mean(), rel=1e-5)
+    assert metrics["base_test_tokenizer_loss"] == pytest.approx(
+        independent_test_losses(user_run.root / "cache", start.eval(), n).mean(), rel=1e-5)
+    (line,) = LINE.findall(user_run.stdout)  # rank 0 alone prints it
+    assert line[6] == tags["verdict"]
+
+
 def test_evaluate_tokenizer_reproduces_the_runs_verdict_and_logs_it(pretrained_run):
     """The stand-alone command on the registered model and the starting checkpoint, on the same
     data flags: the same windows, the same numbers, the same verdict; ``--log`` records them."""
