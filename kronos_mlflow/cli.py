@@ -8,6 +8,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow import-csv prices/*.csv --out ./my_qlib
     kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
+    kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
     kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
@@ -28,6 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
     "train": ("kronos_mlflow.train", "fine-tune the tokenizer (one process; use torchrun for several)"),
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
+    "evaluate-tokenizer": ("kronos_mlflow.evaluation.command",
+                           "score a tokenizer against another on held-out windows: metrics, change, verdict"),
     "upload-spool": ("kronos_mlflow.tracking.spool", "upload what a run kept locally while its MLflow server was down"),
 }
 

@@ -11,9 +11,12 @@ Runs are read through MLflow's API (``MlflowClient.search_runs``; ``--parent`` f
 still running, pruned before an epoch ended) come last, newest first. A sweep's parent run is
 not a fine-tune and is left out of an experiment listing (``--parent`` lists its trials).
 
-Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss, the s1
-and full codebook usage at the best epoch (``val_codebook_usage_*``; ``used/2^s1_bits`` for s1),
-duration, status, a sweep trial's number and Optuna state when there are trials, and the run id.
+Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss, the test
+verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``; ``base_loss``:
+the starting weights' ``base_test_tokenizer_loss``; ``change``: ``test_loss_change`` with its
+95% interval; ``verdict``), the s1 and full codebook usage at the best epoch
+(``val_codebook_usage_*``; ``used/2^s1_bits`` for s1), duration, status, a sweep trial's number
+and Optuna state when there are trials, and the run id.
 
 ``--url`` prints the MLflow UI's run-comparison address for the listed runs:
 ``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
@@ -38,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UserError
-from .keys import BEST_METRIC, USAGE_FULL, USAGE_S1, VAL_METRIC
+from .keys import (BASE_TEST_LOSS, BEST_METRIC, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1, VAL_METRIC,
+                   VERDICT_TAG)
 
 # mlflow is imported inside the functions: `kronos-mlflow compare --help` and bad flags answer at once.
 
@@ -192,6 +196,12 @@ class RunRow:
     epochs_done: int | None = None
     best_val_loss: float | None = None
     best_epoch: int | None = None
+    test_loss: float | None = None
+    base_test_loss: float | None = None
+    test_loss_change: float | None = None
+    test_loss_change_ci_low: float | None = None
+    test_loss_change_ci_high: float | None = None
+    verdict: str | None = None
     codebook_usage_s1: int | None = None
     codebook_usage_full: int | None = None
     codebook_bits: str | None = None
@@ -306,6 +316,12 @@ def _row(run, now_ms: int) -> RunRow:
         weight_decay=_number(params.get("weight_decay", params.get("adam_weight_decay"))),
         epochs_planned=_integer(params.get("epochs")),
         best_val_loss=_number(metrics.get(BEST_METRIC)),
+        test_loss=_number(metrics.get(TEST_LOSS)),
+        base_test_loss=_number(metrics.get(BASE_TEST_LOSS)),
+        test_loss_change=_number(metrics.get(TEST_LOSS_CHANGE)),
+        test_loss_change_ci_low=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_low")),
+        test_loss_change_ci_high=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_high")),
+        verdict=tags.get(VERDICT_TAG),
         codebook_usage_s1=_integer(metrics.get(USAGE_S1)),
         codebook_usage_full=_integer(metrics.get(USAGE_FULL)),
         codebook_bits=tags.get("codebook_bits"),
@@ -385,6 +401,18 @@ def _usage(used: int | None, bits: int | None) -> str:
     return f"{used}/{1 << bits}" if bits is not None and bits <= 40 else str(used)
 
 
+def _change(row: RunRow) -> str:
+    """``-2.9% [-3.4%, -2.5%]``: the test loss change and its 95% interval."""
+    from .evaluation.verdict import percent
+
+    if row.test_loss_change is None:
+        return "-"
+    text = percent(row.test_loss_change)
+    if row.test_loss_change_ci_low is not None and row.test_loss_change_ci_high is not None:
+        text += f" [{percent(row.test_loss_change_ci_low)}, {percent(row.test_loss_change_ci_high)}]"
+    return text
+
+
 def _s1_bits(row: RunRow) -> int | None:
     if row.codebook_bits and "+" in row.codebook_bits:
         return _integer(row.codebook_bits.split("+", 1)[0])
@@ -393,8 +421,9 @@ def _s1_bits(row: RunRow) -> int | None:
 
 def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     with_trials = any(r.trial_number is not None for r in rows)
-    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "codes_s1", "codes_full",
-              "duration", "status"] + (["trial"] if with_trials else []) + ["run_id"]
+    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
+              "verdict", "codes_s1", "codes_full", "duration", "status"]
+    header += (["trial"] if with_trials else []) + ["run_id"]
     body = []
     for r in rows:
         epochs = "-" if r.epochs_planned is None else str(r.epochs_planned)
@@ -406,6 +435,10 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             "-" if r.weight_decay is None else f"{r.weight_decay:g}",
             epochs,
             "-" if r.best_val_loss is None else f"{r.best_val_loss:.6f}",
+            "-" if r.test_loss is None else f"{r.test_loss:.6f}",
+            "-" if r.base_test_loss is None else f"{r.base_test_loss:.6f}",
+            _change(r),
+            r.verdict or "-",
             _usage(r.codebook_usage_s1, _s1_bits(r)),
             _usage(r.codebook_usage_full, None),
             _duration(r.duration_s),
@@ -420,7 +453,8 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
 
 def format_table(rows: Sequence[RunRow]) -> str:
     header, body = table_rows(rows)
-    numeric = {"learning_rate", "weight_decay", "epochs", "best_val_loss", "codes_s1", "codes_full", "duration"}
+    numeric = {"learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
+               "codes_s1", "codes_full", "duration"}
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
 
     def fmt(cells: Sequence[str]) -> str:

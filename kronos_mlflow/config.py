@@ -60,6 +60,11 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "batch_size": (50, "Windows per optimizer step, per process."),
     "n_train_iter": (2000 * 50, "Training windows per epoch (over all processes)."),
     "n_val_iter": (400 * 50, "Validation windows per epoch (over all processes)."),
+    "n_test_iter": (0, "Test windows the end-of-run evaluation scores (every test window up to this many, else an "
+                       "evenly spaced subset of them); 0 = as many as n_val_iter."),
+    "verdict_min_change": (0.005, "Smallest change of the test loss, as a fraction of the starting weights' (0.005 = "
+                                  "0.5%), that the verdict calls better or worse; its whole 95% interval must lie "
+                                  "beyond it."),
     "tokenizer_learning_rate": (2e-4, "Peak learning rate of the one-cycle schedule."),
     "accumulation_steps": (1, "Sub-batches each batch is split into (batch_size must divide evenly)."),
     "adam_beta1": (0.9, "AdamW beta1."),
@@ -143,7 +148,7 @@ _POSITIVE = (
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics")
-_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads")
+_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
 # start absurd numbers of processes are refused up front; the seed is what every library takes
@@ -154,7 +159,7 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "max_context": 1_000_000, "n_train_iter": 10**12, "n_val_iter": 10**12, "log_interval": 10**12,
         "num_workers": 256, "nproc_per_node": 256, "seed": SEED_MAX,
         "tokenizer_learning_rate": 1.0, "adam_weight_decay": 1e6, "clip": 1e30, "grad_clip_norm": 1e30,
-        "system_metrics_interval_s": 86_400.0}
+        "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12}
 _MIN = {"system_metrics_interval_s": 0.1}
 # Names that become one folder or file inside a parent directory.
 _CHILD_NAMES = {"tokenizer_save_folder_name": "save_path"}
@@ -322,6 +327,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     for key in _UNIT_OPEN:
         if not 0.0 <= out[key] < 1.0:
             raise ConfigError(f"{key}: {out[key]!r} must be in [0, 1)")
+    if not 0.0 <= out["verdict_min_change"] < 1.0:
+        raise ConfigError(f"verdict_min_change: {out['verdict_min_change']!r} must be in [0, 1): a fraction of the "
+                          "starting weights' test loss (0.005 = 0.5%)")
     for key, limit in _MAX.items():
         if out[key] > limit:
             raise ConfigError(f"{key}: {out[key]} is too large; expected at most {checks.limit_text(limit)}")

@@ -16,12 +16,12 @@ from .config import is_secret_key
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
 
-#: Config keys that do not change the numbers a run produces: where things are written, how
+#: Config keys that do not change the numbers training produces: where things are written, how
 #: they are named or tracked, how fast they are computed (threads, compile, kernel choice,
-#: fused layers: same numbers up to float rounding), how often the console prints, and the
-#: resume switch itself. Everything else (data, sizes, optimizer, schedule, epochs, seed,
-#: precision, world size) is in the digest: resuming with another value would continue a
-#: schedule or data order the checkpoint was not made for.
+#: fused layers: same numbers up to float rounding), how often the console prints, the resume
+#: switch itself, and the settings of the end-of-run test evaluation. Everything else (data,
+#: sizes, optimizer, schedule, epochs, seed, precision, world size) is in the digest: resuming
+#: with another value would continue a schedule or data order the checkpoint was not made for.
 RESULT_NEUTRAL_KEYS = frozenset({
     # tracking and naming
     "experiment_name", "run_name", "registered_model_name",
@@ -35,6 +35,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
     "nproc_per_node",
     # the switch that decides whether to resume
     "resume",
+    # the end-of-run test evaluation only (which test windows, what the verdict calls a change):
+    # training does the same with any value, so a killed run resumes whatever they are now
+    "n_test_iter", "verdict_min_change",
 })
 
 

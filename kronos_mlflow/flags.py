@@ -19,7 +19,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         shown = ":".join(default) if target in cfg.TIME_RANGE_KEYS else default
         help_text = (f"alias of --{target.replace('_', '-')}" if key in cfg.ALIASES
                      else f"{cfg.HELP[key]} (default: {shown!s})")
-        parser.add_argument(*flags, dest=f"cfg__{key}", default=argparse.SUPPRESS, metavar="VALUE", help=help_text)
+        parser.add_argument(*flags, dest=f"cfg__{key}", default=argparse.SUPPRESS, metavar="VALUE",
+                            help=help_text.replace("%", "%%"))  # argparse formats help with %
 
 
 def config_overrides(args: argparse.Namespace) -> dict:

@@ -24,6 +24,20 @@ PERPLEXITY_S1 = "val_codebook_perplexity_s1"
 RECON_PRE = "val_recon_loss_pre_epoch"
 FEATURE_MSE_PREFIX = "val_mse_"
 
+# Held-out evaluation at the end of a run (kronos_mlflow.evaluation): the best checkpoint's
+# metrics on the test windows are TEST_PREFIX + name, the starting weights' BASE_PREFIX +
+# TEST_PREFIX + name, and the relative change of the loss with its bootstrap interval.
+TEST_PREFIX = "test_"
+BASE_PREFIX = "base_"
+TEST_LOSS = "test_tokenizer_loss"
+BASE_TEST_LOSS = "base_test_tokenizer_loss"
+TEST_LOSS_CHANGE = "test_loss_change"
+TEST_WINDOWS = "test_windows"
+VERDICT_TAG = "verdict"
+VERDICT_BASE_TAG = "verdict_base"
+TEST_WINDOWS_DIGEST_TAG = "test_windows_digest"
+VERDICTS = ("better", "worse", "inconclusive", "unavailable")
+
 # MLproject parameter names -> config keys; a run logs both spellings as params.
 MLPROJECT_PARAMS: dict[str, str] = {
     "epochs": "epochs",
@@ -33,6 +47,7 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "accumulation_steps": "accumulation_steps",
     "n_train_iter": "n_train_iter",
     "n_val_iter": "n_val_iter",
+    "n_test_iter": "n_test_iter",
     "nproc_per_node": "nproc_per_node",
     "qlib_data_path": "qlib_data_path",
     "instrument": "instrument",

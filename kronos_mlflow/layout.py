@@ -9,6 +9,7 @@ run's best checkpoint is never overwritten.
 
     checkpoints/best_model/   the best epoch's checkpoint (config.json + model.safetensors)
     checkpoints/last/         the training state a killed run resumes from
+    checkpoints/start/        the starting weights (written when the run starts; the test verdict's base)
     mlflow-spool/             what MLflow could not send during a tracking-server outage
     plots/                    reconstruction.png, token_usage.png
     summary.json              the result, config and run id
@@ -53,6 +54,10 @@ class RunLayout:
     @property
     def best_model(self) -> Path:
         return self.checkpoints / "best_model"
+
+    @property
+    def start_model(self) -> Path:
+        return self.checkpoints / "start"
 
     @property
     def training_state(self) -> Path:

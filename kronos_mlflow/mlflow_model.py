@@ -110,30 +110,32 @@ except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosTokenizerPyfunc = None  # type: ignore[assignment]
 
 
-def load_checkpoint_dir(model_uri: str, dst: str | os.PathLike) -> str:
+def load_checkpoint_dir(model_uri: str, dst: str | os.PathLike, tracking_uri: str | None = None) -> str:
     """Download a logged model's checkpoint directory into ``dst`` (yours to keep or delete);
     returns the local path to pass to ``KronosTokenizer.from_pretrained`` (or upstream Kronos).
-    :func:`checkpoint_dir` downloads into a temporary directory removed afterwards."""
+    :func:`checkpoint_dir` downloads into a temporary directory removed afterwards.
+    ``tracking_uri`` (default: MLflow's) is also the registry's, for ``models:/`` URIs."""
     import mlflow
 
-    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=os.fspath(dst))
+    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=os.fspath(dst),
+                                                tracking_uri=tracking_uri, registry_uri=tracking_uri)
     return os.path.join(local, "artifacts", CHECKPOINT_ARTIFACT)
 
 
 @contextlib.contextmanager
-def checkpoint_dir(model_uri: str) -> Iterator[str]:
+def checkpoint_dir(model_uri: str, tracking_uri: str | None = None) -> Iterator[str]:
     """``with checkpoint_dir("runs:/<id>/best_model") as path:`` the checkpoint directory of a
     logged model, in a temporary directory that is removed when the block ends."""
     tmp = tempfile.mkdtemp(prefix="kronos-ckpt-")
     try:
-        yield load_checkpoint_dir(model_uri, tmp)
+        yield load_checkpoint_dir(model_uri, tmp, tracking_uri)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_tokenizer(model_uri: str, map_location: str = "cpu"):
+def load_tokenizer(model_uri: str, map_location: str = "cpu", tracking_uri: str | None = None):
     """The ``KronosTokenizer`` of a logged model, loaded into memory (no files left behind)."""
     from .model import KronosTokenizer
 
-    with checkpoint_dir(model_uri) as path:
+    with checkpoint_dir(model_uri, tracking_uri) as path:
         return KronosTokenizer.from_pretrained(path, map_location=map_location)

@@ -132,17 +132,29 @@ def check_start_everywhere(config: Mapping[str, Any]) -> None:
         raise same_on_every_rank(exc) from None
 
 
+def prepare_data(config: Mapping[str, Any]) -> None:
+    """The cached splits (prepared once). An empty test split is not warned about here: the
+    run's verdict says so, in one line, at the end."""
+    import warnings
+
+    from .data import prepare_splits
+    from .data.prepare import DataWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no test windows", category=DataWarning)
+        prepare_splits(config)
+
+
 def prepare_everywhere(config: Mapping[str, Any], layout, info) -> None:
     """Rank 0 prepares the data splits once (and makes the run's checkpoint folder); the other
     ranks wait, then read the cache, or raise rank 0's refusal, which only rank 0 prints."""
-    from .data import prepare_splits
     from .distributed import barrier, broadcast_object
 
     answer, refusal = ("ok", None), None
     if info.is_main:
         try:
             layout.checkpoints.mkdir(parents=True, exist_ok=True)
-            prepare_splits(config)
+            prepare_data(config)
         except UserError as exc:
             answer, refusal = ("error", str(exc)), exc
     if info.distributed:
@@ -184,7 +196,6 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     the cache ready; enough windows for one step per rank), the saved training state
     (``resume``), and the tracking store (its URI, its server, the run and experiment the run
     would use, created once when it is a fresh sqlite file)."""
-    from .data import prepare_splits
     from .tracking.mlflow import check_run_target
     from .tracking.server import check_tracking_server
 
@@ -192,7 +203,7 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     check_start(config, world)
     if config["pretrained_tokenizer_path"]:
         build_model(config)
-    prepare_splits(config)
+    prepare_data(config)
     check_windows(config, world)
     check_resume(config, world)
     if check_tracking:

@@ -10,7 +10,8 @@ log) is decided once by the caller, through the :class:`~kronos_mlflow.console.C
 ``fit`` reads as the loop itself; what it does once is in named pieces: :func:`load_data`,
 :func:`resume_or_start` (a killed run's state, or the starting weights' validation),
 :func:`validate_epoch` (validation, its metrics, the best checkpoint), :func:`save_progress`
-(the training state) and :func:`finish_run` (the result and the plots).
+(the training state), :func:`finish_run` (the result and the plots) and :func:`judge_on_test`
+(the best checkpoint against the starting weights on the test windows: the verdict).
 """
 
 from __future__ import annotations
@@ -203,6 +204,13 @@ class RunFiles:
             with stopping.deferred():  # a stop signal waits until the checkpoint is whole
                 raw_model.save_pretrained(self.layout.best_model)
 
+    def save_start(self, raw_model) -> None:
+        """The weights the run starts from, kept for the end-of-run test verdict (a resumed run
+        still compares with them)."""
+        if self.enabled:
+            with stopping.deferred():
+                raw_model.save_pretrained(self.layout.start_model)
+
     def save_state(self, **state: Any) -> None:
         if self.enabled:
             with stopping.deferred():
@@ -364,6 +372,18 @@ def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, A
     return result
 
 
+def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles,
+                  console: Console, *, rank: int, world_size: int) -> dict[str, Any]:
+    """The best checkpoint against the starting weights on the test windows (a collective:
+    every rank), logged at the best epoch; its record for the result (docs/verdict.md)."""
+    from .evaluation.heldout import evaluate_run
+
+    layout = files.layout
+    heldout = evaluate_run(config, layout.best_model, layout.start_model, device, rank=rank, world_size=world_size,
+                           logger=logger, console=console, step=max(progress.best_epoch, 0))
+    return heldout.as_json()
+
+
 def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
     """Validation statistics of the checkpoint in ``best_dir`` (a collective: every rank)."""
     from .model import KronosTokenizer
@@ -388,7 +408,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
     each training state so that the resumed run continues the same MLflow run and Comet
     experiment. Returns ``best_val_loss``, ``best_epoch``, ``val_loss_history``,
-    ``val_loss_initial``, ``steps`` and ``best_val_quality``.
+    ``val_loss_initial``, ``steps``, ``best_val_quality`` and ``test`` (the test verdict's record).
     """
     raw_model = unwrap_model(model)
     data = load_data(config, rank, world_size, device, console)
@@ -403,6 +423,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
                                    config=config, world_size=world_size, run_ids=run_ids)
     if resume_state is None:
+        files.save_start(raw_model)  # the test verdict's base, also for a resumed run
         save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
     model.train()
     for epoch in range(progress.start_epoch, config["epochs"]):
@@ -428,4 +449,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
             console.print(f"pruned after epoch {epoch}")
             raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
         barrier()
-    return finish_run(progress, data, device, config, logger, files)
+    result = finish_run(progress, data, device, config, logger, files)
+    result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
+                                   world_size=world_size)
+    return result

@@ -30,9 +30,14 @@ _START_MS = itertools.count(1_700_000_000_000, 1000)  # distinct, increasing sta
 
 
 def _make_run(client, exp_id, name, *, lr=None, wd=0.1, epochs=3, val=(), usage=(), status="FINISHED",
-              tags=None, best=None):
+              tags=None, best=None, heldout=None):
     run = client.create_run(exp_id, start_time=next(_START_MS), run_name=name, tags=tags or {})
     rid = run.info.run_id
+    for key, value in (heldout or {}).items():  # the test verdict: metrics, and the tag
+        if key == "verdict":
+            client.set_tag(rid, key, value)
+        else:
+            client.log_metric(rid, key, value)
     if lr is not None:
         for key, value in (("learning_rate", lr), ("weight_decay", wd), ("epochs", epochs)):
             client.log_param(rid, key, str(value))
@@ -65,7 +70,10 @@ def store(tmp_path_factory):
     other = client.create_experiment("other")
     ids = {}
     ids["r1"] = _make_run(client, exp, "lr=1e-03 wd=0.1", lr=1e-3, val=(0.5, 0.3, 0.4),
-                          usage=((10, 40), (12, 50), (14, 60)), tags={"codebook_bits": "4+4"})
+                          usage=((10, 40), (12, 50), (14, 60)), tags={"codebook_bits": "4+4"},
+                          heldout={"test_tokenizer_loss": 0.0123, "base_test_tokenizer_loss": 0.015,
+                                   "test_loss_change": -0.18, "test_loss_change_ci_low": -0.2,
+                                   "test_loss_change_ci_high": -0.16, "verdict": "better"})
     ids["r2"] = _make_run(client, exp, "lr=2e-04 wd=0.01", lr=2e-4, wd=0.01, val=(0.25, 0.2, 0.21),
                           usage=((9, 30), (11, 33), (11, 35)), tags={"codebook_bits": "4+4"})
     ids["failed"] = _make_run(client, exp, "failed one", lr=5e-3, status="FAILED")
@@ -89,8 +97,8 @@ def test_table_sorted_by_best_val_loss_missing_last(store, capsys):
     assert rc == 0, err
     lines = out.strip().splitlines()
     header = lines[0].split()
-    assert header[:9] == ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "codes_s1",
-                          "codes_full", "duration", "status"]
+    assert header[:13] == ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss",
+                           "base_loss", "change", "verdict", "codes_s1", "codes_full", "duration", "status"]
     assert "trial" in header and header[-1] == "run_id"
     order = [line.split()[-1] for line in lines[2:]]
     # 0.2 < 0.22 < 0.3 < 0.35; then no best_val_loss, newest first; the sweep parent is left out
@@ -100,6 +108,10 @@ def test_table_sorted_by_best_val_loss_missing_last(store, capsys):
     r1 = next(line for line in lines if ids["r1"] in line)
     # usage at the best epoch (step 1), not the last one; epochs done = planned
     assert "12/16" in r1 and " 50 " in r1 and "1.00e-03" in r1 and "0.300000" in r1 and "FINISHED" in r1
+    # the test verdict: the best checkpoint's loss, the starting weights', the change and its interval
+    assert "0.012300" in r1 and "0.015000" in r1 and "-18% [-20%, -16%]" in r1 and " better " in r1
+    r2 = next(line for line in lines if ids["r2"] in line)
+    assert " - " in r2 and "better" not in r2  # no verdict recorded: dashes
     pruned = next(line for line in lines if ids["t2"] in line)
     assert "1/2" in pruned and "#2 PRUNED" in pruned and "KILLED" in pruned
 

@@ -89,6 +89,12 @@ def make_truncated_weights(inp: Path, ws: Path) -> None:
     path.write_bytes(path.read_bytes()[:1000])
 
 
+def make_good_and_truncated(inp: Path, ws: Path) -> None:
+    """A good checkpoint (a copy of the workspace's best_model) beside a truncated one."""
+    _checkpoint(inp, "good_ckpt", ws)
+    make_truncated_weights(inp, ws)
+
+
 def make_int_weights(inp: Path, ws: Path) -> None:
     import json as _json
 
@@ -561,6 +567,25 @@ CASES: list[Case] = [
          "../../x", make=make_spools),
     Case("spool-uri-scheme", "spool", "`upload-spool --tracking-uri ftp://host/x`",
          CLI + ("upload-spool", "{in}/sp_status", "--tracking-uri", "ftp://host/x"), "ftp", make=make_spools),
+    # ===== the verdict: its config keys, the sweep's promote rule, kronos-mlflow evaluate-tokenizer
+    Case("flag-n-test-iter", "flag", "`--n-test-iter -1`", TRAIN + BASE + ("--n-test-iter", "-1"), "n_test_iter"),
+    Case("flag-verdict-min-change", "flag", "`--verdict-min-change 1.5`",
+         TRAIN + BASE + ("--verdict-min-change", "1.5"), "verdict_min_change"),
+    Case("sweep-promote", "sweep", "`--promote sometimes`", SWEEP + ("--promote", "sometimes"), "sometimes"),
+    Case("evaluate-missing", "evaluate", "`kronos-mlflow evaluate-tokenizer` of a directory that does not exist",
+         CLI + ("evaluate-tokenizer", "{in}/no_such_ckpt"), "no_such_ckpt"),
+    Case("evaluate-unknown-run", "evaluate", "`evaluate-tokenizer runs:/<a run id the store lacks>/best_model`",
+         CLI + ("evaluate-tokenizer", "runs:/0123456789abcdef0123456789abcdef/best_model"),
+         "0123456789abcdef0123456789abcdef"),
+    Case("evaluate-unknown-alias", "evaluate", "`evaluate-tokenizer models:/kronos-tokenizer@champion` (no such model)",
+         CLI + ("evaluate-tokenizer", "models:/kronos-tokenizer@champion"), "models:/kronos-tokenizer@champion"),
+    Case("evaluate-hub-offline", "evaluate", "`evaluate-tokenizer NeoQuasar/Kronos-Tokenizer-base` with no network",
+         CLI + ("evaluate-tokenizer", "NeoQuasar/Kronos-Tokenizer-base"), "NeoQuasar/Kronos-Tokenizer-base"),
+    Case("evaluate-base-truncated", "evaluate", "`--base` whose model.safetensors is cut to 1000 bytes",
+         CLI + ("evaluate-tokenizer", "{in}/good_ckpt", "--base", "{in}/truncated_ckpt"), "--base: weights file",
+         make=make_good_and_truncated),
+    Case("evaluate-split", "evaluate", "`evaluate-tokenizer MODEL --split train`",
+         CLI + ("evaluate-tokenizer", "{in}/no_such_ckpt", "--split", "train"), "'train'"),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),

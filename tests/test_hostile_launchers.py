@@ -146,8 +146,10 @@ def test_three_sweep_workers_start_together_on_a_fresh_default_store(tmp_path):
     flags = []
     for key, value in {**TINY_NO_EPOCHS, **DATES, "epochs": 1, "comet": "off", "qlib_data_path": market}.items():
         flags += [f"--{key.replace('_', '-')}", str(value)]
+    # --promote always: the alias follows the study's best trial whatever its test verdict, so the
+    # three workers race to set it
     cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trials", "1", "--registered-model-name",
-           "kronos-tok", *flags]
+           "kronos-tok", "--promote", "always", *flags]
     started = time.monotonic()
     procs = [subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]

@@ -13,6 +13,7 @@ import optuna
 import pytest
 import tiny_runs
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from shared_runs import REGISTERED_MODEL
 
 pytestmark = pytest.mark.slow
@@ -83,12 +84,41 @@ def test_a_sweep_and_its_resume_record_trials_parents_champion_and_plots(user_sw
     best_then = min(done_then, key=lambda t: t.value)
     assert first.data.tags["best_run"] == best_then.user_attrs["mlflow_run_id"]
     assert float(first.data.params["best_learning_rate"]) == pytest.approx(best_then.params["learning_rate"])
-    # the second: the study's best after the resume, and the champion moved to it
+    # the second: the study's best after the resume
     best = study.best_trial
     assert second.data.tags["best_run"] == best.user_attrs["mlflow_run_id"]
     assert second.data.metrics["best_val_loss"] == pytest.approx(best.value)
-    champion = client.get_model_version_by_alias(REGISTERED_MODEL, "champion")
-    assert champion.run_id == best.user_attrs["mlflow_run_id"]
+    # each parent shows its best trial's test verdict, and the champion moved only on better
+    for parent in parents:
+        _check_champion_rule(client, parent)
+    try:
+        champion = client.get_model_version_by_alias(REGISTERED_MODEL, "champion")
+    except MlflowException:  # no best trial was ever better
+        assert all("champion" not in p.data.tags for p in parents)
+    else:
+        assert client.get_run(champion.run_id).data.tags["verdict"] == "better"
+        moved = [p.data.tags["champion"] for p in parents if "champion" in p.data.tags]
+        assert moved and moved[-1] == f"{REGISTERED_MODEL}/{champion.version}"  # the last move stands
+
+
+def _check_champion_rule(client, parent) -> None:
+    """The parent's best_trial_* numbers and verdict are its best trial's; the alias moved
+    (tag champion) only for a better verdict, and otherwise champion_unchanged says why."""
+    best = client.get_run(parent.data.tags["best_run"])
+    verdict = best.data.tags["verdict"]
+    assert parent.data.tags["best_trial_verdict"] == verdict
+    assert parent.data.metrics["best_trial_test_tokenizer_loss"] == pytest.approx(
+        best.data.metrics["test_tokenizer_loss"])
+    trial = best.data.tags["optuna.trial_number"]
+    if verdict != "better":
+        assert "champion" not in parent.data.tags
+        assert parent.data.tags["champion_unchanged"].startswith(
+            f"best trial {trial}'s test verdict is {verdict}, not better")
+    elif "champion" in parent.data.tags:
+        version = parent.data.tags["champion"].split("/")[-1]
+        assert client.get_model_version(REGISTERED_MODEL, version).run_id == best.info.run_id
+    else:  # better, but not better than the champion on the same windows
+        assert "does not beat the champion's" in parent.data.tags["champion_unchanged"]
 
 
 def test_pruned_trial_under_torchrun_is_marked_and_keeps_metrics(sweep_env):

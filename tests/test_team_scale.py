@@ -41,7 +41,8 @@ def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow
     config = _write_config(tmp_path)
     cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--config", str(config), "--storage", storage,
            "--study-name", "team", "--n-trials", "3", "--pruner", "none", "--qlib-data-path", "", "--comet", "off",
-           "--epochs", "1", "--registered-model-name", "team-tokenizer", "--output-dir", str(tmp_path / "out")]
+           "--epochs", "1", "--registered-model-name", "team-tokenizer", "--output-dir", str(tmp_path / "out"),
+           "--promote", "always"]  # the champion follows the best trial whatever its verdict: one alias under a race
     # prepare the demo data once so both workers start training at once
     subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(config),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)

@@ -404,9 +404,10 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
     for split in ("val", "test"):
         if splits_info[split]["windows"] == 0:
             a, b = cfg[f"{split}_time_range"]
+            effect = "training runs without the val split" if split == "val" else "a run's test verdict is unavailable"
             warnings.warn(
                 f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
-                f"with {window} consecutive valid {unit}; training runs without the {split} split",
+                f"with {window} consecutive valid {unit}; {effect}",
                 DataWarning, stacklevel=4,
             )
 

@@ -32,10 +32,11 @@ from ..errors import EXIT_USAGE, UserError
 from .space import DEFAULT_SPACE, PARAMS, load_search_space, suggest
 from .study import (DuplicateTrial, default_storage, make_pruner, open_storage, open_study, optimize_distinct,
                     redact_url, repeated_trial)
+from .champion import PROMOTE, best_trial_record, set_champion
 from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
 TRAIN_PASSTHROUGH = (
-    "epochs", "batch_size", "n_train_iter", "n_val_iter", "qlib_data_path", "instrument",
+    "epochs", "batch_size", "n_train_iter", "n_val_iter", "n_test_iter", "qlib_data_path", "instrument",
     "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
     "seed", "accumulation_steps", "freq", "membership_gaps",
 )
@@ -207,58 +208,6 @@ class TrialFailed(Exception):
     """A trial's training process failed; the trial is FAIL and the sweep continues."""
 
 
-def _champion(client, study, registered_model_name: str, attempts: int = 8) -> str | None:
-    """Register the best trial's model (once) and move the alias ``champion`` to it.
-
-    Several sweep workers finish at about the same time on a shared study: two may register
-    the same run, or set the alias at the same moment (the tracking store then refuses one with
-    a unique-constraint error). So the alias always goes to the run's lowest version, a refused
-    call is retried after a short random pause, and the study's best is read again afterwards:
-    if another worker's trial has become the best in the meantime, the alias follows it.
-    """
-    import random
-
-    from mlflow.exceptions import MlflowException
-
-    version = None
-    for attempt in range(attempts):
-        best = study.best_trial  # read from the storage each time
-        run_id = best.user_attrs.get("mlflow_run_id")
-        if not run_id:
-            return None
-        uri = client.get_run(run_id).data.tags.get("best_model_uri")
-        if not uri:
-            return None
-        try:
-            version = _model_version_of(client, registered_model_name, run_id)
-            if version is None:
-                import mlflow
-
-                mlflow.register_model(uri, registered_model_name)
-                version = _model_version_of(client, registered_model_name, run_id)
-            client.set_registered_model_alias(registered_model_name, "champion", version)
-        except MlflowException as exc:
-            if attempt == attempts - 1:
-                raise
-            print(f"[sweep] setting the champion alias was refused ({str(exc).splitlines()[0][:160]}); retrying",
-                  flush=True)
-            time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
-            continue
-        if study.best_trial.number == best.number:
-            return str(version)
-    return str(version) if version is not None else None
-
-
-def _model_version_of(client, registered_model_name: str, run_id: str) -> str | None:
-    """The lowest version of ``registered_model_name`` made from ``run_id``, if any."""
-    try:
-        versions = [int(mv.version) for mv in client.search_model_versions(f"name='{registered_model_name}'")
-                    if mv.run_id == run_id]
-    except Exception:  # noqa: BLE001 - the registered model may not exist yet
-        return None
-    return str(min(versions)) if versions else None
-
-
 def _plots(study, out_dir: Path) -> list[Path]:
     """Optuna's matplotlib plots as PNG; a plot that cannot be drawn yet is skipped."""
     import warnings
@@ -338,6 +287,9 @@ def build_parser():
     p.add_argument("--search-space", default=str(DEFAULT_SPACE), help="YAML search space file")
     p.add_argument("--nproc-per-node", default=1, help="processes per trial (torchrun when > 1)")
     p.add_argument("--registered-model-name", default="", help="register the best trial's model, alias champion")
+    p.add_argument("--promote", choices=PROMOTE, default="better",
+                   help="when the alias champion moves to the best trial: better (its test verdict is better and it "
+                        "beats the champion's test loss on the same data; default) or always")
     p.add_argument("--experiment-name", default="", help="MLflow experiment (default: MLflow's)")
     p.add_argument("--output-dir", default="", help="checkpoints go to OUTPUT_DIR/STUDY/trial-N (default: "
                    "'sweeps' next to the config's save_path, ./outputs/sweeps)")
@@ -457,6 +409,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
+                       "promote": args.promote,
                        "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget}.items():
         _log_param_once(client, parent_id, key, value)
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
@@ -471,11 +424,11 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         status = "KILLED"
         raise
     finally:
-        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started)
+        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started, config)
     return 0
 
 
-def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> None:
+def _finish_parent(client, parent_id, study, args, worker, status, elapsed, config) -> None:
     import tempfile
 
     try:
@@ -495,10 +448,9 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
             best_run = best.user_attrs.get("mlflow_run_id")
             if best_run:
                 client.set_tag(parent_id, "best_run", best_run)
+                _show_best_trial_test(client, parent_id, best_run)
             if args.registered_model_name:
-                version = _champion(client, study, args.registered_model_name)
-                if version:
-                    client.set_tag(parent_id, "champion", f"{args.registered_model_name}/{version}")
+                _move_champion(client, parent_id, study, args, config)
         with tempfile.TemporaryDirectory() as tmp:
             for path in _plots(study, Path(tmp) / "plots"):
                 client.log_artifact(parent_id, str(path), "plots")
@@ -508,6 +460,25 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed) -> N
         print(table, flush=True)
     finally:
         client.set_terminated(parent_id, status)
+
+
+def _show_best_trial_test(client, parent_id: str, best_run: str) -> None:
+    """The best trial's test metrics and verdict on the parent run."""
+    metrics, tags = best_trial_record(client.get_run(best_run))
+    for key, value in metrics.items():
+        client.log_metric(parent_id, key, value)
+    for key, value in tags.items():
+        client.set_tag(parent_id, key, value)
+
+
+def _move_champion(client, parent_id: str, study, args, config) -> None:
+    """The alias champion follows the rule of ``--promote``; the parent says where it went or why not."""
+    version, reason = set_champion(client, study, args.registered_model_name, config=config, promote=args.promote)
+    if version:
+        client.set_tag(parent_id, "champion", f"{args.registered_model_name}/{version}")
+    else:
+        client.set_tag(parent_id, "champion_unchanged", reason)
+        print(f"[sweep] champion unchanged: {reason}", flush=True)
 
 
 def _log_param_once(client, run_id, key, value) -> None:

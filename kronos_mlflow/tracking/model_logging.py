@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import mlflow_model
-from ..config import run_params
+from ..config import format_time_range, run_params
 from ..fsutil import write_atomic
 from ..keys import BEST_METRIC, VAL_METRIC
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
@@ -98,13 +98,15 @@ def model_signature(x: np.ndarray, expected: Mapping[str, np.ndarray]):
 
 
 def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0,
-                   metrics: Mapping[str, float] | None = None):
+                   metrics: Mapping[str, float] | None = None, heldout_metrics: Mapping[str, float] | None = None,
+                   heldout_dataset: tuple[str, str] | None = None):
     """Log ``checkpoint_dir`` as the MLflow Model ``best_model`` of ``mlflow_logger``'s run
     (an :class:`~kronos_mlflow.tracking.mlflow.MLflowLogger`), an output of the run at ``step``
-    (the best epoch) carrying ``metrics`` (the best epoch's validation metrics); register it
-    when the config names a registered model. Returns the ``ModelInfo``. The model is
-    reloaded and its prediction compared with the in-memory computation before anything is
-    registered.
+    (the best epoch) carrying ``metrics`` (the best epoch's validation metrics) and
+    ``heldout_metrics`` (the test verdict's), the latter linked to ``heldout_dataset`` (name,
+    digest); register it when the config names a registered model. Returns the ``ModelInfo``.
+    The model is reloaded and its prediction compared with the in-memory computation before
+    anything is registered.
     """
     import mlflow
     from mlflow.entities import LoggedModelOutput
@@ -135,6 +137,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
         )
     client.log_outputs(mlflow_logger.run_id, [LoggedModelOutput(logged.model_id, step=int(step))])
     linked = _model_metrics(mlflow_logger, metrics or {}, int(step), logged.model_id)
+    linked += _model_metrics(mlflow_logger, heldout_metrics or {}, int(step), logged.model_id, heldout_dataset)
     if linked:
         client.log_batch(mlflow_logger.run_id, metrics=linked)
     with _tracking_uri(mlflow_logger.tracking_uri):
@@ -154,11 +157,15 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     return info
 
 
-def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str) -> list:
-    """``metrics`` at ``step`` as metrics of the model. A value the run already holds at that
-    step is linked with its own timestamp (MLflow then stores it once, not twice in the run's
-    history, as its own log_model linking does); others get the current time."""
+def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str,
+                   dataset: tuple[str, str] | None = None) -> list:
+    """``metrics`` at ``step`` as metrics of the model (linked to ``dataset``, a (name, digest)
+    the run has as an input, when given). A value the run already holds at that step is linked
+    with its own timestamp (MLflow then stores it once, not twice in the run's history, as its
+    own log_model linking does); others get the current time."""
     from mlflow.entities import Metric
+
+    name, digest = dataset if dataset else (None, None)
 
     mlflow_logger.flush()  # the epoch's values are on the server before they are looked up
     now = int(time.time() * 1000)
@@ -173,28 +180,16 @@ def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model
             same = []
         if same:
             stamp, number = same[-1].timestamp, same[-1].value
-        out.append(Metric(key, number, stamp, step, model_id=model_id))
+        out.append(Metric(key, number, stamp, step, model_id=model_id, dataset_name=name, dataset_digest=digest))
     return out
 
 
 def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:
     """Record the Qlib data as the run's training input: path, instrument, ranges, digest."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
-    from ..config import format_time_range
-    from ..data import resolve_qlib_path
-
-    path = str(resolve_qlib_path(config))
-    with warnings.catch_warnings():
-        # Two registered sources both read local paths; either is right.
-        warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
-        source = resolve_dataset_source(path)
-    name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
-    if config.get("freq", "day") != "day":
-        name += f"-{config['freq']}"
-    dataset = MetaDataset(source=source, name=name, digest=digest[:32])
+    dataset = MetaDataset(source=_source(config), name=dataset_name(config), digest=digest[:32])
     tags = [
         InputTag(key="mlflow.data.context", value="training"),
         InputTag(key="instrument", value=str(config["instrument"])),
@@ -204,7 +199,47 @@ def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: st
         InputTag(key="val_time_range", value=format_time_range(config["val_time_range"])),
         InputTag(key="test_time_range", value=format_time_range(config["test_time_range"])),
     ]
-    entry = DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags)
+    _log_input(client, run_id, DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags))
+
+
+def dataset_name(config: Mapping[str, Any]) -> str:
+    """The data's name as a run input: ``qlib-<instrument>[-demo][-<freq>]``."""
+    name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
+    if config.get("freq", "day") != "day":
+        name += f"-{config['freq']}"
+    return name
+
+
+def _source(config: Mapping[str, Any]):
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    from ..data import resolve_qlib_path
+
+    path = str(resolve_qlib_path(config))
+    with warnings.catch_warnings():
+        # Two registered sources both read local paths; either is right.
+        warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
+        return resolve_dataset_source(path)
+
+
+def log_heldout_dataset(client, run_id: str, config: Mapping[str, Any], heldout: Mapping[str, Any]) -> tuple[str, str]:
+    """The windows the test verdict scored, as an input of the run (context ``test``): name
+    ``<data name>-test``, digest that of the windows. Returns (name, digest) for linking the
+    model's test metrics to it."""
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    split = str(heldout.get("split") or "test")
+    name, digest = f"{dataset_name(config)}-{split}", str(heldout["windows_digest"])[:32]
+    dataset = MetaDataset(source=_source(config), name=name, digest=digest)
+    tags = [InputTag(key="mlflow.data.context", value=split),
+            InputTag(key=f"{split}_time_range", value=format_time_range(config[f"{split}_time_range"])),
+            InputTag(key="windows", value=str(heldout.get("windows", 0)))]
+    _log_input(client, run_id, DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags))
+    return name, digest
+
+
+def _log_input(client, run_id: str, entry) -> None:
     # Runs that start together (sweep workers) race to create the same dataset row; the loser
     # gets a unique-constraint error, and once the row exists a retry links it.
     for attempt in range(3):
@@ -238,8 +273,21 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
     if layout.best_model.is_dir():
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
+        heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"))
         log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
-                       metrics=best_epoch_metrics(result))
+                       metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
+
+
+def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None):
+    """The test verdict's metrics for the logged model, and the dataset (name, digest) they
+    are linked to, recorded as the run's test input; ``({}, None)`` without a verdict."""
+    if not heldout or heldout.get("verdict") == "unavailable" or not heldout.get("windows_digest"):
+        return {}, None
+    from ..evaluation.verdict import HeldOut
+
+    record = HeldOut(**heldout)
+    dataset = log_heldout_dataset(mlflow_logger.client, mlflow_logger.run_id, config, heldout)
+    return record.run_metrics(), dataset
 
 
 def best_epoch_metrics(result: Mapping[str, Any]) -> dict[str, float]:

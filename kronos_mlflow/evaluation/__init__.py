@@ -1,0 +1,42 @@
+"""Held-out evaluation: did a fine-tune help? A model against its base on the same windows.
+
+    from kronos_mlflow.evaluation import heldout_windows, compare_on
+    windows = heldout_windows(config, "test")              # from the data and config only
+    result = compare_on(windows, "outputs/.../best_model", "./Kronos-Tokenizer-base", "cpu",
+                        config=config, label="./Kronos-Tokenizer-base")
+    print(result.line(), result.verdict)                   # better / worse / inconclusive / unavailable
+
+Modules: ``windows`` (which windows: every test window, or an evenly spaced subset),
+``verdict`` (paired bootstrap over windows, the verdict rule, the record; stage-neutral),
+``stage`` and ``tokenizer`` (what differs per model: a window's loss, the metrics),
+``heldout`` (the end of a training run), ``sources`` (a model named by path, run, registry or
+hub id) and ``command`` (``kronos-mlflow evaluate-tokenizer``). What the verdict means:
+docs/verdict.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "heldout_windows": "windows",
+    "HeldOutWindows": "windows",
+    "evenly_spaced": "windows",
+    "paired_bootstrap": "verdict",
+    "decide": "verdict",
+    "judge": "verdict",
+    "HeldOut": "verdict",
+    "compare_on": "heldout",
+    "evaluate_run": "heldout",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kronos_mlflow.evaluation' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

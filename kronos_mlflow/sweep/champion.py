@@ -1,0 +1,153 @@
+"""The sweep's champion: the registered model version the alias ``champion`` names, and the
+rule that moves it (docs/sweeps.md, "The champion").
+
+With ``--promote better`` (the default) the alias moves to the study's best trial (lowest
+``best_val_loss``) only when that trial's test verdict is ``better`` (its best checkpoint beat
+its starting weights on the test windows by more than noise and ``verdict_min_change``) and,
+when a champion trained on the same data (tag ``data_digest``) exists, the trial's
+``test_tokenizer_loss`` is below the champion's on the same test windows: read from the
+champion's run when it was judged on the same windows (tag ``test_windows_digest``), else
+scored again here on the trial's windows. Otherwise the alias stays and the parent run's tag
+``champion_unchanged`` says why. ``--promote always`` moves it to the best trial regardless.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from ..keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
+
+PROMOTE = ("better", "always")
+ALIAS = "champion"
+
+
+class Decision(NamedTuple):
+    move: bool
+    reason: str  # why the alias stays (empty when it moves)
+
+
+def current_champion(client, registered_model_name: str):
+    """The model version the alias names, or None (no registered model, no alias yet)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(registered_model_name, ALIAS)
+    except MlflowException:
+        return None
+
+
+def promotion(client, registered_model_name: str, run, config: Mapping[str, Any], promote: str = "better") -> Decision:
+    """May the alias move to ``run``'s model (a trial's MLflow run)? See the module doc."""
+    if promote == "always":
+        return Decision(True, "")
+    tags, metrics = run.data.tags, run.data.metrics
+    trial = tags.get("optuna.trial_number", "?")
+    verdict = tags.get(VERDICT_TAG)
+    if verdict != "better":
+        return Decision(False, f"best trial {trial}'s test verdict is {verdict or 'missing'}, not better; "
+                               "--promote always moves the champion regardless")
+    loss = metrics.get(TEST_LOSS)
+    current = current_champion(client, registered_model_name)
+    if current is None or current.run_id == run.info.run_id:
+        return Decision(True, "")
+    champion_run = client.get_run(current.run_id)
+    if champion_run.data.tags.get("data_digest") != tags.get("data_digest"):
+        return Decision(True, "")  # trained on other data: the verdict alone decides
+    theirs = champion_test_loss(client, registered_model_name, current, champion_run, run, config)
+    if theirs is None or loss is None:
+        return Decision(False, f"the champion (version {current.version}) and best trial {trial} cannot be compared "
+                               "on the same test windows")
+    if loss < theirs:
+        return Decision(True, "")
+    return Decision(False, f"best trial {trial}'s test_tokenizer_loss {loss:.6f} does not beat the champion's "
+                           f"(version {current.version}) {theirs:.6f} on the same test windows")
+
+
+def champion_test_loss(client, registered_model_name: str, version, champion_run, run,
+                       config: Mapping[str, Any]) -> float | None:
+    """The champion's test loss on ``run``'s test windows: its own metric when it was judged on
+    them, else the champion's model scored on them (None when the windows cannot be rebuilt)."""
+    windows_digest = run.data.tags.get(TEST_WINDOWS_DIGEST_TAG)
+    if windows_digest and champion_run.data.tags.get(TEST_WINDOWS_DIGEST_TAG) == windows_digest \
+            and TEST_LOSS in champion_run.data.metrics:
+        return float(champion_run.data.metrics[TEST_LOSS])
+    from ..evaluation.sources import load_tokenizer
+    from ..evaluation.stage import TOKENIZER
+    from ..evaluation.windows import heldout_windows
+
+    windows = heldout_windows(config, "test")
+    if not len(windows) or windows.digest != windows_digest:
+        return None
+    model = load_tokenizer(f"models:/{registered_model_name}/{version.version}", "cpu",
+                           tracking_uri=client.tracking_uri, what="the champion")
+    print(f"[sweep] scoring the champion (version {version.version}) on the best trial's {len(windows):,} test "
+          "windows", flush=True)
+    _, metrics = TOKENIZER.score(model, windows, "cpu", batch_size=int(config["batch_size"]))
+    return float(metrics[TOKENIZER.loss])
+
+
+def set_champion(client, study, registered_model_name: str, *, config: Mapping[str, Any], promote: str = "better",
+                 attempts: int = 8) -> tuple[str | None, str]:
+    """Register the best trial's model (once) and move the alias to it when :func:`promotion`
+    allows. Returns ``(version, "")`` when it moved, ``(None, reason)`` when it stays.
+
+    Several sweep workers finish at about the same time on a shared study: two may register
+    the same run, or set the alias at the same moment (the tracking store then refuses one with
+    a unique-constraint error). So the alias always goes to the run's lowest version, a refused
+    call is retried after a short random pause, and the study's best is read again afterwards:
+    if another worker's trial has become the best in the meantime, the alias follows it.
+    """
+    from mlflow.exceptions import MlflowException
+
+    version = None
+    for attempt in range(attempts):
+        best = study.best_trial  # read from the storage each time
+        run_id = best.user_attrs.get("mlflow_run_id")
+        if not run_id:
+            return None, f"best trial {best.number} has no MLflow run"
+        run = client.get_run(run_id)
+        uri = run.data.tags.get("best_model_uri")
+        if not uri:
+            return None, f"best trial {best.number} logged no model"
+        decision = promotion(client, registered_model_name, run, config, promote)
+        if not decision.move:
+            return None, decision.reason
+        try:
+            version = model_version_of(client, registered_model_name, run_id)
+            if version is None:
+                import mlflow
+
+                mlflow.register_model(uri, registered_model_name)
+                version = model_version_of(client, registered_model_name, run_id)
+            client.set_registered_model_alias(registered_model_name, ALIAS, version)
+        except MlflowException as exc:
+            if attempt == attempts - 1:
+                raise
+            print(f"[sweep] setting the champion alias was refused ({str(exc).splitlines()[0][:160]}); retrying",
+                  flush=True)
+            time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
+            continue
+        if study.best_trial.number == best.number:
+            return str(version), ""
+    return (str(version), "") if version is not None else (None, "the champion alias could not be set")
+
+
+def model_version_of(client, registered_model_name: str, run_id: str) -> str | None:
+    """The lowest version of ``registered_model_name`` made from ``run_id``, if any."""
+    try:
+        versions = [int(mv.version) for mv in client.search_model_versions(f"name='{registered_model_name}'")
+                    if mv.run_id == run_id]
+    except Exception:  # noqa: BLE001 - the registered model may not exist yet
+        return None
+    return str(min(versions)) if versions else None
+
+
+def best_trial_record(run) -> tuple[dict[str, float], dict[str, str]]:
+    """The best trial's test metrics and verdict as the parent run shows them."""
+    metrics = {f"best_trial_{k}": float(v) for k, v in run.data.metrics.items()
+               if k in (TEST_LOSS, "base_test_tokenizer_loss", "test_loss_change", "test_loss_change_ci_low",
+                        "test_loss_change_ci_high")}
+    return metrics, {"best_trial_verdict": run.data.tags.get(VERDICT_TAG, "missing")}
