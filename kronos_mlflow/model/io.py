@@ -19,7 +19,6 @@ import torch
 
 from ..errors import CheckpointError, short_reason
 from ..fsutil import fsync_dir, fsync_file, read_json
-from .spec import validate_model_config
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -39,7 +38,7 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
     ``save_directory`` (created).
 
     The layout is the Hugging Face hub mixin's, so upstream ``KronosTokenizer.from_pretrained``
-    loads it. Each file is written to a temporary file in the same directory, flushed to disk,
+    (``Kronos.from_pretrained`` for the predictor) loads it. Each file is written to a temporary file in the same directory, flushed to disk,
     then renamed over the old one, so an interrupted save never leaves a half-written file.
     Returns the directory as a string.
     """
@@ -84,17 +83,19 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
 
 
 def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"):
-    """A ``cls`` model (the tokenizer class) from a checkpoint directory, or a hub id (``owner/name``) through the local HF cache.
+    """A ``cls`` model (the tokenizer or the predictor class) from a checkpoint directory, or a hub id (``owner/name``) through the local HF cache.
 
     Loading is strict (every tensor present, none extra, shapes as ``config.json`` implies,
-    float tensors floating-point and converted to float32, int buffers int64) and the config is
-    checked before anything is allocated. A hub id is resolved with
+    float tensors floating-point, finite and converted to float32, int buffers int64) and the
+    config is checked before anything is allocated, by ``cls.CONFIG_SCHEMA`` and
+    ``cls.validate_config``; ``cls.fixed_buffers(config)`` names the buffers whose values are
+    defined (they must hold them). A hub id is resolved with
     ``huggingface_hub.snapshot_download`` (which honours ``HF_HUB_OFFLINE``). Every failure is
     a one-line :class:`CheckpointError` naming the path. The model is returned in eval mode,
     as upstream's mixin returns it.
     """
     directory = _resolve_checkpoint_dir(path_or_hub_id)
-    config = _read_config(directory / CONFIG_NAME)
+    config = _read_config(directory / CONFIG_NAME, cls)
     weights_path = directory / WEIGHTS_NAME
     expected = _expected_tensors(cls, config)
     _check_weights_header(weights_path, expected)
@@ -111,15 +112,12 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
     for name, tensor in loaded.items():
         if tensor.is_floating_point():
             loaded[name] = tensor.to(torch.float32)
-    bsq_basis = {
-        "tokenizer.bsq.basis": 2 ** torch.arange(config["s1_bits"] + config["s2_bits"] - 1, -1, -1),
-        "tokenizer.bsq.group_basis": 2 ** torch.arange(config["group_size"] - 1, -1, -1),
-    }
-    for name, want in bsq_basis.items():
+    _check_finite(weights_path, loaded)
+    for name, (want, meaning) in cls.fixed_buffers(config).items():
         if not torch.equal(loaded[name], want):
             raise CheckpointError(
-                f"weights file '{weights_path}': buffer '{name}' does not hold the powers of two "
-                f"2^{want.numel() - 1} .. 2^0; the file is corrupt or from another model"
+                f"weights file '{weights_path}': buffer '{name}' does not hold {meaning}; "
+                "the file is corrupt or from another model"
             )
 
     model = cls(**config)
@@ -133,6 +131,29 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
 
 # --------------------------------------------------------------------------------------------
 
+
+
+def _check_finite(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Every float weight is finite: a NaN or inf weight (a diverged run's checkpoint, a damaged
+    file) would train to the end with NaN losses and no best model."""
+    bad = []
+    total = 0
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        if not tensor.is_floating_point():
+            continue
+        n = int((~torch.isfinite(tensor)).sum())
+        if n:
+            bad.append((name, n, tensor.numel()))
+            total += n
+    if bad:
+        name, n, size = bad[0]
+        more = f" and {len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"weights file '{path}': tensor '{name}' holds {n:,} of {size:,} values that are NaN or infinite"
+            f"{more} ({total:,} in all); expected finite weights: use the checkpoint of an earlier epoch or a "
+            "fresh model"
+        )
 
 
 def _temp_path(directory: Path, final_name: str) -> str:
@@ -194,17 +215,16 @@ def _require_files(directory: Path) -> None:
         )
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path, cls: type) -> dict[str, Any]:
+    expected = cls.CONFIG_SCHEMA.expected
     try:
         obj = read_json(path, what="config file", max_bytes=_MAX_CONFIG_BYTES,
-                        advice="expected a JSON object of the 16 tokenizer arguments", error=CheckpointError)
+                        advice=f"expected a JSON object of {expected}", error=CheckpointError)
     except FileNotFoundError as exc:
         raise CheckpointError(f"config file '{path}' cannot be read ({short_reason(exc)})") from None
     if not isinstance(obj, dict):
-        raise CheckpointError(
-            f"config file '{path}' holds a JSON {type(obj).__name__}; expected an object of the 16 tokenizer arguments"
-        )
-    return validate_model_config(obj, origin=f"config file '{path}'", error=CheckpointError)
+        raise CheckpointError(f"config file '{path}' holds a JSON {type(obj).__name__}; expected an object of {expected}")
+    return cls.validate_config(obj, origin=f"config file '{path}'", error=CheckpointError)
 
 
 def _expected_tensors(cls: type, config: Mapping[str, Any]) -> dict[str, tuple[list[int], torch.dtype]]:
