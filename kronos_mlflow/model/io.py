@@ -38,9 +38,9 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
     ``save_directory`` (created).
 
     The layout is the Hugging Face hub mixin's, so upstream ``KronosTokenizer.from_pretrained``
-    (``Kronos.from_pretrained`` for the predictor) loads it. Each file is written to a temporary file in the same directory, flushed to disk,
-    then renamed over the old one, so an interrupted save never leaves a half-written file.
-    Returns the directory as a string.
+    (``Kronos.from_pretrained`` for the predictor) loads it. Each file is written to a temporary
+    file in the same directory, flushed to disk, then renamed over the old one, so an
+    interrupted save never leaves a half-written file. Returns the directory as a string.
     """
     directory = Path(os.path.expanduser(os.fspath(save_directory)))
     if directory.exists() and not directory.is_dir():
@@ -83,7 +83,8 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
 
 
 def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"):
-    """A ``cls`` model (the tokenizer or the predictor class) from a checkpoint directory, or a hub id (``owner/name``) through the local HF cache.
+    """A ``cls`` model (the tokenizer or the predictor class) from a checkpoint directory, or a
+    hub id (``owner/name``) through the local HF cache.
 
     Loading is strict (every tensor present, none extra, shapes as ``config.json`` implies,
     float tensors floating-point, finite and converted to float32, int buffers int64) and the
@@ -127,6 +128,24 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
         raise CheckpointError(f"weights file '{weights_path}' does not fit config.json ({short_reason(exc)})") from None
     model.eval()
     return model.to(map_location)
+
+
+class HubCheckpoint:
+    """``save_pretrained`` / ``from_pretrained`` in the hub mixin's layout, for a model class that
+    has ``config`` (its constructor arguments), ``CONFIG_SCHEMA``, ``validate_config`` and
+    ``fixed_buffers``: upstream's method names, without the mixin's non-strict loading."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> str:
+        """Write ``config.json`` and ``model.safetensors`` into ``save_directory`` (created), in
+        the hub mixin's layout that upstream's ``from_pretrained`` loads; atomic (see
+        :func:`save_checkpoint`). Returns the directory."""
+        return save_checkpoint(self, save_directory)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"):
+        """Load a checkpoint directory or a hub id strictly, in eval mode (see
+        :func:`load_checkpoint`); failures are one-line CheckpointErrors."""
+        return load_checkpoint(cls, path_or_hub_id, map_location=map_location)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ for anything it cannot use. Nothing here unpickles: weights are read with safete
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .io import load_checkpoint, save_checkpoint
+from .io import HubCheckpoint
 from .spec import BASE_CONFIG, TOKENIZER_SCHEMA, validate_model_config
 
 
@@ -387,7 +386,7 @@ class BSQuantizer(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-class KronosTokenizer(nn.Module):
+class KronosTokenizer(HubCheckpoint, nn.Module):
     """The Kronos K-line tokenizer: (B, T, d_in) windows <-> (B, T) tokens of C bits.
 
     Takes the 16 arguments of the published class (all required; see ``BASE_CONFIG``), checked
@@ -544,17 +543,3 @@ class KronosTokenizer(nn.Module):
         ``encode(x, half=True)`` and concatenates the s1 bits then the s2 bits.
         """
         return self._decode_code(self.indices_to_bits(indices, half), self.post_quant_embed)
-
-    # ---- checkpoints ----
-    def save_pretrained(self, save_directory: str | os.PathLike) -> str:
-        """Write ``config.json`` and ``model.safetensors`` into ``save_directory`` (created), in
-        the hub mixin's layout that upstream ``KronosTokenizer.from_pretrained`` loads; atomic
-        (see :func:`kronos_mlflow.model.io.save_checkpoint`). Returns the directory."""
-        return save_checkpoint(self, save_directory)
-
-    @classmethod
-    def from_pretrained(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"
-                        ) -> "KronosTokenizer":
-        """Load a checkpoint directory or a hub id strictly, in eval mode (see
-        :func:`kronos_mlflow.model.io.load_checkpoint`); failures are one-line CheckpointErrors."""
-        return load_checkpoint(cls, path_or_hub_id, map_location=map_location)
