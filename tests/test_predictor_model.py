@@ -400,10 +400,10 @@ def test_cached_logits_equal_recomputing_the_window(cross_rope):
     s1, s2, stamp = tokens(b=2, t=14, seed=5)
     lookback = 6
     with torch.inference_mode():
-        decoder = IncrementalDecoder(model, rows=4, max_len=14, cross_rope=cross_rope)
+        decoder = IncrementalDecoder(model, series=2, repeats=2, lookback=lookback, max_new=8, cross_rope=cross_rope)
         for cur in range(lookback, 14):
             if cur == lookback:
-                got1, h = decoder.prefill(s1[:, :cur], s2[:, :cur], stamp[:, :cur], repeats=2)
+                got1, h = decoder.prefill(s1[:, :cur], s2[:, :cur], stamp[:, :cur])
             else:
                 got1, h = decoder.step(*(t[:, cur - 1:cur].repeat_interleave(2, 0) for t in (s1, s2, stamp)))
             want1, ctx = model.decode_s1(s1[:, :cur], s2[:, :cur], stamp[:, :cur])
@@ -447,7 +447,7 @@ def test_the_cache_never_rolls_while_the_window_fits(monkeypatch):
                         or Kronos.decode_s1(model, *a, **k))
     prefill, step = IncrementalDecoder.prefill, IncrementalDecoder.step
     monkeypatch.setattr(IncrementalDecoder, "prefill",
-                        lambda self, s1, *a, **k: calls["prefill_rows"].append(s1.shape[0]) or prefill(self, s1, *a, **k))
+                        lambda self, s1, *a: calls["prefill_rows"].append(s1.shape[0]) or prefill(self, s1, *a))
     monkeypatch.setattr(IncrementalDecoder, "step",
                         lambda self, *a, **k: calls.__setitem__("steps", calls["steps"] + 1) or step(self, *a, **k))
     s1, _ = generate_tokens(tokenizer, model, *_inputs(3, 12, 6), 18, 6, sample_count=5, top_k=1)

@@ -67,7 +67,7 @@ def generate_tokens(tokenizer, model, x, x_stamp, y_stamp, max_context, pred_len
         stamps = torch.cat([x_stamp, y_stamp], dim=1).repeat_interleave(sample_count, 0)
         decoder = None
         if use_cache and not model.training and lookback <= max_context:
-            decoder = IncrementalDecoder(model, rows, min(total, max_context), cross_rope)
+            decoder = IncrementalDecoder(model, n, sample_count, lookback, min(total, max_context) - lookback, cross_rope)
         steps = range(pred_len)
         if verbose:
             from tqdm import trange
@@ -77,7 +77,7 @@ def generate_tokens(tokenizer, model, x, x_stamp, y_stamp, max_context, pred_len
             cur = lookback + i  # tokens known; the window is the last <= max_context of them
             if decoder is not None and cur <= max_context:
                 if i == 0:
-                    s1_logits, h_last = decoder.prefill(s1_hist, s2_hist, x_stamp, repeats=sample_count)
+                    s1_logits, h_last = decoder.prefill(s1_hist, s2_hist, x_stamp)
                 else:
                     s1_logits, h_last = decoder.step(s1[:, cur - 1:cur], s2[:, cur - 1:cur], stamps[:, cur - 1:cur])
                 next_s1 = sample_from_logits(s1_logits, temperature=T, top_k=top_k, top_p=top_p)
