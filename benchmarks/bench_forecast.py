@@ -4,11 +4,13 @@
     python benchmarks/bench_forecast.py --upstream ~/src/Kronos           # + equality figures and upstream's timings
     python benchmarks/bench_forecast.py --upstream ~/src/Kronos --arch mini --series 4 --lookback 64 --pred-len 8 --repeats 1
     python benchmarks/bench_forecast.py --upstream ~/src/Kronos --json    # one JSON line
+    python benchmarks/bench_forecast.py --upstream ~/src/Kronos --predictor models/Kronos-small --tokenizer models/Kronos-Tokenizer-base
 
 ``--upstream`` is a checkout of https://github.com/shiyu-coder/Kronos (its ``model/`` package is
-imported from there; it needs ``einops``). Everything runs in one process, on random weights:
-the tokenizer in the published base architecture, the predictor in ``--arch``'s (mini, small,
-base), built by upstream's class from one seed and copied into ours.
+imported from there; it needs ``einops``). Everything runs in one process, by default on random
+weights: the tokenizer in the published base architecture, the predictor in ``--arch``'s (mini,
+small, base), built by upstream's class and ours from one seed; ``--predictor`` /
+``--tokenizer`` use checkpoint directories instead (loaded by ours, copied into upstream's).
 
 What it measures:
 
@@ -20,7 +22,8 @@ What it measures:
   rolls (lookback + pred_len > max_context);
 - forecast time: ``auto_regressive_inference`` of ``--series`` series x ``--sample-count`` paths,
   ``--lookback`` bars, ``--pred-len`` steps, ``--max-context``; upstream's and ours interleaved
-  over ``--repeats`` rounds, medians and their ratio;
+  over ``--repeats`` rounds, medians and their ratio; and how far ``cross_rope="positions"``
+  moves ours from upstream's forecast (share of generated tokens that differ);
 - training-step time: forward (s2 on a sampled s1, as upstream trains), ``(CE_s1 + CE_s2) / 2``,
   backward, ``clip_grad_norm_(3.0)``, AdamW step, on one batch of ``--train-batch`` windows of
   ``--train-window`` tokens; upstream's model with torch's default AdamW against ours with the
@@ -48,7 +51,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kronos_mlflow.model import BASE_CONFIG, PREDICTOR_CONFIGS, Kronos, KronosTokenizer  # noqa: E402
-from kronos_mlflow.model.forecast import auto_regressive_inference  # noqa: E402
+from kronos_mlflow.model.decoding import IncrementalDecoder  # noqa: E402
+from kronos_mlflow.model.forecast import auto_regressive_inference, decode_paths, generate_tokens  # noqa: E402
 
 
 def import_upstream(path: str):
@@ -64,22 +68,26 @@ def import_upstream(path: str):
     return kronos
 
 
-def build_models(upstream, arch: str, seed: int):
-    """(ours, theirs) for the tokenizer and the predictor, equal weights; theirs None without upstream."""
-    cfg = PREDICTOR_CONFIGS[f"Kronos-{arch}"]
-    torch.manual_seed(seed)
-    tokenizer = KronosTokenizer(**BASE_CONFIG)
-    torch.manual_seed(seed + 1)
-    model = Kronos(**cfg)
+def build_models(upstream, args):
+    """(ours, theirs) for the tokenizer and the predictor with equal weights (theirs None without
+    upstream), and whether one seed gave both classes the same fresh predictor weights."""
+    if args.tokenizer:
+        tokenizer = KronosTokenizer.from_pretrained(args.tokenizer)
+    else:
+        torch.manual_seed(args.seed)
+        tokenizer = KronosTokenizer(**BASE_CONFIG)
+    torch.manual_seed(args.seed + 1)
+    model = Kronos.from_pretrained(args.predictor) if args.predictor else Kronos(**PREDICTOR_CONFIGS[f"Kronos-{args.arch}"])
     if upstream is None:
         return (tokenizer.eval(), model.eval()), None, None
-    u_tokenizer = upstream.KronosTokenizer(**BASE_CONFIG)
+    u_tokenizer = upstream.KronosTokenizer(**tokenizer.config)
     u_tokenizer.load_state_dict(tokenizer.state_dict())
-    torch.manual_seed(seed + 1)
-    u_model = upstream.Kronos(**cfg)
+    torch.manual_seed(args.seed + 1)
+    u_model = upstream.Kronos(**model.config)
     ours, theirs = model.state_dict(), u_model.state_dict()
     same_init = list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    return (tokenizer.eval(), model.eval()), (u_tokenizer.eval(), u_model.eval()), same_init
+    u_model.load_state_dict(ours)  # a no-op for fresh weights; the checkpoint's otherwise
+    return (tokenizer.eval(), model.eval()), (u_tokenizer.eval(), u_model.eval()), None if args.predictor else same_init
 
 
 def random_batch(batch: int, length: int, s1_bits: int, s2_bits: int, seed: int):
@@ -186,6 +194,36 @@ def time_forecasts(upstream, ours, theirs, args) -> dict:
     return out
 
 
+def cross_rope_effect(ours, args) -> dict:
+    """How far ``cross_rope="positions"`` (the rotation training uses) moves ours from upstream's
+    (the default): the mean total-variation distance of the first step's s2 distributions (same
+    s1), the share of greedily generated tokens that differ, and the greedy forecast's worst
+    difference in normalised units."""
+    inputs = forecast_inputs(args.series, args.lookback, args.pred_len, args.seed + 3)
+    call = dict(max_context=args.max_context, pred_len=args.pred_len, clip=5, T=1.0, top_k=1, top_p=0.9,
+                sample_count=1, verbose=False)
+    paths, forecasts = {}, {}
+    for mode in ("upstream", "positions"):
+        torch.manual_seed(args.seed)
+        s1, s2 = generate_tokens(*ours, *inputs, cross_rope=mode, **call)
+        paths[mode] = (s1[:, -args.pred_len:], s2[:, -args.pred_len:])
+        forecasts[mode] = decode_paths(ours[0], s1, s2, args.max_context, 1)[:, 0, -args.pred_len:]
+    tokenizer, model = ours
+    with torch.inference_mode():  # the first step's s2 distribution given the same s1, both ways
+        s1_hist, s2_hist = tokenizer.encode(torch.clip(inputs[0], -5, 5), half=True)
+        probs = []
+        for mode in ("upstream", "positions"):
+            decoder = IncrementalDecoder(model, args.series, 1, args.lookback, 1, mode)
+            s1_logits, h_last = decoder.prefill(s1_hist, s2_hist, inputs[1])
+            probs.append(torch.softmax(decoder.s2_logits(h_last, s1_logits.argmax(-1, keepdim=True)), -1))
+    return {
+        "cross_rope_positions_s2_total_variation": float(0.5 * (probs[0] - probs[1]).abs().sum(-1).mean()),
+        "cross_rope_positions_s1_tokens_differ": float((paths["upstream"][0] != paths["positions"][0]).float().mean()),
+        "cross_rope_positions_s2_tokens_differ": float((paths["upstream"][1] != paths["positions"][1]).float().mean()),
+        "cross_rope_positions_forecast_max_abs_diff": max_diff(forecasts["upstream"], forecasts["positions"]),
+    }
+
+
 def train_step_fn(model, optimizer, batch, step_model=None):
     s1, s2, stamp = batch
     forward = step_model or model
@@ -246,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--upstream", metavar="PATH", help="a checkout of shiyu-coder/Kronos to compare with")
     p.add_argument("--arch", choices=("mini", "small", "base"), default="small", help="predictor architecture")
+    p.add_argument("--predictor", metavar="DIR", help="a predictor checkpoint instead of random weights")
+    p.add_argument("--tokenizer", metavar="DIR", help="a tokenizer checkpoint instead of random weights")
     p.add_argument("--series", type=int, default=32)
     p.add_argument("--lookback", type=int, default=400)
     p.add_argument("--pred-len", type=int, default=20)
@@ -270,17 +310,19 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     upstream = import_upstream(args.upstream) if args.upstream else None
-    ours, theirs, same_init = build_models(upstream, args.arch, args.seed)
+    ours, theirs, same_init = build_models(upstream, args)
     result: dict = {
-        "arch": f"Kronos-{args.arch}", "series": args.series, "lookback": args.lookback, "pred_len": args.pred_len,
+        "arch": args.predictor or f"Kronos-{args.arch}", "series": args.series, "lookback": args.lookback, "pred_len": args.pred_len,
         "sample_count": args.sample_count, "max_context": args.max_context, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "machine": platform.machine(),
     }
     if upstream is not None:
-        result["same_fresh_weights"] = same_init
+        if same_init is not None:
+            result["same_fresh_weights"] = same_init
         result.update(equality(upstream, ours, theirs, args))
     if not args.no_forecast:
         result.update(time_forecasts(upstream, ours, theirs, args))
+        result.update(cross_rope_effect(ours, args))
     if not args.no_train:
         result.update(time_train_steps(upstream, ours, theirs, args))
     if args.json:
