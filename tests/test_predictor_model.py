@@ -316,6 +316,12 @@ def test_eval_mode_cross_attention_sees_later_positions_training_mode_does_not()
             b1, b2 = model(*later, stamp, use_teacher_forcing=True, s1_targets=target)
             assert torch.allclose(a1[:, :7], b1[:, :7], atol=1e-6)  # the s1 branch is causal in both modes
             assert (not torch.allclose(a2[:, :7], b2[:, :7], atol=1e-6)) is leaks
+        model.dep_layer.cross_attn.causal = True  # the switch a causal validation uses
+        a2 = model(s1, s2, stamp, use_teacher_forcing=True, s1_targets=target)[1]
+        b2 = model(*later, stamp, use_teacher_forcing=True, s1_targets=target)[1]
+        assert torch.allclose(a2[:, :7], b2[:, :7], atol=1e-6)
+        model.train()
+        torch.testing.assert_close(model(s1, s2, stamp, use_teacher_forcing=True, s1_targets=target)[1], a2)
 
 
 def test_without_teacher_forcing_s2_is_conditioned_on_sampled_s1():

@@ -112,7 +112,12 @@ class MultiHeadCrossAttentionWithRoPE(MultiHeadAttentionWithRoPE):
       attends to later ones as well;
     - the rotary table is sized by the *query's* length (:meth:`RotaryPositionalEmbedding.forward`):
       with a one-position query (forecasting) every key gets position 0's rotation, the identity.
+
+    ``causal`` overrides the first: ``True`` makes eval mode causal too (a validation loss that
+    does not read the targets), ``False`` never causal; ``None`` (the default) is upstream's.
     """
+
+    causal: bool | None = None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,7 +125,8 @@ class MultiHeadCrossAttentionWithRoPE(MultiHeadAttentionWithRoPE):
         k = self.split_heads(self.k_proj(key))
         v = self.split_heads(self.v_proj(value))
         q, k = self.rotary(q, k)
-        return self.merge_heads(self.attend(q, k, v, causal=self.training, key_padding_mask=key_padding_mask))
+        causal = self.training if self.causal is None else self.causal
+        return self.merge_heads(self.attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask))
 
 
 class DependencyAwareLayer(nn.Module):
