@@ -226,7 +226,7 @@ def cross_rope_effect(ours, args) -> dict:
 
 def train_step_fn(model, optimizer, batch, step_model=None):
     s1, s2, stamp = batch
-    forward = step_model or model
+    forward = model if step_model is None else step_model
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-steps", type=int, default=3, help="timed steps per path per round")
     p.add_argument("--train-rounds", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="time our training step under torch.compile")
+    p.add_argument("--no-equality", action="store_true", help="skip the equality figures (timings only)")
     p.add_argument("--no-train", action="store_true", help="skip the training-step timing")
     p.add_argument("--no-forecast", action="store_true", help="skip the forecast timing")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
@@ -319,7 +320,8 @@ def main(argv=None) -> int:
     if upstream is not None:
         if same_init is not None:
             result["same_fresh_weights"] = same_init
-        result.update(equality(upstream, ours, theirs, args))
+        if not args.no_equality:
+            result.update(equality(upstream, ours, theirs, args))
     if not args.no_forecast:
         result.update(time_forecasts(upstream, ours, theirs, args))
         result.update(cross_rope_effect(ours, args))
