@@ -157,13 +157,16 @@ class RotaryPositionalEmbedding(nn.Module):
 
 def padding_attention_mask(key_padding_mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
     """Boolean SDPA mask ``(B, 1, q_len, k_len)``, True where a query may attend: keys not padded
-    (``key_padding_mask`` nonzero marks padding), at or before the query when ``causal``, and
-    always the query's own position."""
+    (``key_padding_mask`` nonzero marks padding), at or before the query when ``causal`` (aligned
+    top-left, as SDPA's ``is_causal``), and, when queries and keys are the same positions, always
+    the query's own (so a padded position's row is never empty)."""
     device = key_padding_mask.device
     keep = ~key_padding_mask.to(torch.bool)[:, None, None, :k_len]
     if causal:
         keep = keep & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
-    return keep | torch.eye(q_len, k_len, dtype=torch.bool, device=device)
+    if q_len == k_len:
+        keep = keep | torch.eye(q_len, dtype=torch.bool, device=device)
+    return keep
 
 
 class MultiHeadAttentionWithRoPE(nn.Module):
