@@ -27,8 +27,11 @@ What it measures:
 - training-step time: forward (s2 on a sampled s1, as upstream trains), ``(CE_s1 + CE_s2) / 2``,
   backward, ``clip_grad_norm_(3.0)``, AdamW step, on one batch of ``--train-batch`` windows of
   ``--train-window`` tokens; upstream's model with torch's default AdamW against ours with the
-  AdamW kernel training picks (``adamw_impl`` auto: fused where torch has it) and, with
-  ``--compile``, ``torch.compile``; interleaved over ``--train-rounds`` rounds, medians, ratio.
+  AdamW kernel and allocator setting training picks (``adamw_impl`` auto: fused where torch
+  has it; ``malloc_reuse`` auto: freed memory kept under glibc) and, with
+  ``--compile``, ``torch.compile`` (with inductor's ``fallback_random``, so its dropout masks and
+  sampled s1 are eager's draws: its logits and gradients are compared with upstream's too);
+  interleaved over ``--train-rounds`` rounds, medians, ratio.
 
 Nothing is downloaded and nothing is written.
 """
@@ -239,8 +242,21 @@ def train_step_fn(model, optimizer, batch, step_model=None):
     return step
 
 
+#: glibc raises its mmap / trim thresholds as large blocks are freed, up to these, and they cannot
+#: be reset once set; the upstream path runs with them there (see benchmarks/bench_train.py).
+GLIBC_ADAPTIVE_CEILING = (32 << 20, 64 << 20)
+
+
+def upstream_model(upstream, cfg: dict, like: torch.nn.Module):
+    """Upstream's predictor holding ``like``'s weights."""
+    model = upstream.Kronos(**cfg)
+    model.load_state_dict(like.state_dict())
+    return model
+
+
 def time_train_steps(upstream, ours, theirs, args) -> dict:
-    from kronos_mlflow.perf import adamw_kwargs, resolve_adamw
+    from kronos_mlflow.perf import (adamw_kwargs, configure_malloc, malloc_reuse_available, resolve_adamw,
+                                    set_malloc_thresholds)
 
     cfg = ours[1].config
     batch = random_batch(args.train_batch, args.train_window, cfg["s1_bits"], cfg["s2_bits"], args.seed + 4)
@@ -249,18 +265,31 @@ def time_train_steps(upstream, ours, theirs, args) -> dict:
     model.load_state_dict(ours[1].state_dict())
     model.train()
     impl = resolve_adamw("auto", torch.device("cpu"))
-    step_model = torch.compile(model) if args.compile else None
+    step_model = None
+    extra: dict = {}
+    if args.compile:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True  # eager's draws: upstream's dropout masks and sampled s1
+        step_model = torch.compile(model)
+        if upstream is not None:  # the compiled step's numbers against upstream's eager ones, one random state
+            a1, a2, ga = logits_and_grads(step_model, *batch, args.seed + 7, True)
+            b1, b2, gb = logits_and_grads(upstream_model(upstream, cfg, model), *batch, args.seed + 7, True)
+            extra = {"compiled_logits_train_max_abs_diff": max(max_diff(a1, b1), max_diff(a2, b2)),
+                     "compiled_grads_train_max_abs_diff": max(max_diff(x, y) for x, y in zip(ga, gb))}
+            model.train()
     steps = {"ours": train_step_fn(model, torch.optim.AdamW(model.parameters(), **hyper, **adamw_kwargs(impl)),
                                    batch, step_model)}
     if upstream is not None:
-        u_model = upstream.Kronos(**cfg)
-        u_model.load_state_dict(ours[1].state_dict())
-        u_model.train()
+        u_model = upstream_model(upstream, cfg, ours[1]).train()
         steps["upstream"] = train_step_fn(u_model, torch.optim.AdamW(u_model.parameters(), **hyper), batch)
     times: dict[str, list[float]] = {name: [] for name in steps}
+    reuse = malloc_reuse_available()
     for r in range(args.train_rounds):
         names = list(steps) if r % 2 == 0 else list(reversed(steps))
         for name in names:
+            if reuse:  # ours: training's malloc_reuse (auto); upstream: glibc's adaptive thresholds at their ceiling
+                configure_malloc("auto") if name == "ours" else set_malloc_thresholds(*GLIBC_ADAPTIVE_CEILING)
             steps[name]()  # untimed: switching models evicts caches
             for _ in range(args.train_steps):
                 t0 = time.perf_counter()
@@ -269,7 +298,7 @@ def time_train_steps(upstream, ours, theirs, args) -> dict:
         print(f"  train round {r + 1}/{args.train_rounds}: " + ", ".join(
             f"{n} {statistics.median(t):.3f} s" for n, t in times.items()), file=sys.stderr)
     out = {"train_step_ours_s": statistics.median(times["ours"]), "train_adamw_ours": impl,
-           "train_compiled_ours": bool(args.compile)}
+           "train_malloc_reuse_ours": reuse, "train_compiled_ours": bool(args.compile), **extra}
     if upstream is not None:
         out["train_step_upstream_s"] = statistics.median(times["upstream"])
         out["train_step_speedup"] = out["train_step_upstream_s"] / out["train_step_ours_s"]
