@@ -1,8 +1,14 @@
-"""The Kronos tokenizer: ``network`` (the modules, bit for bit upstream's), ``spec`` (the
-hyper-parameters and their checks, no torch) and ``io`` (the checkpoint directory).
+"""The two Kronos models: the K-line tokenizer and the predictor, and forecasting with them.
 
-``from kronos_mlflow.model import KronosTokenizer`` is the public name. The torch-backed names
-load on first use, so code that only checks a config (``spec``) never imports torch.
+- ``network``: the tokenizer, bit for bit upstream's, and the Transformer blocks both models use;
+- ``kronos``: the predictor (``Kronos``), bit for bit upstream's;
+- ``decoding``, ``sampling``, ``forecast``: the forecasting loop (a key/value cache, upstream's
+  sampling, ``auto_regressive_inference``); ``predictor``: ``KronosPredictor`` (DataFrames);
+- ``spec``: the hyper-parameters and their checks (no torch); ``io``: the checkpoint directory.
+
+``from kronos_mlflow.model import Kronos, KronosTokenizer, KronosPredictor`` are upstream's names.
+The torch-backed names load on first use, so code that only checks a config (``spec``) never
+imports torch.
 """
 
 from __future__ import annotations
@@ -10,17 +16,36 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .spec import BASE_CONFIG, CONFIG_KEYS, MAX_PARAMETERS, count_parameters, validate_model_config
+from .spec import (
+    BASE_CONFIG,
+    CONFIG_KEYS,
+    MAX_PARAMETERS,
+    PREDICTOR_CONFIGS,
+    PREDICTOR_KEYS,
+    count_parameters,
+    count_predictor_parameters,
+    validate_model_config,
+    validate_predictor_config,
+)
 
 _LAZY = {
     "KronosTokenizer": "network", "BSQuantizer": "network", "BinarySphericalQuantizer": "network",
     "TransformerBlock": "network", "MultiHeadAttentionWithRoPE": "network",
     "RotaryPositionalEmbedding": "network", "RMSNorm": "network", "FeedForward": "network",
     "bits_to_indices": "network", "indices_to_bits": "network",
+    "Kronos": "kronos", "HierarchicalEmbedding": "kronos", "TemporalEmbedding": "kronos",
+    "DependencyAwareLayer": "kronos", "MultiHeadCrossAttentionWithRoPE": "kronos", "DualHead": "kronos",
+    "KronosPredictor": "predictor", "calc_time_stamps": "predictor",
+    "auto_regressive_inference": "forecast", "generate_tokens": "forecast",
+    "sample_from_logits": "sampling", "top_k_top_p_filtering": "sampling",
+    "KVCache": "decoding", "IncrementalDecoder": "decoding",
     "CONFIG_NAME": "io", "WEIGHTS_NAME": "io", "save_checkpoint": "io", "load_checkpoint": "io",
 }
 
-__all__ = ["BASE_CONFIG", "CONFIG_KEYS", "MAX_PARAMETERS", "count_parameters", "validate_model_config", *_LAZY]
+__all__ = [
+    "BASE_CONFIG", "CONFIG_KEYS", "MAX_PARAMETERS", "PREDICTOR_CONFIGS", "PREDICTOR_KEYS", "count_parameters",
+    "count_predictor_parameters", "validate_model_config", "validate_predictor_config", *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,6 @@ import torch
 
 from ..errors import CheckpointError, short_reason
 from ..fsutil import fsync_dir, fsync_file, read_json
-from .spec import validate_model_config
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -39,9 +38,9 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
     ``save_directory`` (created).
 
     The layout is the Hugging Face hub mixin's, so upstream ``KronosTokenizer.from_pretrained``
-    loads it. Each file is written to a temporary file in the same directory, flushed to disk,
-    then renamed over the old one, so an interrupted save never leaves a half-written file.
-    Returns the directory as a string.
+    (``Kronos.from_pretrained`` for the predictor) loads it. Each file is written to a temporary
+    file in the same directory, flushed to disk, then renamed over the old one, so an
+    interrupted save never leaves a half-written file. Returns the directory as a string.
     """
     directory = Path(os.path.expanduser(os.fspath(save_directory)))
     if directory.exists() and not directory.is_dir():
@@ -84,17 +83,20 @@ def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -
 
 
 def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"):
-    """A ``cls`` model (the tokenizer class) from a checkpoint directory, or a hub id (``owner/name``) through the local HF cache.
+    """A ``cls`` model (the tokenizer or the predictor class) from a checkpoint directory, or a
+    hub id (``owner/name``) through the local HF cache.
 
     Loading is strict (every tensor present, none extra, shapes as ``config.json`` implies,
-    float tensors floating-point and converted to float32, int buffers int64) and the config is
-    checked before anything is allocated. A hub id is resolved with
+    float tensors floating-point, finite and converted to float32, int buffers int64) and the
+    config is checked before anything is allocated, by ``cls.CONFIG_SCHEMA`` and
+    ``cls.validate_config``; ``cls.fixed_buffers(config)`` names the buffers whose values are
+    defined (they must hold them). A hub id is resolved with
     ``huggingface_hub.snapshot_download`` (which honours ``HF_HUB_OFFLINE``). Every failure is
     a one-line :class:`CheckpointError` naming the path. The model is returned in eval mode,
     as upstream's mixin returns it.
     """
     directory = _resolve_checkpoint_dir(path_or_hub_id)
-    config = _read_config(directory / CONFIG_NAME)
+    config = _read_config(directory / CONFIG_NAME, cls)
     weights_path = directory / WEIGHTS_NAME
     expected = _expected_tensors(cls, config)
     _check_weights_header(weights_path, expected)
@@ -112,15 +114,11 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
         if tensor.is_floating_point():
             loaded[name] = tensor.to(torch.float32)
     check_finite(weights_path, loaded)
-    bsq_basis = {
-        "tokenizer.bsq.basis": 2 ** torch.arange(config["s1_bits"] + config["s2_bits"] - 1, -1, -1),
-        "tokenizer.bsq.group_basis": 2 ** torch.arange(config["group_size"] - 1, -1, -1),
-    }
-    for name, want in bsq_basis.items():
+    for name, (want, meaning) in cls.fixed_buffers(config).items():
         if not torch.equal(loaded[name], want):
             raise CheckpointError(
-                f"weights file '{weights_path}': buffer '{name}' does not hold the powers of two "
-                f"2^{want.numel() - 1} .. 2^0; the file is corrupt or from another model"
+                f"weights file '{weights_path}': buffer '{name}' does not hold {meaning}; "
+                "the file is corrupt or from another model"
             )
 
     model = cls(**config)
@@ -130,6 +128,24 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
         raise CheckpointError(f"weights file '{weights_path}' does not fit config.json ({short_reason(exc)})") from None
     model.eval()
     return model.to(map_location)
+
+
+class HubCheckpoint:
+    """``save_pretrained`` / ``from_pretrained`` in the hub mixin's layout, for a model class that
+    has ``config`` (its constructor arguments), ``CONFIG_SCHEMA``, ``validate_config`` and
+    ``fixed_buffers``: upstream's method names, without the mixin's non-strict loading."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> str:
+        """Write ``config.json`` and ``model.safetensors`` into ``save_directory`` (created), in
+        the hub mixin's layout that upstream's ``from_pretrained`` loads; atomic (see
+        :func:`save_checkpoint`). Returns the directory."""
+        return save_checkpoint(self, save_directory)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"):
+        """Load a checkpoint directory or a hub id strictly, in eval mode (see
+        :func:`load_checkpoint`); failures are one-line CheckpointErrors."""
+        return load_checkpoint(cls, path_or_hub_id, map_location=map_location)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,17 +235,16 @@ def _require_files(directory: Path) -> None:
         )
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path, cls: type) -> dict[str, Any]:
+    expected = cls.CONFIG_SCHEMA.expected
     try:
         obj = read_json(path, what="config file", max_bytes=_MAX_CONFIG_BYTES,
-                        advice="expected a JSON object of the 16 tokenizer arguments", error=CheckpointError)
+                        advice=f"expected a JSON object of {expected}", error=CheckpointError)
     except FileNotFoundError as exc:
         raise CheckpointError(f"config file '{path}' cannot be read ({short_reason(exc)})") from None
     if not isinstance(obj, dict):
-        raise CheckpointError(
-            f"config file '{path}' holds a JSON {type(obj).__name__}; expected an object of the 16 tokenizer arguments"
-        )
-    return validate_model_config(obj, origin=f"config file '{path}'", error=CheckpointError)
+        raise CheckpointError(f"config file '{path}' holds a JSON {type(obj).__name__}; expected an object of {expected}")
+    return cls.validate_config(obj, origin=f"config file '{path}'", error=CheckpointError)
 
 
 def _expected_tensors(cls: type, config: Mapping[str, Any]) -> dict[str, tuple[list[int], torch.dtype]]:

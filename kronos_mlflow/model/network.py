@@ -1,4 +1,4 @@
-"""The Kronos K-line tokenizer, bit for bit.
+"""The Kronos K-line tokenizer, bit for bit, and the Transformer blocks the predictor shares.
 
 ``KronosTokenizer`` computes what the published Kronos tokenizer (shiyu-coder/Kronos,
 ``model/kronos.py`` + ``model/module.py``) computes, with the same module names so that its
@@ -23,7 +23,6 @@ for anything it cannot use. Nothing here unpickles: weights are read with safete
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -32,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .io import load_checkpoint, save_checkpoint
-from .spec import BASE_CONFIG, validate_model_config
+from .io import HubCheckpoint
+from .spec import BASE_CONFIG, TOKENIZER_SCHEMA, validate_model_config
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,8 +141,32 @@ class RotaryPositionalEmbedding(nn.Module):
         return torch.cat((-x2, x1), dim=-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate head-major q and k at positions 0 .. Lq-1, Lq being the *query's* length (as
+        upstream): in a cross-attention whose query is one position, every key gets position 0's
+        rotation, the identity (see docs/predictor.md, "the RoPE cache length")."""
         cos, sin = self.cos_sin(q.shape[-2], q.device)
         return q * cos + self.rotate_half(q) * sin, k * cos + self.rotate_half(k) * sin
+
+    def rotate_at(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate a head-major ``(B, H, n, dim)`` tensor at positions ``start .. start+n-1``, read
+        from the table of ``start + n`` positions: the rows a window of that length gets from
+        :meth:`forward`, so one new position rotates exactly as it would in the whole window."""
+        cos, sin = self.cos_sin(start + x.shape[-2], x.device)
+        return x * cos[..., start:, :] + self.rotate_half(x) * sin[..., start:, :]
+
+
+def padding_attention_mask(key_padding_mask: torch.Tensor, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
+    """Boolean SDPA mask ``(B, 1, q_len, k_len)``, True where a query may attend: keys not padded
+    (``key_padding_mask`` nonzero marks padding), at or before the query when ``causal`` (aligned
+    top-left, as SDPA's ``is_causal``), and, when queries and keys are the same positions, always
+    the query's own (so a padded position's row is never empty)."""
+    device = key_padding_mask.device
+    keep = ~key_padding_mask.to(torch.bool)[:, None, None, :k_len]
+    if causal:
+        keep = keep & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+    if q_len == k_len:
+        keep = keep | torch.eye(q_len, dtype=torch.bool, device=device)
+    return keep
 
 
 class MultiHeadAttentionWithRoPE(nn.Module):
@@ -171,19 +194,41 @@ class MultiHeadAttentionWithRoPE(nn.Module):
     #: ``KronosTokenizer.set_fused``.
     fused: bool = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return self._forward_fused(x)
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, d_model)`` -> head-major ``(B, H, T, head_dim)`` (a view)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rotary(q, k)
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_dropout_p if self.training else 0.0, is_causal=True
-        )
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """Head-major attention output back to ``(B, T, d_model)``, then ``out_proj`` and dropout."""
+        b, _, t, _ = out.shape
         out = out.transpose(1, 2).contiguous().view(b, t, self.d_model)
         return self.resid_dropout(self.out_proj(out))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Scaled dot-product attention of head-major tensors, with this layer's dropout in training.
+
+        ``key_padding_mask`` (B, Tk), nonzero at padded positions (upstream's convention, see
+        ``DualHead.compute_loss``), keeps every query off the padded keys; a position always sees
+        itself, so no row is empty. (Upstream hands that mask to SDPA together with
+        ``is_causal=True``, which SDPA refuses.)"""
+        mask = None
+        if key_padding_mask is not None:
+            mask = padding_attention_mask(key_padding_mask, q.shape[-2], k.shape[-2], causal)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.attn_dropout_p if self.training else 0.0,
+            is_causal=causal and mask is None,
+        )
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused and key_padding_mask is None:
+            return self._forward_fused(x)
+        q = self.split_heads(self.q_proj(x))
+        k = self.split_heads(self.k_proj(x))
+        v = self.split_heads(self.v_proj(x))
+        q, k = self.rotary(q, k)
+        return self.merge_heads(self.attend(q, k, v, causal=True, key_padding_mask=key_padding_mask))
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -213,8 +258,8 @@ class TransformerBlock(nn.Module):
         self.norm2 = RMSNorm(d_model)
         self.ffn = FeedForward(d_model, ff_dim, ffn_dropout_p)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.norm1(x), key_padding_mask=key_padding_mask)
         return x + self.ffn(self.norm2(x))
 
 
@@ -344,7 +389,7 @@ class BSQuantizer(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-class KronosTokenizer(nn.Module):
+class KronosTokenizer(HubCheckpoint, nn.Module):
     """The Kronos K-line tokenizer: (B, T, d_in) windows <-> (B, T) tokens of C bits.
 
     Takes the 16 arguments of the published class (all required; see ``BASE_CONFIG``), checked
@@ -396,6 +441,19 @@ class KronosTokenizer(nn.Module):
         self.tokenizer = BSQuantizer(self.s1_bits, self.s2_bits, cfg["beta"], cfg["gamma0"], cfg["gamma"],
                                      cfg["zeta"], cfg["group_size"])
         self._fused = False
+
+    #: What ``config.json`` holds, and its check (used by :func:`~kronos_mlflow.model.io.load_checkpoint`).
+    CONFIG_SCHEMA = TOKENIZER_SCHEMA
+    validate_config = staticmethod(validate_model_config)
+
+    @staticmethod
+    def fixed_buffers(config: dict[str, Any]) -> dict[str, tuple[torch.Tensor, str]]:
+        """The buffers a checkpoint must hold with these values: the quantizer's powers of two."""
+        out = {}
+        for name, n in (("tokenizer.bsq.basis", config["s1_bits"] + config["s2_bits"]),
+                        ("tokenizer.bsq.group_basis", config["group_size"])):
+            out[name] = (2 ** torch.arange(n - 1, -1, -1), f"the powers of two 2^{n - 1} .. 2^0")
+        return out
 
     @classmethod
     def base(cls) -> "KronosTokenizer":
@@ -488,17 +546,3 @@ class KronosTokenizer(nn.Module):
         ``encode(x, half=True)`` and concatenates the s1 bits then the s2 bits.
         """
         return self._decode_code(self.indices_to_bits(indices, half), self.post_quant_embed)
-
-    # ---- checkpoints ----
-    def save_pretrained(self, save_directory: str | os.PathLike) -> str:
-        """Write ``config.json`` and ``model.safetensors`` into ``save_directory`` (created), in
-        the hub mixin's layout that upstream ``KronosTokenizer.from_pretrained`` loads; atomic
-        (see :func:`kronos_mlflow.model.io.save_checkpoint`). Returns the directory."""
-        return save_checkpoint(self, save_directory)
-
-    @classmethod
-    def from_pretrained(cls, path_or_hub_id: str | os.PathLike, *, map_location: str | torch.device = "cpu"
-                        ) -> "KronosTokenizer":
-        """Load a checkpoint directory or a hub id strictly, in eval mode (see
-        :func:`kronos_mlflow.model.io.load_checkpoint`); failures are one-line CheckpointErrors."""
-        return load_checkpoint(cls, path_or_hub_id, map_location=map_location)
