@@ -55,6 +55,8 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "membership_gaps": ("split", "Index membership spans of one symbol: split (a window never crosses the gap between "
                                  "two spans) or join (the spans' bars form one series, as upstream)."),
     # ---- training (upstream names and defaults) ----
+    "stage": ("tokenizer", "What the run fine-tunes: tokenizer (stage one) or predictor (stage two: the Kronos "
+                           "predictor on the frozen tokens of finetuned_tokenizer_path)."),
     "epochs": (30, "Training epochs."),
     "log_interval": (100, "Optimizer steps between console summaries."),
     "batch_size": (50, "Windows per optimizer step, per process."),
@@ -72,10 +74,21 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "adam_weight_decay": (0.1, "AdamW weight decay."),
     "weight_decay_scope": ("all", "Parameters weight decay applies to: all (upstream) or matrices (2-D weights only)."),
     "grad_clip_norm": (2.0, "Gradients are clipped to this global norm before each step."),
+    "predictor_learning_rate": (4e-5, "Predictor stage: peak learning rate of the one-cycle schedule."),
+    "predictor_grad_clip_norm": (3.0, "Predictor stage: gradients are clipped to this global norm (upstream's 3.0)."),
+    "predictor_validation": ("causal", "Predictor stage: causal (the s2 head never reads later positions, as in "
+                                       "training) or upstream (eval-mode cross-attention reads them: upstream's "
+                                       "optimistic validation loss, for exact replication)."),
     "seed": (100, "Random seed; each rank adds its rank."),
     "save_path": ("./outputs/models", "Root of the output directories."),
     "tokenizer_save_folder_name": ("finetune_tokenizer_demo", "Run folder under save_path."),
     "pretrained_tokenizer_path": ("", "Checkpoint directory or hub id; empty = fresh weights, base architecture."),
+    "predictor_save_folder_name": ("finetune_predictor_demo", "Predictor stage: run folder under save_path."),
+    "pretrained_predictor_path": ("", "Predictor stage: checkpoint directory or hub id (e.g. NeoQuasar/Kronos-small); "
+                                      "empty = fresh weights, Kronos-mini's dropouts at the config's sizes."),
+    "finetuned_tokenizer_path": ("", "Predictor stage: the frozen tokenizer: a checkpoint directory, "
+                                     "runs:/<id>/best_model, models:/NAME@ALIAS or a hub id; empty = "
+                                     "pretrained_tokenizer_path, else fresh tokenizer weights from the seed."),
     "device": ("auto", "auto (CUDA when present, else CPU), cpu, or cuda."),
     # ---- speed (none of these changes the numbers beyond float rounding, except precision bf16) ----
     "num_threads": (0, "Intra-op CPU threads per process; 0 = the CPUs this process may use / processes per node."),
@@ -93,6 +106,7 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "ff_dim": (512, "Fresh model: feed-forward size."),
     "n_enc_layers": (4, "Fresh model: encoder depth (n-1 blocks, as upstream)."),
     "n_dec_layers": (4, "Fresh model: decoder depth (n-1 blocks, as upstream)."),
+    "n_layers": (4, "Fresh predictor: transformer blocks (it shares d_model, n_heads and ff_dim)."),
     "s1_bits": (10, "Fresh model: coarse code bits."),
     "s2_bits": (10, "Fresh model: fine code bits."),
     # ---- tracking ----
@@ -122,7 +136,33 @@ ALIASES: dict[str, str] = {
     "learning_rate": "tokenizer_learning_rate",
     "lr": "tokenizer_learning_rate",
     "weight_decay": "adam_weight_decay",
+    "tokenizer": "finetuned_tokenizer_path",
 }
+STAGES = ("tokenizer", "predictor")
+#: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
+#: run's directory and training state do not depend on them.
+PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
+                       "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
+                       "n_layers")
+#: The predictor entry point's own MLproject parameters (besides main's).
+PREDICTOR_MLPROJECT_PARAMS = ("tokenizer", "pretrained_predictor_path")
+#: The keys whose meaning is per stage: each stage's own learning rate, run folder, gradient
+#: clipping and starting checkpoint (upstream's names).
+STAGE_KEYS: dict[str, dict[str, str]] = {
+    "tokenizer": {"learning_rate": "tokenizer_learning_rate", "save_folder": "tokenizer_save_folder_name",
+                  "grad_clip": "grad_clip_norm", "pretrained": "pretrained_tokenizer_path"},
+    "predictor": {"learning_rate": "predictor_learning_rate", "save_folder": "predictor_save_folder_name",
+                  "grad_clip": "predictor_grad_clip_norm", "pretrained": "pretrained_predictor_path"},
+}
+#: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
+#: ``predictor_learning_rate``).
+STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
+
+
+def stage_key(config: Mapping[str, Any], role: str) -> str:
+    """The config key that plays ``role`` (learning_rate, save_folder, grad_clip, pretrained)
+    in the config's stage."""
+    return STAGE_KEYS[str(config.get("stage", "tokenizer"))][role]
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 DATE_KEYS = ("dataset_begin_time", "dataset_end_time")
@@ -140,12 +180,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
     "resume": ("auto", "never", "must"),
     "system_metrics": ("on", "off"),
+    "stage": STAGES,
+    "predictor_validation": ("causal", "upstream"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
     "accumulation_steps", "lookback_window", "predict_window", "max_context", "clip",
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
+    "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter")
@@ -159,10 +202,11 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "max_context": 1_000_000, "n_train_iter": 10**12, "n_val_iter": 10**12, "log_interval": 10**12,
         "num_workers": 256, "nproc_per_node": 256, "seed": SEED_MAX,
         "tokenizer_learning_rate": 1.0, "adam_weight_decay": 1e6, "clip": 1e30, "grad_clip_norm": 1e30,
-        "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12}
+        "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12,
+        "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256}
 _MIN = {"system_metrics_interval_s": 0.1}
 # Names that become one folder or file inside a parent directory.
-_CHILD_NAMES = {"tokenizer_save_folder_name": "save_path"}
+_CHILD_NAMES = {"tokenizer_save_folder_name": "save_path", "predictor_save_folder_name": "save_path"}
 # Paths that must be directories (or creatable as one); empty means "not used" where allowed.
 DIRECTORY_KEYS = ("save_path", "dataset_path", "comet_offline_directory")
 
@@ -171,9 +215,12 @@ _SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secr
 _SECRET_PAIRS = re.compile(r"(api|access|private|secret)[_-]?key", re.IGNORECASE)
 
 
-def canonical_key(name: str) -> str:
-    """Map a flag or parameter name (dashes or underscores, alias or key) onto a config key."""
+def canonical_key(name: str, stage: str = "tokenizer") -> str:
+    """Map a flag or parameter name (dashes or underscores, alias or key) onto a config key;
+    ``learning_rate`` names the learning rate of ``stage``."""
     key = name.strip().lstrip("-").replace("-", "_").lower()
+    if key in STAGE_ALIASES and stage in STAGE_KEYS:
+        return STAGE_KEYS[stage][STAGE_ALIASES[key]]
     return ALIASES.get(key, key)
 
 
@@ -396,9 +443,14 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
         sources.append(read_mapping(path, "config file", "must hold a mapping of key: value"))
     if overrides:
         sources.append(overrides)
+    stage = "tokenizer"
+    for source in sources:  # the stage decides what learning_rate names: read it first
+        for name, value in source.items():
+            if canonical_key(str(name)) == "stage":
+                stage = str(value).strip()
     for source in sources:
         for name, value in source.items():
-            merged[canonical_key(str(name))] = value
+            merged[canonical_key(str(name), stage)] = value
     return check_paths(validate(merged))
 
 
@@ -435,8 +487,11 @@ def model_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """What a run records as params: the MLproject names, then the whole resolved config."""
+    """What a run records as params: the MLproject names (``learning_rate`` the stage's own),
+    then the whole resolved config."""
     flat = flatten(config)
-    params = {name: flat[key] for name, key in MLPROJECT_PARAMS.items()}
+    stage = str(config.get("stage", "tokenizer"))
+    names = list(MLPROJECT_PARAMS) + (list(PREDICTOR_MLPROJECT_PARAMS) if stage == "predictor" else [])
+    params = {name: flat[canonical_key(name, stage)] for name in names}
     params.update(flat)
     return params

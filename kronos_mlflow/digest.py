@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .config import is_secret_key
+from .config import PREDICTOR_ONLY_KEYS, is_secret_key
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
 
@@ -28,7 +28,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     "comet", "comet_project_name", "comet_workspace", "comet_offline_directory", "comet_tag", "comet_name",
     "system_metrics", "system_metrics_interval_s",
     # console and locations (the save directory itself is where the state lives)
-    "log_interval", "save_path", "tokenizer_save_folder_name", "dataset_path",
+    "log_interval", "save_path", "tokenizer_save_folder_name", "predictor_save_folder_name", "dataset_path",
     # speed only: the epoch order is a pure function of (seed, epoch), whatever the workers
     "num_workers", "num_threads", "compile", "adamw_impl", "fused_layers", "malloc_reuse", "device",
     # recorded from the launcher; the real process count is passed as world_size
@@ -45,8 +45,10 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
     """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
     credential-looking keys removed, ``world_size`` added when given. JSON types only."""
     out: dict[str, Any] = {}
+    # A tokenizer run's digest leaves the predictor's keys out: the same as before they existed.
+    other_stage = PREDICTOR_ONLY_KEYS if config.get("stage", "tokenizer") == "tokenizer" else ()
     for key in sorted(config):
-        if key in RESULT_NEUTRAL_KEYS or is_secret_key(str(key)):
+        if key in RESULT_NEUTRAL_KEYS or key in other_stage or is_secret_key(str(key)):
             continue
         out[str(key)] = _plain(config[key])
     if world_size is not None:

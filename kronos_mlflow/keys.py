@@ -11,6 +11,17 @@ TRAIN_RECON = "train_recon_loss_each_batch"
 LEARNING_RATE = "tokenizer_learning_rate"
 STEP_METRICS = (TRAIN_LOSS, TRAIN_BSQ_LOSS, TRAIN_RECON_PRE, TRAIN_RECON, LEARNING_RATE)
 
+# The predictor stage's, upstream's Comet names (train_predictor.py), and its validation metrics.
+PREDICTOR_TRAIN_LOSS = "train_predictor_loss_batch"
+PREDICTOR_TRAIN_S1 = "train_S1_loss_each_batch"
+PREDICTOR_TRAIN_S2 = "train_S2_loss_each_batch"
+PREDICTOR_LEARNING_RATE = "predictor_learning_rate"
+PREDICTOR_VAL_METRIC = "val_predictor_loss_epoch"
+PREDICTOR_INITIAL_VAL_METRIC = "val_predictor_loss_initial"
+PREDICTOR_VAL_METRICS = ("val_s1_accuracy", "val_s2_accuracy", "val_s1_perplexity", "val_s2_perplexity")
+TOKENIZER_URI_TAG = "tokenizer_uri"
+TOKENIZER_RUN_TAG = "tokenizer_run_id"
+
 # Per epoch (step = epoch index), before training (step 0), and at the end.
 VAL_METRIC = "val_tokenizer_loss_epoch"
 INITIAL_VAL_METRIC = "val_tokenizer_loss_initial"

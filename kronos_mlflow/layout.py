@@ -10,6 +10,7 @@ run's best checkpoint is never overwritten.
     checkpoints/best_model/   the best epoch's checkpoint (config.json + model.safetensors)
     checkpoints/last/         the training state a killed run resumes from
     checkpoints/start/        the starting weights (written when the run starts; the test verdict's base)
+    checkpoints/tokenizer/    a predictor run's frozen tokenizer (written when the run starts)
     mlflow-spool/             what MLflow could not send during a tracking-server outage
     plots/                    reconstruction.png, token_usage.png
     summary.json              the result, config and run id
@@ -44,8 +45,11 @@ class RunLayout:
 
     @staticmethod
     def folder(config: Mapping[str, Any]) -> Path:
-        """``{save_path}/{tokenizer_save_folder_name}``: every run of this name, one directory each."""
-        return Path(os.path.expanduser(str(config["save_path"]))) / str(config["tokenizer_save_folder_name"])
+        """``{save_path}/{tokenizer_save_folder_name}`` (a predictor run:
+        ``predictor_save_folder_name``): every run of this name, one directory each."""
+        from .config import stage_key
+
+        return Path(os.path.expanduser(str(config["save_path"]))) / str(config[stage_key(config, "save_folder")])
 
     @property
     def checkpoints(self) -> Path:
@@ -58,6 +62,10 @@ class RunLayout:
     @property
     def start_model(self) -> Path:
         return self.checkpoints / "start"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.checkpoints / "tokenizer"
 
     @property
     def training_state(self) -> Path:

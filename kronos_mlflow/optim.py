@@ -1,4 +1,5 @@
-"""The optimizer and its schedule, as upstream's ``train_tokenizer.py`` builds them."""
+"""The optimizer and its schedule, as upstream's ``train_tokenizer.py`` and ``train_predictor.py`` build
+them (each stage with its own learning rate)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .config import stage_key
 from .perf import adamw_kwargs, resolve_adamw
 
 
@@ -34,7 +36,7 @@ def build_optimizer(model, config: Mapping[str, Any], log: Callable[[str], None]
         log(f"AdamW ({impl}) groups: {sizes}")
     return torch.optim.AdamW(
         groups,
-        lr=config["tokenizer_learning_rate"],
+        lr=config[stage_key(config, "learning_rate")],
         betas=(config["adam_beta1"], config["adam_beta2"]),
         weight_decay=wd,
         **adamw_kwargs(impl),
@@ -45,7 +47,7 @@ def build_scheduler(optimizer, config: Mapping[str, Any], steps_per_epoch: int):
     """Upstream's one-cycle schedule: 3% warm-up from lr/10 to lr, then cosine annealing."""
     return torch.optim.lr_scheduler.OneCycleLR(
         optimizer=optimizer,
-        max_lr=config["tokenizer_learning_rate"],
+        max_lr=config[stage_key(config, "learning_rate")],
         steps_per_epoch=steps_per_epoch,
         epochs=config["epochs"],
         pct_start=0.03,

@@ -68,6 +68,10 @@ def run_tags(config: Mapping[str, Any], model: Any = None) -> dict[str, str]:
         raw = getattr(model, "module", model)
         if hasattr(raw, "s1_bits") and hasattr(raw, "s2_bits"):
             tags["codebook_bits"] = f"{raw.s1_bits}+{raw.s2_bits}"
+    if config.get("stage") == "predictor":
+        from .stages.sources import tokenizer_tags
+
+        tags.update(tokenizer_tags(config))
     commit = git_commit()
     if commit:
         tags[GIT_COMMIT_TAG] = commit

@@ -47,15 +47,48 @@ from .flags import add_config_arguments, config_from_args
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:
-    return f"lr={config['tokenizer_learning_rate']:.0e} wd={config['adam_weight_decay']:g}"
+    prefix = "predictor " if config.get("stage") == "predictor" else ""
+    return f"{prefix}lr={config[cfg.stage_key(config, 'learning_rate')]:.0e} wd={config['adam_weight_decay']:g}"
 
 
-def build_model(config: Mapping[str, Any]):
-    """The pretrained checkpoint when a path is given, else fresh weights (base architecture)."""
+def build_model(config: Mapping[str, Any], tokenizer=None):
+    """The model the run trains. The tokenizer stage: the pretrained checkpoint when a path is
+    given, else fresh weights (base architecture). The predictor stage: the pretrained predictor,
+    else fresh weights, for ``tokenizer`` (default: the one the config names)."""
+    if config.get("stage") == "predictor":
+        from .stages.sources import build_predictor, load_tokenizer
+
+        return build_predictor(config, tokenizer if tokenizer is not None else load_tokenizer(config))
     from .model import KronosTokenizer
 
     path = config["pretrained_tokenizer_path"]
     return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**cfg.model_kwargs(config))
+
+
+def stage_everywhere(config: Mapping[str, Any], layout, info):
+    """The run's stage (:mod:`kronos_mlflow.stages`). A predictor run's frozen tokenizer is
+    written once, by rank 0, into ``checkpoints/tokenizer/`` (unless a resumed run has it
+    there); every rank then reads that copy."""
+    from .stages import stage_for
+
+    if config.get("stage") != "predictor":
+        return stage_for(config)
+    from .distributed import barrier, broadcast_object
+    from .model import KronosTokenizer
+    from .stages.sources import load_tokenizer
+
+    answer = "ok"
+    if info.is_main and not (layout.tokenizer / "model.safetensors").is_file():
+        try:
+            load_tokenizer(config).save_pretrained(layout.tokenizer)
+        except UserError as exc:
+            answer = str(exc)
+    if info.distributed:
+        answer = broadcast_object(answer)
+    if answer != "ok":
+        raise same_on_every_rank(UserError(answer))
+    barrier()
+    return stage_for(config, KronosTokenizer.from_pretrained(layout.tokenizer, map_location=info.device))
 
 
 def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
@@ -201,8 +234,8 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
 
     world = int(config["nproc_per_node"])
     check_start(config, world)
-    if config["pretrained_tokenizer_path"]:
-        build_model(config)
+    if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
+        build_model(config)  # the checkpoints load (a predictor's: with its tokenizer, the same bits)
     prepare_data(config)
     check_windows(config, world)
     check_resume(config, world)
@@ -270,13 +303,14 @@ def main(config: Mapping[str, Any]) -> dict:
         steps = perf.run_steps(config, info.world_size)
         speed = perf.configure_process(config, info.device, run_steps=steps)
         console.print(f"speed settings: {speed}")
-        model = build_model(config).to(info.device)
-        logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit
+        stage = stage_everywhere(config, layout, info)
+        model = build_model(config, getattr(stage, "tokenizer", None)).to(info.device)
+        logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
         result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main), console,
                      rank=info.rank, world_size=info.world_size,
                      should_stop=TrialReporter.from_env() if info.is_main else None,
-                     resume_state=resume_state, run_ids=tracking.run_ids())
+                     resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage)
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started)

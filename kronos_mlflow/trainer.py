@@ -1,9 +1,9 @@
 """The training loop: loss, step, validation and ``fit``, with no rank branches.
 
-The semantics are upstream Kronos's ``finetune/train_tokenizer.py``: AdamW, one-cycle learning
-rate, gradient accumulation, clip at norm 2.0, loss ``(mse(z_pre, x) + mse(z, x) + bsq_loss) / 2``,
-validation MSE of the full reconstruction averaged over every validation sample of every rank,
-best checkpoint kept. Every rank runs the same code: what only rank 0 does (print, write files,
+The semantics are upstream Kronos's ``finetune/train_tokenizer.py`` and ``train_predictor.py``:
+AdamW, one-cycle learning rate, gradient accumulation, gradient clipping, the best checkpoint
+kept. What differs per stage (the loss, the validation and its metrics, the plots, the held-out
+comparison) is a small piece from :mod:`kronos_mlflow.stages`. Every rank runs the same code: what only rank 0 does (print, write files,
 log) is decided once by the caller, through the :class:`~kronos_mlflow.console.Console`, the
 :class:`RunFiles` and the logger it passes in (silent, no-op and :class:`NullLogger` elsewhere).
 
@@ -26,22 +26,22 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, stopping
+from .config import stage_key
 from .console import Console
 from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
 from .distributed import barrier, dist_sum
 from .errors import ConfigError, UserError
-from .keys import (BEST_METRIC, INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON,
-                   TRAIN_RECON_PRE, VAL_METRIC)
+from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
-from .perf import autocast, compile_model, resolve_compile, resolve_fused, resolve_precision
-from .quality import ValidationStats
-from .quality import describe as describe_quality
+from .perf import compile_model, resolve_compile, resolve_fused, resolve_precision
+from .stages import TokenizerStage, TrainingStage
+from .stages.base import Validation
+from .stages.tokenizer import compute_loss, evaluate, global_val_loss  # noqa: F401 - the loop's public names
 from .tracking.protocol import ExperimentLogger
 
 
@@ -52,30 +52,18 @@ class TrainingPruned(Exception):
 # --------------------------------------------------------------------------- one step
 
 
-def compute_loss(model, x, precision: str = "fp32"):
-    """Upstream's objective. Returns (loss, parts) with parts as detached tensors.
-
-    ``bsq_loss`` (commitment + entropy terms) is weighted like each reconstruction term; the
-    sum is halved so the scale matches upstream's logged numbers. ``precision`` is a resolved
-    one (:func:`kronos_mlflow.perf.resolve_precision`): ``bf16`` runs the forward under autocast;
-    the losses are always computed in float32.
-    """
-    with autocast(precision, x.device):
-        (z_pre, z), bsq_loss, _, _ = model(x)
-    recon_pre = F.mse_loss(z_pre.float(), x)
-    recon_all = F.mse_loss(z.float(), x)
-    loss = (recon_pre + recon_all + bsq_loss.float()) / 2
-    return loss, {"bsq": bsq_loss.detach(), "recon_pre": recon_pre.detach(), "recon_all": recon_all.detach()}
-
-
-def train_step(model, optimizer, batch_x, config, precision: str | None = None):
-    """One optimizer step on ``batch_x`` (on the device), as upstream takes it.
+def train_step(model, optimizer, batch_x, config, precision: str | None = None, *, stage: TrainingStage | None = None,
+               batch_stamp=None):
+    """One optimizer step on ``batch_x`` (and its calendar stamps, on the device), as upstream takes it.
 
     ``accumulation_steps`` sub-batches (under DDP gradients are all-reduced on the last one
-    only), clip to ``grad_clip_norm``, AdamW step, gradients dropped. Returns ``(loss, parts)``:
-    the mean loss over the sub-batches and the last sub-batch's parts, all detached 0-d tensors
-    that are not read here, so a GPU is not synchronised (read them together, once).
+    only), the stage's loss (the tokenizer's by default), clip to the stage's norm
+    (``grad_clip_norm``, ``predictor_grad_clip_norm``), AdamW step, gradients dropped. Returns
+    ``(loss, parts)``: the mean loss over the sub-batches and the last sub-batch's parts, all
+    detached 0-d tensors that are not read here, so a GPU is not synchronised (read them
+    together, once).
     """
+    stage = stage or TokenizerStage()
     if precision is None:
         precision = resolve_precision(config["precision"], batch_x.device)
     accum = config["accumulation_steps"]
@@ -83,35 +71,35 @@ def train_step(model, optimizer, batch_x, config, precision: str | None = None):
     total = None
     for j in range(accum):
         x = batch_x[j * sub:(j + 1) * sub]
+        stamp = batch_stamp[j * sub:(j + 1) * sub] if batch_stamp is not None else None
         # Under DDP, gradients are all-reduced only on the last sub-batch.
         sync = j == accum - 1 or not hasattr(model, "no_sync")
         with model.no_sync() if not sync else contextlib.nullcontext():
-            loss, parts = compute_loss(model, x, precision)
+            loss, parts = stage.loss(model, x, stamp, precision)
             (loss / accum if accum > 1 else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config["grad_clip_norm"])
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config[stage_key(config, "grad_clip")])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return (total / accum if accum > 1 else total), parts
 
 
 def train_epoch(model, optimizer, scheduler, loader, device, config, precision: str, logger: ExperimentLogger,
-                console: Console, global_step: int, desc: str) -> tuple[float, int]:
+                console: Console, global_step: int, desc: str, stage: TrainingStage) -> tuple[float, int]:
     """One pass over ``loader``: per batch a step, a schedule step and the step's metrics.
     Returns the summed training loss and the global step after the epoch."""
     running = 0.0
-    for batch_x, _ in console.progress(loader, len(loader), desc):
+    for batch_x, batch_stamp in console.progress(loader, len(loader), desc):
         batch_x = batch_x.to(device, non_blocking=True)
-        loss, parts = train_step(model, optimizer, batch_x, config, precision)
+        batch_stamp = batch_stamp.to(device, non_blocking=True)
+        loss, parts = train_step(model, optimizer, batch_x, config, precision, stage=stage, batch_stamp=batch_stamp)
         scheduler.step()
-        # One device read for the four numbers (one GPU sync per step, not four).
-        avg, bsq, recon_pre, recon_all = torch.stack(
-            [loss.float(), parts["bsq"].float(), parts["recon_pre"].float(), parts["recon_all"].float()]
-        ).tolist()
+        # One device read for the loss and its parts (one GPU sync per step, not one per number).
+        avg, *values = torch.stack([loss.float(), *(v.float() for v in parts.values())]).tolist()
         running += avg
         lr = optimizer.param_groups[0]["lr"]
-        logger.log_metrics({TRAIN_LOSS: avg, TRAIN_BSQ_LOSS: bsq, TRAIN_RECON_PRE: recon_pre,
-                            TRAIN_RECON: recon_all, LEARNING_RATE: lr}, step=global_step)
+        metrics = stage.step_metrics(avg, dict(zip(parts, values, strict=True)))
+        logger.log_metrics({**metrics, stage.learning_rate: lr}, step=global_step)
         global_step += 1
         if global_step % config["log_interval"] == 0:
             console.print(f"step {global_step}: loss={avg:.6f} lr={lr:.3e}")
@@ -153,40 +141,6 @@ def unwrap_model(model):
             return model
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def evaluate(model, loader, device, stats=None) -> tuple[float, int]:
-    """Sum of per-batch MSE x batch size, and the sample count, on this rank.
-
-    ``stats`` (a :class:`~kronos_mlflow.quality.ValidationStats`) also gathers codebook use and
-    per-feature errors from the same forward passes: still one pass over the data.
-    """
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in loader:
-            x = batch[0].to(device, non_blocking=True)
-            (z_pre, z), _, _, codes = model(x)
-            total += F.mse_loss(z, x).item() * x.size(0)
-            count += x.size(0)
-            if stats is not None:
-                stats.update(x, z_pre, z, codes)
-    model.train(was_training)
-    return total, count
-
-
-def global_val_loss(model, loader, device, stats=None) -> float | None:
-    """Validation MSE over every rank's samples (a collective); ``stats``, if given, is summed
-    over ranks too. None when no rank has a validation sample."""
-    total, count = evaluate(model, loader, device, stats)
-    total, count = dist_sum([total, count])
-    if stats is not None:
-        stats.all_reduce()
-    return total / count if count else None
-
-
 # --------------------------------------------------------------------------- what rank 0 writes
 
 
@@ -216,11 +170,16 @@ class RunFiles:
             with stopping.deferred():
                 checkpoint.save_training_state(self.layout.training_state, **state)
 
-    def log_plots(self, logger: ExperimentLogger, config, val_ds, stats, best_epoch: int) -> None:
+    def log_plots(self, stage: TrainingStage, logger: ExperimentLogger, config, val_ds, stats,
+                  best_epoch: int) -> None:
         if self.enabled:  # PNGs under plots/ of the run, drawn from the best checkpoint
-            from .plots import log_validation_plots
+            stage.log_plots(logger, config, self.layout.root, val_ds, stats, best_epoch)
 
-            log_validation_plots(logger, config, str(self.layout.root), val_ds, stats, best_epoch)
+    def save_stage_files(self, stage: TrainingStage) -> None:
+        """What the stage keeps in the run directory from its start (a predictor's tokenizer)."""
+        if self.enabled:
+            with stopping.deferred():
+                stage.save_start_files(self.layout)
 
 
 # --------------------------------------------------------------------------- the pieces of a run
@@ -273,18 +232,18 @@ class Progress:
     best_epoch: int = -1
     history: list[float] = field(default_factory=list)  # validation loss of each epoch
     initial: float | None = None  # validation loss of the starting weights
-    best_stats: ValidationStats | None = None  # codebook use and per-feature errors at the best epoch (for the plots)
+    best: Validation | None = None  # the best epoch's validation: its metrics and what the plots read
 
 
 def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
                     console: Console, *, rank: int, resume_state: Mapping[str, Any] | None,
-                    last_epoch: int) -> Progress:
+                    last_epoch: int, stage: TrainingStage) -> Progress:
     """The progress of the killed run that ``resume_state`` names, loaded into the model,
     optimizer and scheduler; without one, a fresh start after validating the starting weights."""
     if resume_state is None:
-        initial = global_val_loss(raw_model, data.val_loader, device) if data.has_val else None
+        initial = stage.validate(raw_model, data.val_loader, device, detailed=False).loss if data.has_val else None
         if initial is not None:
-            logger.log_metrics({INITIAL_VAL_METRIC: initial}, step=0)
+            logger.log_metrics({stage.initial_val_metric: initial}, step=0)
             console.print(f"starting weights: val_loss={initial:.6f}")
         return Progress(initial=initial)
     # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
@@ -324,74 +283,65 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
 class EpochValidation(NamedTuple):
     """What :func:`validate_epoch` found."""
 
-    loss: float | None  # over every rank's samples; None without a validation split
-    metrics: dict[str, float]  # codebook use and per-feature errors (empty without validation)
-    stats: ValidationStats | None
+    validation: Validation  # loss over every rank's samples (None without a validation split), metrics
     improved: bool  # this epoch is the best so far: its checkpoint was saved
+
+    @property
+    def loss(self) -> float | None:
+        return self.validation.loss
 
 
 def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progress, logger: ExperimentLogger,
-                   files: RunFiles) -> EpochValidation:
+                   files: RunFiles, stage: TrainingStage) -> EpochValidation:
     """The epoch's validation (a collective) and its metrics; the best checkpoint when it improved.
     Without a validation split every epoch is the best, so the last one is kept."""
-    stats = ValidationStats.for_model(raw_model, device) if data.has_val else None
-    val_loss = global_val_loss(raw_model, data.val_loader, device, stats) if data.has_val else None
-    quality_metrics = stats.metrics() if stats is not None else {}
+    val = stage.validate(raw_model, data.val_loader, device) if data.has_val else Validation(None, {}, None)
     improved = False
-    if val_loss is not None:
-        progress.history.append(val_loss)
-        logger.log_metrics({VAL_METRIC: val_loss, **quality_metrics}, step=epoch)
-        if val_loss < progress.best_val_loss:
-            progress.best_val_loss, progress.best_epoch, improved, progress.best_stats = val_loss, epoch, True, stats
+    if val.loss is not None:
+        progress.history.append(val.loss)
+        logger.log_metrics({stage.val_metric: val.loss, **val.metrics}, step=epoch)
+        if val.loss < progress.best_val_loss:
+            progress.best_val_loss, progress.best_epoch, improved, progress.best = val.loss, epoch, True, val
     else:
         progress.best_epoch, improved = epoch, True
     if improved:
         files.save_best(raw_model)
-    return EpochValidation(val_loss, quality_metrics, stats, improved)
+    return EpochValidation(val, improved)
 
 
 def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, Any], logger: ExperimentLogger,
-               files: RunFiles) -> dict[str, Any]:
+               files: RunFiles, stage: TrainingStage) -> dict[str, Any]:
     """The run's result, ``best_val_loss`` logged, and the best epoch's validation plots."""
-    best_val_loss, best_stats = progress.best_val_loss, progress.best_stats
+    best_val_loss, best = progress.best_val_loss, progress.best
     result = {
         "best_val_loss": best_val_loss if math.isfinite(best_val_loss) else float("nan"),
         "best_epoch": progress.best_epoch,
         "val_loss_history": progress.history,
         "val_loss_initial": progress.initial,
         "steps": progress.global_step,
-        "best_val_quality": best_stats.metrics() if best_stats is not None else None,
+        "best_val_quality": best.metrics if best is not None else None,
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({BEST_METRIC: best_val_loss}, step=progress.best_epoch)
-    if data.has_val and best_stats is None and progress.best_epoch >= 0:
+    if data.has_val and best is None and progress.best_epoch >= 0:
         # Resumed after the best epoch: its statistics are recomputed from best_model.
-        best_stats = best_model_stats(files.layout.best_model, data.val_loader, device)
-        result["best_val_quality"] = best_stats.metrics()
-    files.log_plots(logger, config, data.val_ds if data.has_val else None, best_stats, progress.best_epoch)
+        best = stage.best_validation(files.layout.best_model, data.val_loader, device)
+        result["best_val_quality"] = best.metrics
+    files.log_plots(stage, logger, config, data.val_ds if data.has_val else None, best.stats if best else None,
+                    progress.best_epoch)
     return result
 
 
 def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles,
-                  console: Console, *, rank: int, world_size: int) -> dict[str, Any]:
+                  console: Console, *, rank: int, world_size: int, stage: TrainingStage) -> dict[str, Any]:
     """The best checkpoint against the starting weights on the test windows (a collective:
     every rank), logged at the best epoch; its record for the result (docs/verdict.md)."""
     from .evaluation.heldout import evaluate_run
 
     layout = files.layout
     heldout = evaluate_run(config, layout.best_model, layout.start_model, device, rank=rank, world_size=world_size,
-                           logger=logger, console=console, step=max(progress.best_epoch, 0))
+                           logger=logger, console=console, step=max(progress.best_epoch, 0), stage=stage.heldout)
     return heldout.as_json()
-
-
-def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
-    """Validation statistics of the checkpoint in ``best_dir`` (a collective: every rank)."""
-    from .model import KronosTokenizer
-
-    best_model = KronosTokenizer.from_pretrained(best_dir, map_location=device)
-    stats = ValidationStats.for_model(best_model, device)
-    global_val_loss(best_model, val_loader, device, stats)
-    return stats
 
 
 # --------------------------------------------------------------------------- the loop
@@ -399,8 +349,12 @@ def best_model_stats(best_dir, val_loader, device) -> ValidationStats:
 
 def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles, console: Console, *,
         rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
-        resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None,
+        stage: TrainingStage | None = None) -> dict[str, Any]:
     """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
+
+    ``stage`` (:mod:`kronos_mlflow.stages`; the tokenizer's by default) supplies the loss, the
+    validation and its metrics, the plots and the held-out comparison.
 
     Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
     ``should_stop(epoch, val_loss)`` (a sweep's pruner, rank 0's) runs after each validation; if
@@ -410,6 +364,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     experiment. Returns ``best_val_loss``, ``best_epoch``, ``val_loss_history``,
     ``val_loss_initial``, ``steps``, ``best_val_quality`` and ``test`` (the test verdict's record).
     """
+    stage = stage or TokenizerStage()
     raw_model = unwrap_model(model)
     data = load_data(config, rank, world_size, device, console)
     steps_per_epoch = len(data.train_loader)
@@ -419,11 +374,12 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     last_epoch = config["epochs"] - 1  # epochs are counted from 0 everywhere: console, metrics, summary, plots
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
-                               resume_state=resume_state, last_epoch=last_epoch)
+                               resume_state=resume_state, last_epoch=last_epoch, stage=stage)
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
                                    config=config, world_size=world_size, run_ids=run_ids)
     if resume_state is None:
         files.save_start(raw_model)  # the test verdict's base, also for a resumed run
+        files.save_stage_files(stage)
         save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
     model.train()
     for epoch in range(progress.start_epoch, config["epochs"]):
@@ -432,14 +388,14 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         data.val_ds.set_epoch_seed(0)
         running, progress.global_step = train_epoch(model, optimizer, scheduler, data.train_loader, device, config,
                                                     precision, logger, console, progress.global_step,
-                                                    f"epoch {epoch}/{last_epoch}")
-        val = validate_epoch(raw_model, data, device, epoch, progress, logger, files)
+                                                    f"epoch {epoch}/{last_epoch}", stage)
+        val = validate_epoch(raw_model, data, device, epoch, progress, logger, files, stage)
         shown = f"{val.loss:.6f}" if val.loss is not None else "n/a"
         console.print(f"epoch {epoch}/{last_epoch}: train_loss={running / steps_per_epoch:.6f} "
                       f"val_loss={shown} best={progress.best_val_loss:.6f} ({time.time() - t0:.1f}s)"
                       + (" *saved*" if val.improved else ""))
-        if val.metrics:
-            console.print(f"  {describe_quality(val.metrics, val.stats.s1_bits, val.stats.s2_bits)}")
+        if stage.describe(val.validation):
+            console.print(f"  {stage.describe(val.validation)}")
         # The training state after this epoch (after best_model: a state never points at a best
         # checkpoint that is not on disk).
         save_state(epoch)
@@ -449,7 +405,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
             console.print(f"pruned after epoch {epoch}")
             raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
         barrier()
-    result = finish_run(progress, data, device, config, logger, files)
+    result = finish_run(progress, data, device, config, logger, files, stage)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
-                                   world_size=world_size)
+                                   world_size=world_size, stage=stage)
     return result

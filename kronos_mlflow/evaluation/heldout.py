@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import format_time_range
+from ..config import format_time_range, stage_key
 from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
 from .stage import TOKENIZER, Stage
 from .verdict import HeldOut, judge, unavailable
@@ -28,14 +28,15 @@ from .windows import HeldOutWindows, heldout_windows
 
 
 def base_label(config: Mapping[str, Any]) -> str:
-    """What the starting weights were: the pretrained path or hub id as given, or ``fresh``."""
-    return str(config.get("pretrained_tokenizer_path") or "") or "fresh"
+    """What the starting weights were: the stage's pretrained path or hub id as given
+    (``pretrained_tokenizer_path``, ``pretrained_predictor_path``), or ``fresh``."""
+    return str(config.get(stage_key(config, "pretrained")) or "") or "fresh"
 
 
 def _base_source(config: Mapping[str, Any], start_dir: Path | None) -> str | None:
     if start_dir is not None and (Path(start_dir) / "model.safetensors").is_file():
         return str(start_dir)
-    return str(config.get("pretrained_tokenizer_path") or "") or None
+    return str(config.get(stage_key(config, "pretrained")) or "") or None
 
 
 def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, config: Mapping[str, Any],

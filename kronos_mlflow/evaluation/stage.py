@@ -4,6 +4,7 @@ bootstrap and verdict (:mod:`.verdict`) and the run-end wiring (:mod:`.heldout`)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,3 +27,17 @@ def _load_tokenizer(path, device):
 
 
 TOKENIZER = Stage("tokenizer", tokenizer.LOSS, tokenizer.METRIC_NAMES, tokenizer.score, _load_tokenizer)
+
+
+def _load_predictor(path, device):
+    from ..model import Kronos
+
+    return Kronos.from_pretrained(path, map_location=device).eval()
+
+
+def predictor_stage(tokenizer_model) -> Stage:
+    """The predictor's part, scoring on the tokens of ``tokenizer_model`` (frozen, on the device)."""
+    from . import predictor
+
+    return Stage("predictor", predictor.LOSS, predictor.METRIC_NAMES,
+                 functools.partial(predictor.score, tokenizer=tokenizer_model), _load_predictor)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import mlflow_model
 from ..config import format_time_range, run_params
 from ..fsutil import write_atomic
-from ..keys import BEST_METRIC, VAL_METRIC
+from ..keys import BEST_METRIC, PREDICTOR_VAL_METRIC, VAL_METRIC
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
 
 # mlflow, torch and the data layer are imported inside the functions (only rank 0 at the end needs them).
@@ -274,8 +274,25 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
         heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"))
+        if config.get("stage") == "predictor":
+            log_predictor_model(tracking.mlflow, layout, config, result, heldout, dataset)
+            return
         log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
                        metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
+
+
+def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
+                        dataset) -> None:
+    """A predictor run's ``best_model``: the forecaster holding its tokenizer and best checkpoint."""
+    forecaster = globals().get("log_forecaster")
+    if forecaster is None:  # the checkpoints as plain artifacts, in the hub layout
+        mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.best_model), "best_model/predictor")
+        mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.tokenizer), "best_model/tokenizer")
+        return
+    forecaster(mlflow_logger, str(layout.tokenizer), str(layout.best_model), config,
+               step=max(result["best_epoch"], 0), metrics=best_epoch_metrics(result, PREDICTOR_VAL_METRIC),
+               heldout_metrics=heldout,
+               heldout_dataset=dataset)
 
 
 def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None):
@@ -290,10 +307,10 @@ def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[st
     return record.run_metrics(), dataset
 
 
-def best_epoch_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+def best_epoch_metrics(result: Mapping[str, Any], val_metric: str = VAL_METRIC) -> dict[str, float]:
     """The best epoch's validation metrics, as the logged model carries them."""
     best = result.get("best_val_loss")
     metrics = dict(result.get("best_val_quality") or {})
     if best is not None and best == best:  # not NaN: there was a validation
-        metrics.update({VAL_METRIC: best, BEST_METRIC: best})
+        metrics.update({val_metric: best, BEST_METRIC: best})
     return metrics

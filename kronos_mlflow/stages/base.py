@@ -1,0 +1,63 @@
+"""The interface a training stage gives the loop (:mod:`kronos_mlflow.trainer`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+
+class StepOutput(NamedTuple):
+    """One sub-batch's loss (with its graph) and its parts (detached 0-d tensors, read once)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+
+class Validation(NamedTuple):
+    """A validation pass over every rank's windows."""
+
+    loss: float | None  # None when no rank had a validation window
+    metrics: dict[str, float]  # the stage's extra metrics (empty without validation)
+    stats: Any  # what the stage's plots and console line read (None without validation)
+
+
+class TrainingStage:
+    """What the loop asks a stage. Subclasses set the names and implement the methods."""
+
+    name: str = ""
+    #: metric names: the per-step loss and learning rate, the epoch's validation loss, the
+    #: starting weights' validation loss
+    train_loss: str = ""
+    learning_rate: str = ""
+    val_metric: str = ""
+    initial_val_metric: str = ""
+    #: the held-out comparison's piece (:class:`kronos_mlflow.evaluation.stage.Stage`)
+    heldout: Any = None
+
+    def loss(self, model, x: torch.Tensor, stamp: torch.Tensor, precision: str) -> StepOutput:
+        raise NotImplementedError
+
+    def step_metrics(self, loss: float, parts: Mapping[str, float]) -> dict[str, float]:
+        """The per-step metrics (besides the learning rate) from the read loss and parts."""
+        raise NotImplementedError
+
+    def validate(self, model, loader, device, *, detailed: bool = True) -> Validation:
+        """Validation over every rank's windows (a collective); ``detailed`` adds the metrics."""
+        raise NotImplementedError
+
+    def describe(self, validation: Validation) -> str:
+        """A console line about the epoch's validation metrics ('' for none)."""
+        return ""
+
+    def best_validation(self, best_dir, loader, device) -> Validation:
+        """The validation of the checkpoint in ``best_dir`` (a collective): a resumed run's
+        best epoch happened before the restart."""
+        raise NotImplementedError
+
+    def log_plots(self, logger, config: Mapping[str, Any], root, val_ds, stats, best_epoch: int) -> None:
+        """PNGs of the best checkpoint (rank 0 only); nothing by default."""
+
+    def save_start_files(self, layout) -> None:
+        """What the stage writes into the run directory when the run starts (rank 0 only)."""

@@ -1,0 +1,127 @@
+"""Stage two: the Kronos predictor on a frozen tokenizer's tokens, with upstream's
+``train_predictor.py`` objective.
+
+Each window's bars are tokenized by the frozen tokenizer (``encode(x, half=True)`` under
+no_grad, eval mode: it is not trained); the predictor reads ``tokens[:, :-1]`` with the stamps
+``x_stamp[:, :-1]`` and is scored on ``tokens[:, 1:]``: loss ``(CE_s1 + CE_s2) / 2`` over all
+positions, the s2 head conditioned on an s1 sampled from the s1 logits (upstream's forward).
+
+Validation is upstream's (the mean of per-batch losses over every rank's batches) with one
+fix: the s2 head's cross-attention stays causal, as in training (``predictor_validation:
+causal``). Upstream's eval mode lets each position's s2 prediction read later positions, whose
+context holds the targets, so its number is optimistic; ``predictor_validation: upstream``
+computes it for exact replication. The same pass records each head's top-1 accuracy and
+perplexity (``exp`` of its mean cross entropy over every position of every rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..distributed import dist_sum
+from ..keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
+                    PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
+from ..perf import autocast
+from .base import StepOutput, TrainingStage, Validation
+
+
+def _plain(model):
+    """The predictor under DDP / torch.compile wrappers (its ``dep_layer`` switch)."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def head_losses(s1_logits, s2_logits, s1_targets, s2_targets):
+    """``((CE_s1 + CE_s2) / 2, CE_s1, CE_s2)``, means over every position (upstream's
+    ``DualHead.compute_loss`` without a padding mask)."""
+    ce_s1 = F.cross_entropy(s1_logits.reshape(-1, s1_logits.shape[-1]), s1_targets.reshape(-1))
+    ce_s2 = F.cross_entropy(s2_logits.reshape(-1, s2_logits.shape[-1]), s2_targets.reshape(-1))
+    return (ce_s1 + ce_s2) / 2, ce_s1, ce_s2
+
+
+class PredictorStage(TrainingStage):
+    name = "predictor"
+    train_loss = PREDICTOR_TRAIN_LOSS
+    learning_rate = PREDICTOR_LEARNING_RATE
+    val_metric = PREDICTOR_VAL_METRIC
+    initial_val_metric = PREDICTOR_INITIAL_VAL_METRIC
+
+    def __init__(self, tokenizer, config: Mapping[str, Any]):
+        self.tokenizer = tokenizer.eval()
+        for p in self.tokenizer.parameters():
+            p.requires_grad_(False)
+        self.causal_validation = config["predictor_validation"] == "causal"
+
+    @property
+    def heldout(self):
+        from ..evaluation.stage import predictor_stage
+
+        return predictor_stage(self.tokenizer)
+
+    def tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self.tokenizer.encode(x, half=True)
+
+    def loss(self, model, x, stamp, precision):
+        s1, s2 = self.tokens(x)
+        with autocast(precision, x.device):
+            s1_logits, s2_logits = model(s1[:, :-1], s2[:, :-1], stamp[:, :-1])
+        loss, ce_s1, ce_s2 = head_losses(s1_logits.float(), s2_logits.float(), s1[:, 1:], s2[:, 1:])
+        return StepOutput(loss, {"s1": ce_s1.detach(), "s2": ce_s2.detach()})
+
+    def step_metrics(self, loss, parts):
+        return {PREDICTOR_TRAIN_LOSS: loss, PREDICTOR_TRAIN_S1: parts["s1"], PREDICTOR_TRAIN_S2: parts["s2"]}
+
+    def validate(self, model, loader, device, *, detailed=True):
+        model = _plain(model)
+        was_training, causal = model.training, model.dep_layer.cross_attn.causal
+        model.eval()
+        model.dep_layer.cross_attn.causal = True if self.causal_validation else None
+        # per rank: summed batch losses, batches, and per-position sums for the metrics
+        sums = torch.zeros(8, dtype=torch.float64)
+        try:
+            with torch.no_grad():
+                for batch_x, batch_stamp in loader:
+                    x = batch_x.to(device, non_blocking=True)
+                    s1, s2 = self.tokens(x)
+                    s1_logits, s2_logits = model(s1[:, :-1], s2[:, :-1], batch_stamp.to(device)[:, :-1])
+                    loss, ce_s1, ce_s2 = head_losses(s1_logits.float(), s2_logits.float(), s1[:, 1:], s2[:, 1:])
+                    n = s1[:, 1:].numel()
+                    sums += torch.tensor([
+                        loss.item(), 1.0, ce_s1.item() * n, ce_s2.item() * n,
+                        (s1_logits.argmax(-1) == s1[:, 1:]).sum().item(),
+                        (s2_logits.argmax(-1) == s2[:, 1:]).sum().item(), float(n), 0.0], dtype=torch.float64)
+        finally:
+            model.dep_layer.cross_attn.causal = causal
+            model.train(was_training)
+        total, batches, ce1, ce2, right1, right2, positions, _ = dist_sum(sums.tolist())
+        if not batches:
+            return Validation(None, {}, None)
+        metrics = {"val_s1_accuracy": right1 / positions, "val_s2_accuracy": right2 / positions,
+                   "val_s1_perplexity": math.exp(min(ce1 / positions, 700.0)),
+                   "val_s2_perplexity": math.exp(min(ce2 / positions, 700.0))} if detailed else {}
+        return Validation(total / batches, metrics, None)
+
+    def describe(self, validation):
+        m = validation.metrics
+        if not m:
+            return ""
+        return (f"s1 accuracy {m['val_s1_accuracy']:.1%} (ppl {m['val_s1_perplexity']:.1f}), "
+                f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})")
+
+    def best_validation(self, best_dir, loader, device):
+        from ..model import Kronos
+
+        return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
+
+    def save_start_files(self, layout) -> None:
+        if not (layout.tokenizer / "model.safetensors").is_file():
+            self.tokenizer.save_pretrained(layout.tokenizer)

@@ -1,0 +1,96 @@
+"""The predictor stage's inputs: which frozen tokenizer it trains on and the predictor it starts
+from, each one line naming the bad value when it cannot be used.
+
+The tokenizer is ``finetuned_tokenizer_path`` (MLproject ``tokenizer``): a checkpoint
+directory, ``runs:/<id>/best_model``, ``models:/NAME@ALIAS`` or a hub id; empty means
+``pretrained_tokenizer_path``, and when that is empty too, fresh tokenizer weights from the
+config's sizes and ``seed`` (the same on every rank: a smoke test, not a useful model). A run
+keeps the tokenizer it used in ``checkpoints/tokenizer/``, written once by rank 0 when the run
+starts; every rank, and a resumed run, reads that copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, UserError
+from ..keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
+
+FRESH = "fresh"
+
+
+def tokenizer_spec(config: Mapping[str, Any]) -> str:
+    """What names the predictor's tokenizer (``''``: fresh weights)."""
+    return str(config.get("finetuned_tokenizer_path") or config.get("pretrained_tokenizer_path") or "").strip()
+
+
+def load_tokenizer(config: Mapping[str, Any], device="cpu"):
+    """The tokenizer ``config`` names, in eval mode, on ``device``."""
+    from .. import config as cfg
+    from ..evaluation.sources import load_tokenizer as load_named
+    from ..model import KronosTokenizer
+
+    spec = tokenizer_spec(config)
+    if spec:
+        what = "finetuned_tokenizer_path" if config.get("finetuned_tokenizer_path") else "pretrained_tokenizer_path"
+        return load_named(spec, device, what=what)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(config["seed"]))
+        return KronosTokenizer(**cfg.model_kwargs(config)).to(device).eval()
+
+
+def tokenizer_tags(config: Mapping[str, Any]) -> dict[str, str]:
+    """``tokenizer_uri`` (as given, or ``fresh``) and, for ``runs:/`` and ``models:/`` URIs, the
+    ``tokenizer_run_id`` of the run that trained it (when the store says)."""
+    spec = tokenizer_spec(config)
+    tags = {TOKENIZER_URI_TAG: spec or FRESH}
+    run_id = _source_run(spec)
+    if run_id:
+        tags[TOKENIZER_RUN_TAG] = run_id
+    return tags
+
+
+def _source_run(spec: str) -> str | None:
+    if spec.startswith("runs:/"):
+        return spec[len("runs:/"):].split("/", 1)[0] or None
+    if not spec.startswith("models:/"):
+        return None
+    try:
+        from mlflow import MlflowClient
+        from mlflow.store.artifact.utils.models import get_model_name_and_version
+
+        client = MlflowClient()
+        name, version = get_model_name_and_version(client, spec)
+        return client.get_model_version(name, version).run_id or None
+    except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
+        return None
+
+
+def build_predictor(config: Mapping[str, Any], tokenizer):
+    """``pretrained_predictor_path`` loaded strictly, else a fresh ``Kronos`` at the config's
+    sizes (``n_layers``, ``d_model``, ``n_heads``, ``ff_dim``) with Kronos-mini's dropouts and
+    the tokenizer's bits. A predictor whose bits differ from the tokenizer's is refused."""
+    from ..model import Kronos
+    from ..model.spec import PREDICTOR_CONFIGS
+
+    path = str(config.get("pretrained_predictor_path") or "")
+    if path:
+        try:
+            model = Kronos.from_pretrained(path)
+        except UserError as exc:  # the checkpoint's own line, with the argument it came from
+            raise UserError(f"pretrained_predictor_path: {exc}") from None
+    else:
+        sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], "s1_bits": tokenizer.s1_bits, "s2_bits": tokenizer.s2_bits,
+                 **{k: int(config[k]) for k in ("n_layers", "d_model", "n_heads", "ff_dim")}}
+        model = Kronos(**sizes)
+    if (model.s1_bits, model.s2_bits) != (tokenizer.s1_bits, tokenizer.s2_bits):
+        raise ConfigError(
+            f"the predictor's codes are {model.s1_bits}+{model.s2_bits} bits but the tokenizer's "
+            f"({tokenizer_spec(config) or FRESH}) are {tokenizer.s1_bits}+{tokenizer.s2_bits}; expected a tokenizer "
+            "and predictor with the same s1_bits and s2_bits (Kronos-small and -base pair with "
+            "NeoQuasar/Kronos-Tokenizer-base, Kronos-mini with NeoQuasar/Kronos-Tokenizer-2k)"
+        )
+    return model
