@@ -90,16 +90,19 @@ def _read_nul_separated(path: str) -> list[str]:
         return []
 
 
+TRAIN_MODULES = {"kronos_mlflow.train", "kronos_mlflow.train_predictor"}
+
+
 def training_workers(root_pid: int) -> dict[int, tuple[int, int]]:
     """Rank -> (pid, restart count) of the torchrun workers below ``root_pid``: descendants that
-    run ``kronos_mlflow.train`` with ``RANK`` and ``TORCHELASTIC_RESTART_COUNT`` in their
+    run ``kronos_mlflow.train`` (or ``.train_predictor``) with ``RANK`` and ``TORCHELASTIC_RESTART_COUNT`` in their
     environment (the ``--check`` process of ``mlflow run`` has neither)."""
     children, found, todo = _proc_children(), {}, [root_pid]
     while todo:
         pid = todo.pop()
         for child in children.get(pid, []):
             todo.append(child)
-            if "kronos_mlflow.train" not in _read_nul_separated(f"/proc/{child}/cmdline"):
+            if not TRAIN_MODULES & set(_read_nul_separated(f"/proc/{child}/cmdline")):
                 continue
             env = dict(item.split("=", 1) for item in _read_nul_separated(f"/proc/{child}/environ") if "=" in item)
             if "RANK" in env and "TORCHELASTIC_RESTART_COUNT" in env:

@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "import-csv": ("kronos_mlflow.data.csv_import", "turn K-line CSV files into a Qlib directory"),
     "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
     "train": ("kronos_mlflow.train", "fine-tune the tokenizer (one process; use torchrun for several)"),
+    "train-predictor": ("kronos_mlflow.train_predictor",
+                        "fine-tune the predictor on a frozen tokenizer (one process; use torchrun for several)"),
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
     "evaluate-tokenizer": ("kronos_mlflow.evaluation.command",
                            "score a tokenizer against another on held-out windows: metrics, change, verdict"),

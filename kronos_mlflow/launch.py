@@ -23,23 +23,26 @@ import time
 from collections.abc import Sequence
 
 TRAIN_MODULE = "kronos_mlflow.train"
+TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
 QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
 KEEP_KILLED = "--keep-killed-after"  # internal: the detached helper of _keep_killed_status
 
 
 def check_train_flags(argv: Sequence[str]) -> None:
-    """Parse the flags after ``-m kronos_mlflow.train`` as the workers will (exit 2 on a bad one)."""
+    """Parse the flags after ``-m kronos_mlflow.train`` (or ``.train_predictor``) as the workers
+    will (exit 2 on a bad one)."""
     argv = list(argv)
-    if TRAIN_MODULE not in argv:
+    module = next((m for m in TRAIN_MODULES if m in argv), None)
+    if module is None:
         return
     from .cli import OneLineParser
     from .train import add_arguments
     from .tracking.project_run import record_failure
 
-    parser = OneLineParser(prog="python -m kronos_mlflow.train")
+    parser = OneLineParser(prog=f"python -m {module}")
     parser.on_error = record_failure
-    add_arguments(parser)
-    parser.parse_args(argv[argv.index(TRAIN_MODULE) + 1:])
+    add_arguments(parser, TRAIN_MODULES[module])
+    parser.parse_args(argv[argv.index(module) + 1:])
 
 
 def _launcher_value(argv: Sequence[str], *names: str) -> str | None:

@@ -337,9 +337,12 @@ def main(config: Mapping[str, Any]) -> dict:
 # --------------------------------------------------------------------------- command line
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training flags (every config key) and ``--check``."""
+def add_arguments(parser: argparse.ArgumentParser, stage: str | None = None) -> None:
+    """The training flags (every config key) and ``--check``; ``stage`` is the default of
+    ``--stage`` (``kronos_mlflow.train_predictor``: predictor)."""
     add_config_arguments(parser)
+    if stage is not None:
+        parser.set_defaults(cfg__stage=stage)
     parser.add_argument("--check", dest="_check", action="store_true",
                         help="validate config, data, checkpoint and tracking server, then exit")
     parser.add_argument("--max-restarts", "--max_restarts", dest="_max_restarts", default=None, metavar="N",
@@ -364,7 +367,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cli(argv: Sequence[str] | None = None) -> int:
+def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlflow.train",
+        name: str = "kronos-mlflow train", stage: str | None = None) -> int:
+    """The command line of a training process; ``stage`` is the default of ``--stage``."""
     import signal
 
     from . import stopping
@@ -380,17 +385,17 @@ def cli(argv: Sequence[str] | None = None) -> int:
     install_warning_format()
     rank = os.environ.get("RANK")
     main_rank = rank in (None, "0")
-    parser = OneLineParser(prog="python -m kronos_mlflow.train", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.on_error = record_failure  # under `mlflow run`: the run ends FAILED with this line as its reason
     parser.silent = not main_rank  # torchrun: every rank parses the same flags; rank 0 says what is wrong
-    add_arguments(parser)
+    add_arguments(parser, stage)
     args = parser.parse_args(argv)
     try:
         return run(args)
     except (TrainingStopped, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, TrainingStopped) else signal.SIGINT
         if os.environ.get("RANK") in (None, "0"):
-            print(f"kronos-mlflow train: {stopping.stop_reason(signum, None)}", file=sys.stderr, flush=True)
+            print(f"{name}: {stopping.stop_reason(signum, None)}", file=sys.stderr, flush=True)
         return stopping.exit_code(signum)
     except TrainingPruned:
         # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's
@@ -398,11 +403,11 @@ def cli(argv: Sequence[str] | None = None) -> int:
         return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else EXIT_PRUNED
     except UserError as exc:
         if main_rank:
-            print(f"kronos-mlflow train: error: {exc}", file=sys.stderr)
+            print(f"{name}: error: {exc}", file=sys.stderr)
             if getattr(args, "_check", False):
-                record_failure(f"kronos-mlflow train: error: {exc}")
+                record_failure(f"{name}: error: {exc}")
         elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
-            print(f"[rank {rank}] kronos-mlflow train: error: {exc}", file=sys.stderr)
+            print(f"[rank {rank}] {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
+PREDICTOR_SCRIPT = str(ROOT / "kronos_mlflow" / "train_predictor.py")
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("kronos-mlflow"))
 SWEEP_SCRIPT = str(ROOT / "sweeps" / "sweep.py")
 
@@ -33,6 +34,8 @@ def entry_of(argv: list[str]) -> tuple[str, list[str]]:
     """The entry-point function a command runs and the ``sys.argv`` its script sees."""
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train"]:
         return "kronos_mlflow.train:cli", [TRAIN_SCRIPT, *argv[3:]]
+    if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train_predictor"]:
+        return "kronos_mlflow.train_predictor:cli", [PREDICTOR_SCRIPT, *argv[3:]]
     if argv[0] == "kronos-mlflow":
         return "kronos_mlflow.cli:main", [CONSOLE_SCRIPT, *argv[1:]]
     if argv[:2] == [sys.executable, SWEEP_SCRIPT]:

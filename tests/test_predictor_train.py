@@ -1,0 +1,272 @@
+"""Stage two on the shared loop: the predictor's training step is upstream's, its validation is
+causal (upstream's leaking number one option away), its front doors refuse bad input in one
+line, and ``mlflow run . -e predictor`` / ``torchrun -m kronos_mlflow.train_predictor`` train
+it end to end on the demo market, resuming a killed worker to the same result."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_runs import TINY, isolated_env, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_SIZES = {"d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2,
+                   "s1_bits": 4, "s2_bits": 4}
+PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
+                   "ffn_dropout_p": 0.0, "attn_dropout_p": 0.0, "resid_dropout_p": 0.0, "token_dropout_p": 0.0,
+                   "learn_te": True}
+
+
+def _tokenizer(seed: int = 0):
+    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.model import KronosTokenizer
+
+    torch.manual_seed(seed)
+    return KronosTokenizer(**model_kwargs(TOKENIZER_SIZES)).eval()
+
+
+def _predictor(seed: int = 1, **changes):
+    from kronos_mlflow.model import Kronos
+
+    torch.manual_seed(seed)
+    return Kronos(**{**PREDICTOR_SIZES, **changes})
+
+
+def _batch(n: int = 6, length: int = 26, seed: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, length, 6, generator=g).clamp(-5, 5)
+    limits = torch.tensor([60, 24, 7, 32, 13])
+    stamp = (torch.rand(n, length, 5, generator=g) * limits).floor()
+    return x, stamp
+
+
+def _upstream_loss(model, tokenizer, x, stamp):
+    """train_predictor.py's loss, written from its description (docs/predictor-training.md)."""
+    with torch.no_grad():
+        s1, s2 = tokenizer.encode(x, half=True)
+    logits = model(s1[:, :-1], s2[:, :-1], stamp[:, :-1])
+    return model.head.compute_loss(logits[0], logits[1], s1[:, 1:], s2[:, 1:])
+
+
+def test_training_step_is_upstreams_bit_for_bit(tiny):
+    from kronos_mlflow.optim import build_optimizer
+    from kronos_mlflow.stages.predictor import PredictorStage
+    from kronos_mlflow.trainer import train_step
+
+    config = tiny(stage="predictor", adamw_impl="for-loop")
+    tokenizer, model = _tokenizer(), _predictor(ffn_dropout_p=0.2, resid_dropout_p=0.2)  # dropout draws too
+    ours, theirs = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+    x, stamp = _batch()
+    opt_ours = build_optimizer(ours, config)
+    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=config["predictor_learning_rate"], betas=(0.9, 0.95),
+                                   weight_decay=0.1, foreach=False)
+    for step in range(2):
+        torch.manual_seed(10 + step)
+        loss, parts = train_step(ours, opt_ours, x, config, "fp32", stage=PredictorStage(tokenizer, config),
+                                 batch_stamp=stamp)
+        torch.manual_seed(10 + step)
+        want, ce_s1, ce_s2 = _upstream_loss(theirs, tokenizer, x, stamp)
+        want.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), max_norm=3.0)
+        opt_theirs.step()
+        opt_theirs.zero_grad()
+        assert torch.equal(loss, want.detach()) and torch.equal(parts["s1"], ce_s1) and torch.equal(parts["s2"], ce_s2)
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(p.grad is None for p in tokenizer.parameters())  # the tokenizer is frozen
+
+
+def test_validation_is_causal_and_upstreams_number_is_one_option_away(tiny):
+    from kronos_mlflow.stages.predictor import PredictorStage
+
+    tokenizer, model = _tokenizer(), _predictor()  # no dropout: train mode differs only by the causal mask
+    loader = [_batch(seed=s) for s in (3, 4)]
+
+    def upstream_mode(train: bool) -> float:
+        model.train(train)
+        torch.manual_seed(7)
+        with torch.no_grad():
+            return sum(_upstream_loss(model, tokenizer, x, stamp)[0].item() for x, stamp in loader) / len(loader)
+
+    results = {}
+    for mode in ("causal", "upstream"):
+        stage = PredictorStage(tokenizer, tiny(stage="predictor", predictor_validation=mode))
+        torch.manual_seed(7)
+        results[mode] = stage.validate(model, loader, "cpu")
+    assert results["causal"].loss == pytest.approx(upstream_mode(True), rel=1e-6)  # what training sees
+    assert results["upstream"].loss == pytest.approx(upstream_mode(False), rel=1e-6)  # upstream's eval mode
+    assert results["causal"].loss != pytest.approx(results["upstream"].loss, rel=1e-4)
+    assert model.dep_layer.cross_attn.causal is None  # the switch is put back
+    metrics = results["causal"].metrics
+    assert set(metrics) == {"val_s1_accuracy", "val_s2_accuracy", "val_s1_perplexity", "val_s2_perplexity"}
+    assert all(0 <= metrics[f"val_{h}_accuracy"] <= 1 and metrics[f"val_{h}_perplexity"] >= 1 for h in ("s1", "s2"))
+
+
+def test_learning_rate_names_the_stages_own_key(tiny):
+    from kronos_mlflow.config import load_config, run_params
+    from kronos_mlflow.layout import RunLayout
+
+    tokenizer_run = load_config({"learning_rate": 1e-3})
+    predictor_run = load_config({"stage": "predictor", "learning_rate": 1e-3, "tokenizer": "runs:/abc/best_model"})
+    assert tokenizer_run["tokenizer_learning_rate"] == 1e-3 and tokenizer_run["predictor_learning_rate"] == 4e-5
+    assert predictor_run["predictor_learning_rate"] == 1e-3 and predictor_run["tokenizer_learning_rate"] == 2e-4
+    assert predictor_run["finetuned_tokenizer_path"] == "runs:/abc/best_model"
+    params = run_params(predictor_run)
+    assert params["learning_rate"] == "0.001" and params["tokenizer"] == "runs:/abc/best_model"
+    assert RunLayout.of(predictor_run).root.parent.name == "finetune_predictor_demo"
+    assert RunLayout.of(tokenizer_run).root.parent.name == "finetune_tokenizer_demo"
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _check(commands, cwd: Path, *args):
+    return commands.run([sys.executable, "-m", "kronos_mlflow.train_predictor", "--check", "--qlib-data-path", "",
+                         "--comet", "off", *args], cwd=cwd, timeout=120)
+
+
+def _one_line(proc, *needles):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kronos-mlflow train-predictor: error:"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_tokenizer_predictor_and_keys_are_one_line(isolated, commands):
+    tokenizer_dir, mismatched = isolated / "tok", isolated / "pred-5+5"
+    _tokenizer().save_pretrained(tokenizer_dir)
+    _predictor(s1_bits=5, s2_bits=5).save_pretrained(mismatched)
+    _one_line(_check(commands, isolated, "--tokenizer", str(isolated / "no-such-tokenizer")),
+              "finetuned_tokenizer_path", "no-such-tokenizer")
+    _one_line(_check(commands, isolated, "--tokenizer", str(tokenizer_dir), "--pretrained-predictor-path",
+                     str(isolated / "no-such-predictor")), "pretrained_predictor_path", "no-such-predictor")
+    _one_line(_check(commands, isolated, "--tokenizer", str(tokenizer_dir), "--pretrained-predictor-path",
+                     str(mismatched)), "5+5", "4+4", "s1_bits")
+    _one_line(_check(commands, isolated, "--predictor-validation", "sideways"), "predictor_validation", "causal")
+    _one_line(_check(commands, isolated, "--learning-rate", "0"), "predictor_learning_rate")
+    assert not (isolated / "outputs").exists() or not any((isolated / "outputs").rglob("*.safetensors"))
+
+
+# ----------------------------------------------------------------------------- the user's commands
+
+TINY_YAML = {**TINY, "n_layers": 2, "log_interval": 100000}
+SIZES = {"epochs": 3, "batch_size": 8, "n_train_iter": 800, "n_val_iter": 36}
+
+
+def _workdir(root: Path) -> tuple[Path, dict[str, str]]:
+    root.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in TINY_YAML.items() if k not in SIZES}
+    write_config(root / "tiny.yaml", **config, save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
+    from tiny_runs import create_sqlite_store
+
+    return root, isolated_env(root, create_sqlite_store(root))
+
+
+@pytest.fixture(scope="module")
+def predictor_run(user_run):
+    """``mlflow run . -e predictor`` with two workers on the shared tokenizer run's best model
+    (``tokenizer=runs:/<id>/best_model``), in the same store, experiment ``predictor``."""
+    env = {**user_run.env, "MLFLOW_EXPERIMENT_NAME": "predictor"}
+    root = user_run.root / "predictor"
+    root.mkdir(exist_ok=True)
+    config = write_config(root / "tiny.yaml", **{k: v for k, v in TINY_YAML.items() if k not in SIZES},
+                          save_path=str(root / "outputs"), dataset_path=str(user_run.root / "cache"))
+    params = {**SIZES, "epochs": 2, "nproc_per_node": 2, "config_file": str(config), "comet": "off",
+              "tokenizer": f"runs:/{user_run.run_id}/best_model", "learning_rate": 1e-3}
+    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "predictor",
+           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = user_run.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("predictor").experiment_id])
+    return client, run, proc, root
+
+
+@pytest.mark.slow
+def test_mlflow_run_predictor_trains_on_the_tokenizer_run(predictor_run, user_run):
+    client, run, proc, root = predictor_run
+    assert run.info.status == "FINISHED"
+    metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
+    for key in ("train_predictor_loss_batch", "train_S1_loss_each_batch", "train_S2_loss_each_batch",
+                "predictor_learning_rate", "val_predictor_loss_epoch", "val_predictor_loss_initial", "best_val_loss",
+                "val_s1_accuracy", "val_s2_accuracy", "val_s1_perplexity", "val_s2_perplexity",
+                "test_predictor_loss", "base_test_predictor_loss", "test_loss_change", "test_s1_accuracy"):
+        assert key in metrics, key
+    assert "train_tokenizer_loss_batch" not in metrics
+    assert tags["tokenizer_uri"] == f"runs:/{user_run.run_id}/best_model"
+    assert tags["tokenizer_run_id"] == user_run.run_id
+    assert tags["verdict"] in ("better", "worse", "inconclusive") and tags["verdict_base"] == "fresh"
+    assert tags["world_size"] == "2" and params["stage"] == "predictor"
+    assert params["learning_rate"] == "0.001" and params["predictor_learning_rate"] == "0.001"
+    assert float(params["tokenizer_learning_rate"]) == 2e-4  # untouched: not this stage's
+    history = sorted(client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch"), key=lambda m: m.step)
+    assert [m.step for m in history] == [0, 1] and metrics["best_val_loss"] == min(m.value for m in history)
+    # the run directory keeps the tokenizer it trained on, identical to the tokenizer run's best model
+    from kronos_mlflow.model import Kronos, KronosTokenizer
+
+    run_dir = Path(tags["run_directory"])
+    assert run_dir.parent.name == "finetune_predictor_demo"
+    ours = KronosTokenizer.from_pretrained(run_dir / "checkpoints" / "tokenizer")
+    theirs = KronosTokenizer.from_pretrained(next(user_run.save_path.rglob("best_model")))
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+    best = Kronos.from_pretrained(run_dir / "checkpoints" / "best_model")
+    assert (best.s1_bits, best.s2_bits) == (4, 4)
+    assert "[kronos] test, " in proc.stdout + proc.stderr
+
+
+def _torchrun(root: Path, *extra: str) -> list[str]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--max-restarts", "2", "-m", "kronos_mlflow.train_predictor", "--config", str(root / "tiny.yaml"),
+            "--qlib-data-path", "", "--comet", "off", "--learning-rate", "1e-3", *flags, *extra]
+
+
+@pytest.mark.slow
+def test_torchrun_predictor_resumes_a_killed_worker_to_the_same_result(tmp_path):
+    """Plain torchrun, fresh tokenizer and predictor: one uninterrupted run, then the same with
+    rank 1 SIGKILLed after the first epoch; the group restarts into the same MLflow run and ends
+    with the same validation history and best_val_loss."""
+    import importlib.util
+
+    from mlflow import MlflowClient
+
+    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "benchmarks" / "fault_injection.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    results = {}
+    for name in ("uninterrupted", "killed"):
+        root, env = _workdir(tmp_path / name)
+        log = root / "torchrun.log"
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(_torchrun(root), cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            if name == "killed":
+                faults.preempt(proc, root / "outputs" / "finetune_predictor_demo", rank=1, after_epoch=0)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                faults.kill_tree(proc.pid)
+        output = log.read_text()
+        assert proc.returncode == 0, output[-3000:]
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        (run,) = client.search_runs(["0"])
+        history = sorted(client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch"), key=lambda m: m.step)
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_predictor_loss_batch"))
+        results[name] = (run, [m.value for m in history], steps, output)
+    (ref, ref_val, ref_steps, _), (run, val, steps, output) = results["uninterrupted"], results["killed"]
+    assert "[kronos] resuming at epoch 1/2" in output
+    assert run.info.status == "FINISHED" and len(val) == 3
+    assert val == pytest.approx(ref_val, rel=1e-6)
+    assert run.data.metrics["best_val_loss"] == pytest.approx(ref.data.metrics["best_val_loss"], rel=1e-6)
+    assert steps == ref_steps == list(range(len(ref_steps)))  # no step logged twice or lost
+    assert run.data.metrics["test_predictor_loss"] == pytest.approx(ref.data.metrics["test_predictor_loss"], rel=1e-6)
