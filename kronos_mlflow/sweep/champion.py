@@ -18,10 +18,16 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
+from ..keys import TEST_LOSS, TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
 
 PROMOTE = ("better", "always")
 ALIAS = "champion"
+
+
+def test_loss_key(config: Mapping[str, Any]) -> str:
+    """The test loss the rule compares: ``test_tokenizer_loss``, or ``test_predictor_loss`` in a
+    predictor sweep."""
+    return f"{TEST_PREFIX}predictor_loss" if config.get("stage") == "predictor" else TEST_LOSS
 
 
 class Decision(NamedTuple):
@@ -49,20 +55,23 @@ def promotion(client, registered_model_name: str, run, config: Mapping[str, Any]
     if verdict != "better":
         return Decision(False, f"best trial {trial}'s test verdict is {verdict or 'missing'}, not better; "
                                "--promote always moves the champion regardless")
-    loss = metrics.get(TEST_LOSS)
+    key = test_loss_key(config)
+    loss = metrics.get(key)
     current = current_champion(client, registered_model_name)
     if current is None or current.run_id == run.info.run_id:
         return Decision(True, "")
     champion_run = client.get_run(current.run_id)
     if champion_run.data.tags.get("data_digest") != tags.get("data_digest"):
         return Decision(True, "")  # trained on other data: the verdict alone decides
+    if champion_run.data.tags.get(TOKENIZER_URI_TAG) != tags.get(TOKENIZER_URI_TAG):
+        return Decision(True, "")  # a predictor on other tokens: its token loss is not comparable
     theirs = champion_test_loss(client, registered_model_name, current, champion_run, run, config)
     if theirs is None or loss is None:
         return Decision(False, f"the champion (version {current.version}) and best trial {trial} cannot be compared "
                                "on the same test windows")
     if loss < theirs:
         return Decision(True, "")
-    return Decision(False, f"best trial {trial}'s test_tokenizer_loss {loss:.6f} does not beat the champion's "
+    return Decision(False, f"best trial {trial}'s {key} {loss:.6f} does not beat the champion's "
                            f"(version {current.version}) {theirs:.6f} on the same test windows")
 
 
@@ -70,10 +79,12 @@ def champion_test_loss(client, registered_model_name: str, version, champion_run
                        config: Mapping[str, Any]) -> float | None:
     """The champion's test loss on ``run``'s test windows: its own metric when it was judged on
     them, else the champion's model scored on them (None when the windows cannot be rebuilt)."""
-    windows_digest = run.data.tags.get(TEST_WINDOWS_DIGEST_TAG)
+    windows_digest, key = run.data.tags.get(TEST_WINDOWS_DIGEST_TAG), test_loss_key(config)
     if windows_digest and champion_run.data.tags.get(TEST_WINDOWS_DIGEST_TAG) == windows_digest \
-            and TEST_LOSS in champion_run.data.metrics:
-        return float(champion_run.data.metrics[TEST_LOSS])
+            and key in champion_run.data.metrics:
+        return float(champion_run.data.metrics[key])
+    if config.get("stage") == "predictor":
+        return None  # a predictor champion is compared on the windows it was judged on
     from ..evaluation.sources import load_tokenizer
     from ..evaluation.stage import TOKENIZER
     from ..evaluation.windows import heldout_windows
@@ -147,7 +158,7 @@ def model_version_of(client, registered_model_name: str, run_id: str) -> str | N
 
 def best_trial_record(run) -> tuple[dict[str, float], dict[str, str]]:
     """The best trial's test metrics and verdict as the parent run shows them."""
+    losses = [f"{prefix}test_{stage}_loss" for prefix in ("", "base_") for stage in ("tokenizer", "predictor")]
     metrics = {f"best_trial_{k}": float(v) for k, v in run.data.metrics.items()
-               if k in (TEST_LOSS, "base_test_tokenizer_loss", "test_loss_change", "test_loss_change_ci_low",
-                        "test_loss_change_ci_high")}
+               if k in (*losses, "test_loss_change", "test_loss_change_ci_low", "test_loss_change_ci_high")}
     return metrics, {"best_trial_verdict": run.data.tags.get(VERDICT_TAG, "missing")}

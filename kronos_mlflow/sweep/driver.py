@@ -38,8 +38,12 @@ from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL
 TRAIN_PASSTHROUGH = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "n_test_iter", "qlib_data_path", "instrument",
     "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
-    "seed", "accumulation_steps", "freq", "membership_gaps",
+    "seed", "accumulation_steps", "freq", "membership_gaps", "stage", "finetuned_tokenizer_path",
+    "pretrained_predictor_path",
 )
+DEFAULT_STUDY = "kronos-lr-wd"
+#: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
+PREDICTOR_STUDY = "kronos-predictor-lr-wd"
 
 
 def sweep_output_dir(save_path: str | None) -> str:
@@ -93,8 +97,14 @@ class SweepWorker:
     """One ``study.optimize`` loop with its parent MLflow run."""
 
     def __init__(self, args: argparse.Namespace, train_flags: list[str], space, storage, study, client,
-                 experiment_id: str, parent_run_id: str):
+                 experiment_id: str, parent_run_id: str, config: Mapping[str, Any] | None = None):
+        from ..config import stage_key
+        from ..keys import PREDICTOR_VAL_METRIC, VAL_METRIC
+
+        config = config or {"stage": "tokenizer"}
         self.args, self.train_flags, self.space = args, train_flags, space
+        self.folder_key = stage_key(config, "save_folder")  # each trial's run folder
+        self.val_metric = PREDICTOR_VAL_METRIC if config["stage"] == "predictor" else VAL_METRIC  # per epoch
         self.storage, self.study, self.client = storage, study, client
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         self.trial_epochs = 0
@@ -159,7 +169,7 @@ class SweepWorker:
             "weight_decay": repr(values["weight_decay"]),
             "run_name": run_name,
             "save_path": save_path,
-            "tokenizer_save_folder_name": f"trial-{trial.number:04d}",
+            self.folder_key: f"trial-{trial.number:04d}",
             "nproc_per_node": self.args.nproc_per_node,
         })
         env = dict(os.environ)
@@ -177,7 +187,7 @@ class SweepWorker:
         print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
         proc = subprocess.run(cmd, env=env)
         run = self.client.get_run(run_id)
-        epochs_done = len(self.client.get_metric_history(run_id, "val_tokenizer_loss_epoch"))
+        epochs_done = len(self.client.get_metric_history(run_id, self.val_metric))
         self.trial_epochs += epochs_done
         trial.set_user_attr("epochs_trained", epochs_done)
         # torchrun turns any worker's non-zero exit into its own code 1, so the run's status
@@ -276,7 +286,8 @@ def build_parser():
     p.on_error = record_failure  # under `mlflow run -e sweep`: the parent run ends FAILED with this line
     p.add_argument("--n-trials", default=8, help="trials this worker runs (default 8)")
     p.add_argument("--timeout", default=0, help="stop starting trials after this many seconds (0: none)")
-    p.add_argument("--study-name", default="kronos-lr-wd", help="Optuna study (resumed when it exists)")
+    p.add_argument("--study-name", default=DEFAULT_STUDY, help="Optuna study (resumed when it exists; a "
+                   f"predictor sweep's default is {PREDICTOR_STUDY})")
     p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
     p.add_argument("--pruner", default=DEFAULT_PRUNER, help="successive_halving (default), hyperband, median, "
                    "percentile[:P], none; options as median:n_startup_trials=3,n_warmup_steps=1")
@@ -296,6 +307,15 @@ def build_parser():
     p.add_argument("--max-retry", default=1, help="retries of a trial whose worker died")
     p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
     return p
+
+
+def _stage_of(extra: Sequence[str]) -> str:
+    """The ``--stage`` among the pass-through flags (it decides what ``--learning-rate`` names)."""
+    for i, flag in enumerate(extra):
+        name, eq, value = flag.lstrip("-").partition("=")
+        if name == "stage":
+            return value if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+    return "tokenizer"
 
 
 def parse(argv: Sequence[str] | None):
@@ -332,6 +352,7 @@ def parse(argv: Sequence[str] | None):
         parser.error(str(exc))
     # Pass-through flags: every training key, validated now so a typo fails before any trial.
     overrides: dict[str, str] = {}
+    stage = _stage_of(extra)
     i = 0
     while i < len(extra):
         flag = extra[i]
@@ -344,8 +365,8 @@ def parse(argv: Sequence[str] | None):
             value = extra[i + 1]
             i += 1
         i += 1
-        key = cfg.canonical_key(name)
-        if key in ("tokenizer_learning_rate", "adam_weight_decay"):
+        key = cfg.canonical_key(name, stage)
+        if key in ("tokenizer_learning_rate", "predictor_learning_rate", "adam_weight_decay"):
             parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
@@ -358,6 +379,8 @@ def parse(argv: Sequence[str] | None):
     check_comet(config)
     if not args.output_dir:
         args.output_dir = sweep_output_dir(config.get("save_path"))
+    if config["stage"] == "predictor" and args.study_name == DEFAULT_STUDY:
+        args.study_name = PREDICTOR_STUDY
     train_flags = []
     if args.config_file:
         train_flags += ["--config", args.config_file]
@@ -414,7 +437,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         _log_param_once(client, parent_id, key, value)
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
-    worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id)
+    worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id, config)
     status = "FAILED"
     started = time.time()
     try:
