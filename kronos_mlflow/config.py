@@ -414,7 +414,19 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
         )
-    if not out["pretrained_tokenizer_path"]:
+    if out["stage"] == "predictor" and not out["pretrained_predictor_path"]:
+        from .model.spec import PREDICTOR_CONFIGS, count_predictor_parameters
+
+        sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
+                                                                             "s1_bits", "s2_bits")}}
+        n = count_predictor_parameters(sizes)
+        if n > MAX_PARAMETERS:
+            raise ConfigError(
+                f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
+                f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
+    fresh_tokenizer = not out["pretrained_tokenizer_path"] and not (
+        out["stage"] == "predictor" and out["finetuned_tokenizer_path"])
+    if fresh_tokenizer:
         # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
         # is allocated (a checkpoint's config.json gets the same check in model/spec.py).
         n = fresh_parameter_count(out)
