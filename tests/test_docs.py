@@ -200,6 +200,9 @@ def _strip_prefix(argv: list[str]) -> list[str]:
     return argv
 
 
+TRAIN_MODULES = ("kronos_mlflow.train", "kronos_mlflow.train_predictor")  # the same flags
+
+
 @cache
 def _train_flags() -> frozenset[str]:
     from kronos_mlflow.cli import OneLineParser
@@ -285,13 +288,13 @@ def _check_torchrun(args: list[str]) -> list[str]:
         return unknown if "..." in args else [*unknown, "torchrun without -m MODULE"]
     i = args.index("-m")
     problems = [f"torchrun: unknown flag {f}" for f in _unknown(args[:i], _torchrun_flags())]
-    if args[i + 1] != "kronos_mlflow.train":
-        return problems + [f"torchrun runs {args[i + 1]!r}, not kronos_mlflow.train"]
+    if args[i + 1] not in TRAIN_MODULES:
+        return problems + [f"torchrun runs {args[i + 1]!r}, not one of {', '.join(TRAIN_MODULES)}"]
     return problems + _check_training(args[i + 2:])
 
 
 def _check_python(args: list[str]) -> list[str]:
-    if args[:2] == ["-m", "kronos_mlflow.train"]:
+    if args[:1] == ["-m"] and args[1:2] and args[1] in TRAIN_MODULES:
         return _check_training(args[2:])
     if args[:2] == ["-m", "kronos_mlflow.cli"]:
         return _check_kronos_mlflow(args[2:])
