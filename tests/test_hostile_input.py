@@ -260,6 +260,20 @@ def make_market_past_end(inp: Path, ws: Path) -> None:
     np.concatenate([data, np.ones(40, dtype="<f4")]).astype("<f4").tofile(path)
 
 
+def make_predictor_5_5(inp: Path, ws: Path) -> None:
+    """The workspace's tokenizer (4+4 bits) beside a predictor of 5+5 bits, and a pickle-only predictor."""
+    import torch
+
+    from kronos_mlflow.model import Kronos
+
+    _checkpoint(inp, "good_ckpt", ws)
+    torch.manual_seed(0)
+    Kronos(s1_bits=5, s2_bits=5, n_layers=1, d_model=16, n_heads=2, ff_dim=32, ffn_dropout_p=0.0, attn_dropout_p=0.0,
+           resid_dropout_p=0.0, token_dropout_p=0.0, learn_te=True).save_pretrained(inp / "pred_5_5")
+    _write(inp / "pred_pickle" / "pytorch_model.bin", b"\x80\x04not really a pickle")
+    _write(inp / "pred_pickle" / "config.json", "{}")
+
+
 def make_fifo(inp: Path, ws: Path) -> None:
     os.mkfifo(inp / "fifo.yaml")
 
@@ -323,6 +337,7 @@ class Case:
 
 
 TRAIN = ("{py}", "-m", "kronos_mlflow.train", "--check")
+PREDICT = ("{py}", "-m", "kronos_mlflow.train_predictor", "--check")
 CLI = ("kronos-mlflow",)  # the console script
 SWEEP = ("{py}", str(ROOT / "sweeps" / "sweep.py"))
 MLPROJECT = ("<mlproject>",)
@@ -586,6 +601,33 @@ CASES: list[Case] = [
          make=make_good_and_truncated),
     Case("evaluate-split", "evaluate", "`evaluate-tokenizer MODEL --split train`",
          CLI + ("evaluate-tokenizer", "{in}/no_such_ckpt", "--split", "train"), "'train'"),
+    # ===== the predictor stage (python -m kronos_mlflow.train_predictor --check, the MLproject predictor check)
+    Case("predictor-tokenizer-missing", "predictor", "`--tokenizer` a directory that does not exist",
+         PREDICT + BASE + ("--tokenizer", "{in}/no_such_tokenizer"), "no_such_tokenizer"),
+    Case("predictor-tokenizer-run", "predictor", "`--tokenizer runs:/<a run id the store lacks>/best_model`",
+         PREDICT + BASE + ("--tokenizer", "runs:/0123456789abcdef0123456789abcdef/best_model"),
+         "0123456789abcdef0123456789abcdef"),
+    Case("predictor-missing", "predictor", "`--pretrained-predictor-path` a directory that does not exist",
+         PREDICT + BASE + ("--tokenizer", "{in}/good_ckpt", "--pretrained-predictor-path", "{in}/no_such_predictor"),
+         "no_such_predictor", make=make_predictor_5_5),
+    Case("predictor-bits", "predictor", "a 5+5-bit predictor for a 4+4-bit tokenizer",
+         PREDICT + BASE + ("--tokenizer", "{in}/good_ckpt", "--pretrained-predictor-path", "{in}/pred_5_5"),
+         "5+5", make=make_predictor_5_5),
+    Case("predictor-pickle", "predictor", "`--pretrained-predictor-path` holding only a pickle (`pytorch_model.bin`)",
+         PREDICT + BASE + ("--tokenizer", "{in}/good_ckpt", "--pretrained-predictor-path", "{in}/pred_pickle"),
+         "pred_pickle", make=make_predictor_5_5),
+    Case("predictor-tokenizer-is-predictor", "predictor", "`--tokenizer` naming a predictor checkpoint",
+         PREDICT + BASE + ("--tokenizer", "{in}/pred_5_5"), "pred_5_5", make=make_predictor_5_5),
+    Case("predictor-validation", "predictor", "`--predictor-validation sideways`",
+         PREDICT + BASE + ("--predictor-validation", "sideways"), "sideways"),
+    Case("predictor-lr-zero", "predictor", "`--learning-rate 0` (the predictor's)",
+         PREDICT + BASE + ("--learning-rate", "0"), "predictor_learning_rate"),
+    Case("predictor-n-layers", "predictor", "`--n-layers 100000`", PREDICT + BASE + ("--n-layers", "100000"),
+         "n_layers"),
+    Case("predictor-stage", "predictor", "`--stage forecaster`", TRAIN + BASE + ("--stage", "forecaster"),
+         "forecaster"),
+    Case("sweep-predictor-lr", "sweep", "`sweeps/sweep.py --stage predictor --predictor-learning-rate 1e-4`",
+         SWEEP + ("--stage", "predictor", "--predictor-learning-rate", "1e-4"), "--predictor-learning-rate"),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),

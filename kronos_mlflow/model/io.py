@@ -95,7 +95,7 @@ def load_checkpoint(cls, path_or_hub_id: str | os.PathLike, *, map_location: str
     a one-line :class:`CheckpointError` naming the path. The model is returned in eval mode,
     as upstream's mixin returns it.
     """
-    directory = _resolve_checkpoint_dir(path_or_hub_id)
+    directory = _resolve_checkpoint_dir(path_or_hub_id, getattr(cls, "hub_example", "NeoQuasar/Kronos-Tokenizer-base"))
     config = _read_config(directory / CONFIG_NAME, cls)
     weights_path = directory / WEIGHTS_NAME
     expected = _expected_tensors(cls, config)
@@ -184,7 +184,7 @@ def _temp_path(directory: Path, final_name: str) -> str:
 
 
 
-def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike) -> Path:
+def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike, hub_example: str = "NeoQuasar/Kronos-Tokenizer-base") -> Path:
     raw = os.fspath(path_or_hub_id)
     if not isinstance(raw, str) or not raw.strip():
         raise CheckpointError("the checkpoint path is empty; pass a directory holding config.json and model.safetensors")
@@ -200,7 +200,7 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike) -> Path:
     if not _HUB_ID_RE.match(raw) or ".." in raw:
         raise CheckpointError(
             f"checkpoint directory '{path}' does not exist; pass a directory holding {CONFIG_NAME} and "
-            f"{WEIGHTS_NAME}, or a Hugging Face hub id such as NeoQuasar/Kronos-Tokenizer-base"
+            f"{WEIGHTS_NAME}, or a Hugging Face hub id such as {hub_example}"
         )
     try:
         import huggingface_hub

@@ -183,6 +183,7 @@ class Kronos(HubCheckpoint, nn.Module):
 
     CONFIG_SCHEMA = PREDICTOR_SCHEMA
     validate_config = staticmethod(validate_predictor_config)
+    hub_example = "NeoQuasar/Kronos-small"  # what a missing checkpoint's message suggests
 
     def __init__(self, s1_bits, s2_bits, n_layers, d_model, n_heads, ff_dim, ffn_dropout_p, attn_dropout_p,
                  resid_dropout_p, token_dropout_p, learn_te):
