@@ -62,7 +62,11 @@ def logged(tmp_path_factory):
         dirs = _write_checkpoints(tmp / "checkpoints")
         logger = MLflowLogger(experiment_name="forecaster", run_name="predictor")
         logger.log_metrics({"val_loss": 1.5}, step=3)
-        info = log_forecaster(logger, str(dirs[0]), str(dirs[1]), config, step=3, metrics={"val_loss": 1.5})
+        try:
+            info = log_forecaster(logger, str(dirs[0]), str(dirs[1]), config, step=3, metrics={"val_loss": 1.5})
+        finally:
+            # the logging sets MLflow's process-global tracking URI: do not leak it into later tests
+            mlflow.set_tracking_uri(None)
         logger.finalize("success")
         model = mlflow.pyfunc.load_model(info.model_uri)
         yield {"tmp": tmp, "config": config, "dirs": dirs, "info": info, "model": model, "logger": logger,
@@ -224,7 +228,10 @@ def test_the_tokenizer_model_is_logged_through_the_same_steps(tmp_path, monkeypa
     config = tiny_config(tmp_path, registered_model_name="kronos-tokenizer")
     checkpoint = _write_checkpoints(tmp_path / "checkpoints")[0]
     logger = MLflowLogger(experiment_name="tokenizer", run_name="tokenizer")
-    info = log_best_model(logger, str(checkpoint), config, step=1, metrics={"val_tokenizer_loss_epoch": 0.25})
+    try:
+        info = log_best_model(logger, str(checkpoint), config, step=1, metrics={"val_tokenizer_loss_epoch": 0.25})
+    finally:
+        mlflow.set_tracking_uri(None)  # as above
     logger.finalize("success")
     client = MlflowClient(isolated_vars(tmp_path)["MLFLOW_TRACKING_URI"])
     run = client.get_run(logger.run_id)
