@@ -49,13 +49,14 @@ def _pip_requirements() -> list[str]:
 
 def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
     """Raw validation windows for the signature and input example (synthetic if none)."""
-    return _example_windows(config, n)[0]
+    return _example_windows(config, n, with_times=False)[0]
 
 
-def _example_windows(config: Mapping[str, Any], n: int) -> tuple[np.ndarray, list[list[str]] | None]:
+def _example_windows(config: Mapping[str, Any], n: int, with_times: bool = True
+                     ) -> tuple[np.ndarray, list[list[str]] | None]:
     """``n`` raw windows of the validation split (else the training split), float32
-    ``(n, lookback + predict + 1, 6)``, and their bars' timestamps (ISO text); synthetic
-    windows and None where the config's data has no windows."""
+    ``(n, lookback + predict + 1, 6)``, and (``with_times``) their bars' timestamps (ISO text);
+    synthetic windows and None where the config's data has no windows."""
     from ..data import QlibDataset
 
     window = config["lookback_window"] + config["predict_window"] + 1
@@ -66,7 +67,8 @@ def _example_windows(config: Mapping[str, Any], n: int) -> tuple[np.ndarray, lis
             continue
         if len(ds) and hasattr(ds, "raw_windows"):
             picked = list(range(min(n, len(ds))))
-            return np.asarray(ds.raw_windows(picked), dtype=np.float32), [ds.window_times(i) for i in picked]
+            times = [ds.window_times(i) for i in picked] if with_times else None
+            return np.asarray(ds.raw_windows(picked), dtype=np.float32), times
     rng = np.random.default_rng(0)
     close = 10 * np.exp(np.cumsum(rng.normal(0, 0.01, size=(n, window)), axis=1))
     vol = rng.uniform(1e5, 1e6, size=(n, window))
