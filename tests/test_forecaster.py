@@ -40,7 +40,8 @@ def _write_checkpoints(root: Path) -> tuple[Path, Path]:
     with torch.no_grad():  # off the fresh initialisation, so that the logits are not flat
         for p in predictor.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    return Path(tokenizer.save_pretrained(root / "tokenizer")), Path(predictor.save_pretrained(root / "predictor"))
+    # named as a training run names them, not as the model's artifacts
+    return Path(tokenizer.save_pretrained(root / "tokenizer-run")), Path(predictor.save_pretrained(root / "best_model"))
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +262,8 @@ def test_served_forecast_equals_the_in_process_one(logged):
         "/ping", tmp, "mlflow models serve", env)
     try:
         params = {"seed": 4, "sample_count": 2, "T": 0.9}
-        status, body = post_json(f"{base}/invocations", {"inputs": {k: v.tolist() for k, v in x.items()}, "params": params})
+        request = {"inputs": {k: v.tolist() for k, v in x.items()}, "params": params}
+        status, body = post_json(f"{base}/invocations", request)
         assert status == 200, body
         expected = logged["model"].predict(x, params=params)
         got = body["predictions"]

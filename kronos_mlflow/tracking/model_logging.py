@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -261,17 +263,42 @@ def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config
     Linked, given metrics, checked and registered as :func:`log_best_model` does; the check
     forecasts real windows of the config's data in memory and with the reloaded model, for one
     seed, and requires the same paths. Returns the ``ModelInfo``."""
+    with tempfile.TemporaryDirectory(prefix="kronos-forecaster-") as staging:
+        artifacts = _forecaster_artifacts(tokenizer_dir, predictor_dir, staging)
+        return _log_forecaster(mlflow_logger, artifacts, config, int(step), metrics, heldout_metrics, heldout_dataset)
+
+
+def _forecaster_artifacts(tokenizer_dir: str, predictor_dir: str, staging: str) -> dict[str, str]:
+    """The two checkpoint directories under ``staging`` as ``tokenizer/`` and ``predictor/``
+    (MLflow names an artifact directory after its source): hard links where the file system
+    allows, copies otherwise."""
+    from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT
+
+    def link_or_copy(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    out = {}
+    for name, source in ((TOKENIZER_ARTIFACT, tokenizer_dir), (PREDICTOR_ARTIFACT, predictor_dir)):
+        out[name] = shutil.copytree(os.fspath(source), os.path.join(staging, name), copy_function=link_or_copy)
+    return out
+
+
+def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping[str, Any], step: int,
+                    metrics, heldout_metrics, heldout_dataset):
     from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT, forecast, load_forecaster
 
     pred_len = int(config["predict_window"])
     model_config = {"pred_len": pred_len, "max_context": int(config["max_context"]), "clip": float(config["clip"])}
-    predictor = load_forecaster(tokenizer_dir, predictor_dir, max_context=model_config["max_context"],
-                                clip=model_config["clip"])
+    predictor = load_forecaster(artifacts[TOKENIZER_ARTIFACT], artifacts[PREDICTOR_ARTIFACT],
+                                max_context=model_config["max_context"], clip=model_config["clip"])
     example = example_forecast_input(config)
     expected = forecast(predictor, example, pred_len, **FORECAST_CHECK)
     files = _ModelFiles(
-        "forecaster_model.py", {TOKENIZER_ARTIFACT: str(tokenizer_dir), PREDICTOR_ARTIFACT: str(predictor_dir)},
-        model_config, forecaster_signature(pred_len), (example, dict(FORECAST_CHECK)), _metadata(config))
+        "forecaster_model.py", artifacts, model_config, forecaster_signature(pred_len),
+        (example, dict(FORECAST_CHECK)), _metadata(config))
 
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))
