@@ -80,6 +80,19 @@ def tokenize_windows(model, x: np.ndarray, lookback: int, clip: float) -> dict[s
     }
 
 
+@contextlib.contextmanager
+def bad_input_as_invalid_parameter() -> Iterator[None]:
+    """A ``ValueError`` raised inside becomes MLflow's ``INVALID_PARAMETER_VALUE`` with the same
+    one-line message: a 400 when served, one short line (never the whole array)."""
+    try:
+        yield
+    except ValueError as exc:
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+
+
 try:  # the class needs mlflow; the helpers above do not
     import mlflow.pyfunc
 
@@ -98,13 +111,8 @@ try:  # the class needs mlflow; the helpers above do not
         # is the schema), and MLflow does not warn about missing hints.
         def predict(self, context, model_input: np.ndarray, params: dict[str, Any] | None = None
                     ) -> dict[str, np.ndarray]:
-            try:
+            with bad_input_as_invalid_parameter():
                 return tokenize_windows(self.model, model_input, self.lookback, self.clip)
-            except ValueError as exc:  # a 400 when served, one short line (never the whole array)
-                from mlflow.exceptions import MlflowException
-                from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-                raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosTokenizerPyfunc = None  # type: ignore[assignment]

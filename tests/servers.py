@@ -81,6 +81,19 @@ def serve_on_free_port(argv_for: Callable[[int], list[str]], ready_path: str, lo
     pytest.fail(f"{name} found no free port in three tries")
 
 
+def post_json(url: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
+    """POST ``body`` as JSON; (status, the JSON answer), error statuses included."""
+    import json
+    import urllib.error
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Call ``check`` until it returns something truthy (returned); AssertionError naming ``what``
     once ``timeout`` seconds have passed."""

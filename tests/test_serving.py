@@ -13,27 +13,16 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from servers import serve_on_free_port, stop_process_group
+from servers import post_json, serve_on_free_port, stop_process_group
 from shared_runs import REGISTERED_MODEL
 from tiny_runs import isolated_env, run_dir
 
 pytestmark = pytest.mark.slow
 MODEL = REGISTERED_MODEL
-
-
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _serve(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, str]:
@@ -82,7 +71,7 @@ def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, mon
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     proc, base = _serve(tmp_path, env)
     try:
-        status, body = _post(f"{base}/invocations", {"inputs": x.tolist()})
+        status, body = post_json(f"{base}/invocations", {"inputs": x.tolist()})
         assert status == 200, body
         got = body["predictions"]
         assert sorted(got) == ["reconstruction", "s1_tokens", "s2_tokens", "tokens"]
@@ -98,11 +87,11 @@ def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, mon
                                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert download.returncode == 0, download.stderr[-2000:]
         example = tmp_path / "example" / "serving_input_example.json"
-        status, body = _post(f"{base}/invocations", json.loads(example.read_text()))
+        status, body = post_json(f"{base}/invocations", json.loads(example.read_text()))
         assert status == 200, body
         assert np.asarray(body["predictions"]["tokens"]).shape == (2, x.shape[1])
 
-        status, body = _post(f"{base}/invocations", {"inputs": x[..., :5].tolist()})  # 5 features, not 6
+        status, body = post_json(f"{base}/invocations", {"inputs": x[..., :5].tolist()})  # 5 features, not 6
         assert status == 400, body
         assert body["error_code"] == "INVALID_PARAMETER_VALUE"
         # MLflow's scoring server puts the request before the model's own message; that is one short line
@@ -111,7 +100,7 @@ def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, mon
         assert last == ("Error: input of shape (3, 26, 5) is not windows of (B, T, 6) with T >= 2: open, high, "
                         "low, close, vol, amt per step"), last
         # any window length the model supports is accepted
-        status, body = _post(f"{base}/invocations", {"inputs": x[:, :12].tolist()})
+        status, body = post_json(f"{base}/invocations", {"inputs": x[:, :12].tolist()})
         assert status == 200, body
         assert np.asarray(body["predictions"]["tokens"]).shape == (3, 12)
     finally:

@@ -1,21 +1,29 @@
 """The best checkpoint as an MLflow Model on the run, and the data as the run's input.
 
+Two models are logged the same way: the tokenizer stage's (:func:`log_best_model`, the
+checkpoint as a tokenizing pyfunc) and the predictor stage's forecaster
+(:func:`log_forecaster`, the tokenizer and the best predictor checkpoint as a forecasting pyfunc).
+
 The model is an MLflow 3 Logged Model of the run: created for the run (``source_run_id``),
 written by ``mlflow.pyfunc.log_model`` outside any active run (which would attach to the model
 every run metric that happens to share its step: per-step training losses and per-epoch
 metrics share step numbers), then linked to the run as an output at the best epoch, with the
 best epoch's validation metrics (``val_tokenizer_loss_epoch``, ``best_val_loss``, codebook and
-per-feature metrics) logged on the model: the model page shows what made it the best.
-"""
+per-feature metrics) logged on the model: the model page shows what made it the best. It is
+reloaded and its prediction compared with the in-memory one before the run is tagged
+``best_model_uri`` and the model registered (``registered_model_name``)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +51,14 @@ def _pip_requirements() -> list[str]:
 
 def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
     """Raw validation windows for the signature and input example (synthetic if none)."""
+    return _example_windows(config, n, with_times=False)[0]
+
+
+def _example_windows(config: Mapping[str, Any], n: int, with_times: bool = True
+                     ) -> tuple[np.ndarray, list[list[str]] | None]:
+    """``n`` raw windows of the validation split (else the training split), float32
+    ``(n, lookback + predict + 1, 6)``, and (``with_times``) their bars' timestamps (ISO text);
+    synthetic windows and None where the config's data has no windows."""
     from ..data import QlibDataset
 
     window = config["lookback_window"] + config["predict_window"] + 1
@@ -52,13 +68,31 @@ def example_windows(config: Mapping[str, Any], n: int = 2) -> np.ndarray:
         except Exception:  # noqa: BLE001 - fall back to the next split
             continue
         if len(ds) and hasattr(ds, "raw_windows"):
-            return np.asarray(ds.raw_windows(list(range(min(n, len(ds))))), dtype=np.float32)
+            picked = list(range(min(n, len(ds))))
+            times = [ds.window_times(i) for i in picked] if with_times else None
+            return np.asarray(ds.raw_windows(picked), dtype=np.float32), times
     rng = np.random.default_rng(0)
     close = 10 * np.exp(np.cumsum(rng.normal(0, 0.01, size=(n, window)), axis=1))
     vol = rng.uniform(1e5, 1e6, size=(n, window))
     o, h, lo = close * 0.999, close * 1.01, close * 0.99
     amt = (o + h + lo + close) / 4 * vol
-    return np.stack([o, h, lo, close, vol, amt], axis=-1).astype(np.float32)
+    return np.stack([o, h, lo, close, vol, amt], axis=-1).astype(np.float32), None
+
+
+def example_forecast_input(config: Mapping[str, Any], n: int = 2) -> dict[str, np.ndarray]:
+    """The forecaster's input example: ``bars`` ``(n, lookback_window, 6)`` of real windows of
+    the config's data and ``timestamps`` ``(n, lookback_window + predict_window)``, their bars'
+    times in seconds since the epoch (UTC); a business-day calendar from 2024-01-02 for
+    synthetic windows."""
+    import pandas as pd
+
+    bars, times = _example_windows(config, n)
+    lookback, total = int(config["lookback_window"]), int(config["lookback_window"]) + int(config["predict_window"])
+    if times is None:
+        times = [pd.bdate_range("2024-01-02", periods=total)] * len(bars)
+    epoch, second = pd.Timestamp("1970-01-01"), pd.Timedelta(seconds=1)
+    stamps = np.stack([(pd.DatetimeIndex(pd.to_datetime(list(t)[:total])) - epoch) // second for t in times])
+    return {"bars": bars[:, :lookback], "timestamps": stamps.astype(np.int64)}
 
 
 @contextlib.contextmanager
@@ -97,6 +131,78 @@ def model_signature(x: np.ndarray, expected: Mapping[str, np.ndarray]):
                           outputs=Schema([free(s) for s in inferred.outputs.inputs]))
 
 
+@dataclass(frozen=True)
+class _ModelFiles:
+    """What ``mlflow.pyfunc.log_model`` writes for one of the package's pyfuncs: the "from code"
+    file (a module of this package, shipped with it in ``code/``), its artifact directories,
+    ``model_config``, signature, input example and metadata."""
+
+    code_file: str
+    artifacts: Mapping[str, str]
+    model_config: Mapping[str, Any]
+    signature: Any
+    input_example: Any
+    metadata: Mapping[str, str]
+
+
+def _metadata(config: Mapping[str, Any]) -> dict[str, str]:
+    return {"freq": str(config.get("freq", "day")), "instrument": str(config["instrument"])}
+
+
+def _publish_model(mlflow_logger, files: _ModelFiles, config: Mapping[str, Any], step: int,
+                   metrics: Mapping[str, float] | None, heldout_metrics: Mapping[str, float] | None,
+                   heldout_dataset: tuple[str, str] | None, reproduces: Callable[[Any], bool]):
+    """Log ``files`` as the Logged Model ``best_model`` of the run (created for the run and
+    written outside any active run: see the module doc), an output of the run at ``step`` with
+    ``metrics`` and ``heldout_metrics`` (linked to ``heldout_dataset``) on the model; reload it
+    and require ``reproduces(loaded_pyfunc)``; then tag the run ``best_model_uri`` and, when the
+    config names a registered model, register it (tag ``registered_model``). Returns the ``ModelInfo``."""
+    import mlflow
+
+    info = _log_logged_model(mlflow_logger, files, int(step))
+    linked = _model_metrics(mlflow_logger, metrics or {}, int(step), info.model_id)
+    linked += _model_metrics(mlflow_logger, heldout_metrics or {}, int(step), info.model_id, heldout_dataset)
+    if linked:
+        mlflow_logger.client.log_batch(mlflow_logger.run_id, metrics=linked)
+    with _tracking_uri(mlflow_logger.tracking_uri):
+        loaded = mlflow.pyfunc.load_model(info.model_uri)
+    if not reproduces(loaded):
+        raise RuntimeError("the logged MLflow model does not reproduce the checkpoint's outputs")
+    mlflow_logger.set_tags({"best_model_uri": info.model_uri})
+    name = config.get("registered_model_name")
+    if name:
+        with _tracking_uri(mlflow_logger.tracking_uri):
+            version = mlflow.register_model(info.model_uri, name)
+        mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
+        info.registered_version = version.version  # type: ignore[attr-defined]
+    return info
+
+
+def _log_logged_model(mlflow_logger, files: _ModelFiles, step: int):
+    """The Logged Model of the run, written and linked as the run's output at ``step``."""
+    import mlflow
+    from mlflow.entities import LoggedModelOutput
+
+    package_dir = os.path.dirname(os.path.abspath(mlflow_model.__file__))
+    with _tracking_uri(mlflow_logger.tracking_uri):
+        logged = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=mlflow_logger.run_id,
+                                                experiment_id=mlflow_logger.experiment_id)
+        info = mlflow.pyfunc.log_model(
+            name=MODEL_NAME,
+            python_model=os.path.join(package_dir, files.code_file),
+            artifacts=dict(files.artifacts),
+            code_paths=[package_dir],
+            model_config=dict(files.model_config),
+            signature=files.signature,
+            input_example=files.input_example,
+            pip_requirements=_pip_requirements(),
+            metadata=dict(files.metadata),
+            model_id=logged.model_id,
+        )
+    mlflow_logger.client.log_outputs(mlflow_logger.run_id, [LoggedModelOutput(logged.model_id, step=step)])
+    return info
+
+
 def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any], step: int = 0,
                    metrics: Mapping[str, float] | None = None, heldout_metrics: Mapping[str, float] | None = None,
                    heldout_dataset: tuple[str, str] | None = None):
@@ -108,53 +214,97 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     The model is reloaded and its prediction compared with the in-memory computation before
     anything is registered.
     """
-    import mlflow
-    from mlflow.entities import LoggedModelOutput
-
     from ..model import KronosTokenizer
 
     x = example_windows(config)
     model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
     expected = tokenize_windows(model, x, config["lookback_window"], config["clip"])
-    signature = model_signature(x, expected)
-    package_dir = os.path.dirname(os.path.abspath(mlflow_model.__file__))
-    code_file = os.path.join(package_dir, "pyfunc_model.py")
-    client = mlflow_logger.client
-    with _tracking_uri(mlflow_logger.tracking_uri):
-        logged = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=mlflow_logger.run_id,
-                                                experiment_id=mlflow_logger.experiment_id)
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_NAME,
-            python_model=code_file,
-            artifacts={CHECKPOINT_ARTIFACT: checkpoint_dir},
-            code_paths=[package_dir],
-            model_config={"lookback_window": int(config["lookback_window"]), "clip": float(config["clip"])},
-            signature=signature,
-            input_example=x,
-            pip_requirements=_pip_requirements(),
-            metadata={"freq": str(config.get("freq", "day")), "instrument": str(config["instrument"])},
-            model_id=logged.model_id,
-        )
-    client.log_outputs(mlflow_logger.run_id, [LoggedModelOutput(logged.model_id, step=int(step))])
-    linked = _model_metrics(mlflow_logger, metrics or {}, int(step), logged.model_id)
-    linked += _model_metrics(mlflow_logger, heldout_metrics or {}, int(step), logged.model_id, heldout_dataset)
-    if linked:
-        client.log_batch(mlflow_logger.run_id, metrics=linked)
-    with _tracking_uri(mlflow_logger.tracking_uri):
-        loaded = mlflow.pyfunc.load_model(info.model_uri)
-    got = loaded.predict(x)
-    if not np.array_equal(got["tokens"], expected["tokens"]) or not np.allclose(
-        got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5
-    ):
-        raise RuntimeError("the logged MLflow model does not reproduce the checkpoint's outputs")
-    mlflow_logger.set_tags({"best_model_uri": info.model_uri})
-    name = config.get("registered_model_name")
-    if name:
-        with _tracking_uri(mlflow_logger.tracking_uri):
-            version = mlflow.register_model(info.model_uri, name)
-        mlflow_logger.set_tags({"registered_model": f"{name}/{version.version}"})
-        info.registered_version = version.version  # type: ignore[attr-defined]
-    return info
+    files = _ModelFiles(
+        "pyfunc_model.py", {CHECKPOINT_ARTIFACT: checkpoint_dir},
+        {"lookback_window": int(config["lookback_window"]), "clip": float(config["clip"])},
+        model_signature(x, expected), x, _metadata(config))
+
+    def reproduces(loaded) -> bool:
+        got = loaded.predict(x)
+        return np.array_equal(got["tokens"], expected["tokens"]) and np.allclose(
+            got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5)
+
+    return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
+
+
+def forecaster_signature(pred_len: int):
+    """The forecaster's signature: its outputs and the sampling parameters with their defaults
+    (``pred_len``: the config's predict_window). The inputs are left open: ``predict`` checks
+    the dict of ``bars`` and ``timestamps`` itself and refuses bad input in one short line
+    (MLflow's own schema check would print the whole array)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
+
+    from ..forecasting import SAMPLING_DEFAULTS
+
+    float32 = np.dtype("float32")
+    outputs = Schema([TensorSpec(float32, (-1, -1, -1, 6), "paths"), TensorSpec(float32, (-1, -1, 6), "mean")])
+    params = [ParamSpec("pred_len", "long", int(pred_len))]
+    params += [ParamSpec(k, "double" if isinstance(v, float) else "long", v) for k, v in SAMPLING_DEFAULTS.items()]
+    return ModelSignature(inputs=None, outputs=outputs, params=ParamSchema(params))
+
+
+# The settings of the reload check and of the input example: two paths per series, seed 0.
+FORECAST_CHECK = {"sample_count": 2, "seed": 0}
+
+
+def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config: Mapping[str, Any], step: int = 0,
+                   metrics: Mapping[str, float] | None = None, heldout_metrics: Mapping[str, float] | None = None,
+                   heldout_dataset: tuple[str, str] | None = None):
+    """Log the predictor run's forecaster as the MLflow Model ``best_model`` of
+    ``mlflow_logger``'s run: ``tokenizer_dir`` (the tokenizer the predictor was trained on) and
+    ``predictor_dir`` (the best predictor checkpoint), each a ``config.json`` +
+    ``model.safetensors`` directory, become the artifacts ``tokenizer/`` and ``predictor/``.
+    Linked, given metrics, checked and registered as :func:`log_best_model` does; the check
+    forecasts real windows of the config's data in memory and with the reloaded model, for one
+    seed, and requires the same paths. Returns the ``ModelInfo``."""
+    with tempfile.TemporaryDirectory(prefix="kronos-forecaster-") as staging:
+        artifacts = _forecaster_artifacts(tokenizer_dir, predictor_dir, staging)
+        return _log_forecaster(mlflow_logger, artifacts, config, int(step), metrics, heldout_metrics, heldout_dataset)
+
+
+def _forecaster_artifacts(tokenizer_dir: str, predictor_dir: str, staging: str) -> dict[str, str]:
+    """The two checkpoint directories under ``staging`` as ``tokenizer/`` and ``predictor/``
+    (MLflow names an artifact directory after its source): hard links where the file system
+    allows, copies otherwise."""
+    from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT
+
+    def link_or_copy(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    out = {}
+    for name, source in ((TOKENIZER_ARTIFACT, tokenizer_dir), (PREDICTOR_ARTIFACT, predictor_dir)):
+        out[name] = shutil.copytree(os.fspath(source), os.path.join(staging, name), copy_function=link_or_copy)
+    return out
+
+
+def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping[str, Any], step: int,
+                    metrics, heldout_metrics, heldout_dataset):
+    from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT, forecast, load_forecaster
+
+    pred_len = int(config["predict_window"])
+    model_config = {"pred_len": pred_len, "max_context": int(config["max_context"]), "clip": float(config["clip"])}
+    predictor = load_forecaster(artifacts[TOKENIZER_ARTIFACT], artifacts[PREDICTOR_ARTIFACT],
+                                max_context=model_config["max_context"], clip=model_config["clip"])
+    example = example_forecast_input(config)
+    expected = forecast(predictor, example, pred_len, **FORECAST_CHECK)
+    files = _ModelFiles(
+        "forecaster_model.py", artifacts, model_config, forecaster_signature(pred_len),
+        (example, dict(FORECAST_CHECK)), _metadata(config))
+
+    def reproduces(loaded) -> bool:
+        got = loaded.predict(example, params=dict(FORECAST_CHECK))
+        return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean"))
+
+    return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
 
 
 def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str,
