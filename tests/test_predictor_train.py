@@ -221,6 +221,19 @@ def test_mlflow_run_predictor_trains_on_the_tokenizer_run(predictor_run, user_ru
     best = Kronos.from_pretrained(run_dir / "checkpoints" / "best_model")
     assert (best.s1_bits, best.s2_bits) == (4, 4)
     assert "[kronos] test, " in proc.stdout + proc.stderr
+    # best_model is the forecaster: both checkpoints, every sample path from raw bars and timestamps
+    import mlflow
+    import numpy as np
+
+    mlflow.set_tracking_uri(user_run.uri)
+    try:
+        forecaster = mlflow.pyfunc.load_model(tags["best_model_uri"])
+    finally:
+        mlflow.set_tracking_uri(None)
+    example = forecaster.input_example
+    out = forecaster.predict(example, params={"sample_count": 2, "seed": 1})
+    pred_len = example["timestamps"].shape[1] - example["bars"].shape[1]
+    assert out["paths"].shape == (len(example["bars"]), 2, pred_len, 6) and np.isfinite(out["paths"]).all()
 
 
 def _torchrun(root: Path, *extra: str) -> list[str]:
