@@ -74,6 +74,8 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "adam_weight_decay": (0.1, "AdamW weight decay."),
     "weight_decay_scope": ("all", "Parameters weight decay applies to: all (upstream) or matrices (2-D weights only)."),
     "grad_clip_norm": (2.0, "Gradients are clipped to this global norm before each step."),
+    "cycle_momentum": ("on", "on (upstream's): the one-cycle schedule also cycles AdamW's beta1 between 0.85 and 0.95, "
+                             "overriding adam_beta1; off: beta1 stays adam_beta1."),
     "predictor_learning_rate": (4e-5, "Predictor stage: peak learning rate of the one-cycle schedule."),
     "predictor_grad_clip_norm": (3.0, "Predictor stage: gradients are clipped to this global norm (upstream's 3.0)."),
     "predictor_validation": ("causal", "Predictor stage: causal (the s2 head never reads later positions, as in "
@@ -182,6 +184,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "system_metrics": ("on", "off"),
     "stage": STAGES,
     "predictor_validation": ("causal", "upstream"),
+    "cycle_momentum": ("on", "off"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -190,7 +193,7 @@ _POSITIVE = (
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
 )
-_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics")
+_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or

@@ -39,6 +39,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # training does the same with any value, so a killed run resumes whatever they are now
     "n_test_iter", "verdict_min_change",
 })
+#: Keys added after runs were made, left out of the digest at their default (which is what
+#: those runs did): a run made before the key existed keeps its directory and resumes.
+DEFAULT_OMITTED = {"cycle_momentum": "on"}
 
 
 def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
@@ -49,6 +52,8 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
     other_stage = PREDICTOR_ONLY_KEYS if config.get("stage", "tokenizer") == "tokenizer" else ()
     for key in sorted(config):
         if key in RESULT_NEUTRAL_KEYS or key in other_stage or is_secret_key(str(key)):
+            continue
+        if key in DEFAULT_OMITTED and config[key] == DEFAULT_OMITTED[key]:
             continue
         out[str(key)] = _plain(config[key])
     if world_size is not None:
