@@ -6,10 +6,10 @@ tokens being predicted. This script scores the same predictor checkpoint on the 
 windows, from the same random state, both ways (``predictor_validation: causal``, the default,
 and ``upstream``) and prints the two losses and their ratio::
 
-    python benchmarks/predictor_validation_leak.py --tokenizer DIR --predictor DIR [--config FILE.yaml] [--json]
+    python benchmarks/predictor_validation_leak.py --tokenizer DIR --predictor DIR [--config FILE.yaml] [--windows N] [--json]
 
 The config (default: the demo market with the default window) decides the validation windows,
-``n_val_iter`` of them.
+``n_val_iter`` of them (``--windows`` overrides it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = None, seed: int = 0) -> dict:
+def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = None, seed: int = 0,
+            windows: int | None = None) -> dict:
     import torch
 
     from kronos_mlflow.config import load_config
@@ -35,7 +36,10 @@ def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = No
     model = Kronos.from_pretrained(predictor_dir)
     figures = {}
     for mode in ("causal", "upstream"):
-        config = load_config({"stage": "predictor", "predictor_validation": mode}, path=config_file)
+        overrides = {"stage": "predictor", "predictor_validation": mode}
+        if windows:
+            overrides["n_val_iter"] = windows
+        config = load_config(overrides, path=config_file)
         prepare_splits(config)
         ds = QlibDataset("val", config)
         ds.set_epoch_seed(0)
@@ -55,9 +59,10 @@ def main(argv=None) -> int:
     p.add_argument("--predictor", required=True)
     p.add_argument("--config", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--windows", type=int, default=None, help="validation windows (default: the config's n_val_iter)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    figures = measure(args.tokenizer, args.predictor, args.config, args.seed)
+    figures = measure(args.tokenizer, args.predictor, args.config, args.seed, args.windows)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
