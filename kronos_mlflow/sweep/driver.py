@@ -41,6 +41,8 @@ TRAIN_PASSTHROUGH = (
     "seed", "accumulation_steps", "freq", "membership_gaps", "stage", "finetuned_tokenizer_path",
     "pretrained_predictor_path",
 )
+#: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
+UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": ""}
 DEFAULT_STUDY = "kronos-lr-wd"
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
 PREDICTOR_STUDY = "kronos-predictor-lr-wd"
@@ -368,6 +370,8 @@ def parse(argv: Sequence[str] | None):
         key = cfg.canonical_key(name, stage)
         if key in ("tokenizer_learning_rate", "predictor_learning_rate", "adam_weight_decay"):
             parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
+        if UNSET_BY_DEFAULT.get(key) == value:
+            continue  # the MLproject default: what the config file (or the config's default) says stands
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
     from ..distributed import resolve_device
