@@ -111,6 +111,15 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "n_layers": (4, "Fresh predictor: transformer blocks (it shares d_model, n_heads and ff_dim)."),
     "s1_bits": (10, "Fresh model: coarse code bits."),
     "s2_bits": (10, "Fresh model: fine code bits."),
+    # ---- Qlib backtest of forecast signals (upstream's finetune/qlib_test.py names and defaults) ----
+    "backtest_time_range": ([], "Backtest dates, START:END; empty (default) = the test range, from the first date "
+                                "a signal has (upstream: 2024-07-01:2025-06-05)."),
+    "backtest_n_symbol_hold": (50, "Backtest: symbols held (TopkDropoutStrategy's topk)."),
+    "backtest_n_symbol_drop": (5, "Backtest: held symbols swapped for better-scored ones each day (n_drop)."),
+    "backtest_hold_thresh": (5, "Backtest: days a symbol is held before it may be sold (hold_thresh)."),
+    "backtest_benchmark": ("", "Backtest benchmark: a Qlib instrument code with a close series; empty = upstream's "
+                               "index for the instrument (csi300 SH000300, csi800 SH000906, csi1000 SH000852; "
+                               "SH000300 for any other universe)."),
     # ---- tracking ----
     "experiment_name": ("", "MLflow experiment; empty = MLFLOW_EXPERIMENT_NAME/ID or MLflow's default."),
     "run_name": ("", "MLflow run name; empty = one made from the learning rate and weight decay."),
@@ -167,6 +176,8 @@ def stage_key(config: Mapping[str, Any], role: str) -> str:
     return STAGE_KEYS[str(config.get("stage", "tokenizer"))][role]
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
+#: Time ranges that may be empty ([] = a default range chosen where the key is used).
+OPTIONAL_TIME_RANGE_KEYS = ("backtest_time_range",)
 DATE_KEYS = ("dataset_begin_time", "dataset_end_time")
 FREQS = ("day", "1min", "5min", "15min", "30min", "60min")
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -192,9 +203,10 @@ _POSITIVE = (
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
+    "backtest_n_symbol_hold", "backtest_hold_thresh",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum")
-_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter")
+_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
 # start absurd numbers of processes are refused up front; the seed is what every library takes
@@ -206,7 +218,8 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "num_workers": 256, "nproc_per_node": 256, "seed": SEED_MAX,
         "tokenizer_learning_rate": 1.0, "adam_weight_decay": 1e6, "clip": 1e30, "grad_clip_norm": 1e30,
         "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12,
-        "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256}
+        "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256,
+        "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000}
 _MIN = {"system_metrics_interval_s": 0.1}
 # Names that become one folder or file inside a parent directory.
 _CHILD_NAMES = {"tokenizer_save_folder_name": "save_path", "predictor_save_folder_name": "save_path"}
@@ -312,6 +325,10 @@ def _coerce(key: str, value: Any) -> Any:
     default = DEFAULTS[key]
     if key in TIME_RANGE_KEYS:
         return parse_time_range(key, value)
+    if key in OPTIONAL_TIME_RANGE_KEYS:
+        empty = value is None or (isinstance(value, (str, list, tuple)) and not (value.strip() if isinstance(value, str)
+                                                                                  else value))
+        return [] if empty else parse_time_range(key, value)
     if key in DATE_KEYS:
         return parse_date(key, value)
     if key in _ON_OFF_KEYS:
@@ -399,6 +416,12 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     for key, choices in CHOICES.items():
         if out[key] not in choices:
             raise ConfigError(f"{key}: '{out[key]}' is not one of {', '.join(choices)}")
+    if out["backtest_n_symbol_drop"] > out["backtest_n_symbol_hold"]:
+        raise ConfigError(f"backtest_n_symbol_drop: {out['backtest_n_symbol_drop']} is more than backtest_n_symbol_hold "
+                          f"{out['backtest_n_symbol_hold']}; expected 0 to backtest_n_symbol_hold")
+    if out["backtest_benchmark"] and not checks.NAME_RE.match(out["backtest_benchmark"]):
+        raise ConfigError(f"backtest_benchmark: '{checks.shown(out['backtest_benchmark'])}' is not an instrument code; "
+                          "expected a Qlib code such as SH000300 (letters, digits, '_', '.', '-'), or empty")
     if out["batch_size"] % out["accumulation_steps"]:
         raise ConfigError(
             f"batch_size {out['batch_size']} is not divisible by accumulation_steps {out['accumulation_steps']}; "
@@ -486,7 +509,7 @@ def flatten(config: Mapping[str, Any]) -> dict[str, str]:
     for key, value in config.items():
         if is_secret_key(key):
             continue
-        if key in TIME_RANGE_KEYS:
+        if key in TIME_RANGE_KEYS or (key in OPTIONAL_TIME_RANGE_KEYS and value):
             out[key] = format_time_range(value)
         elif isinstance(value, (list, tuple)):
             out[key] = ",".join(map(str, value))

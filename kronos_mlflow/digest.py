@@ -38,6 +38,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # the end-of-run test evaluation only (which test windows, what the verdict calls a change):
     # training does the same with any value, so a killed run resumes whatever they are now
     "n_test_iter", "verdict_min_change",
+    # the Qlib backtest of the forecasts, after training
+    "backtest_time_range", "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh",
+    "backtest_benchmark",
 })
 #: Keys added after runs were made, left out of the digest at their default (which is what
 #: those runs did): a run made before the key existed keeps its directory and resumes.

@@ -16,7 +16,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         target = cfg.ALIASES.get(key, key)
         flags = sorted({f"--{key.replace('_', '-')}", f"--{key}"})
         default = cfg.DEFAULTS[target]
-        shown = ":".join(default) if target in cfg.TIME_RANGE_KEYS else default
+        time_range = target in cfg.TIME_RANGE_KEYS or target in cfg.OPTIONAL_TIME_RANGE_KEYS
+        shown = ":".join(default) if time_range else default
         help_text = (f"alias of --{target.replace('_', '-')}" if key in cfg.ALIASES
                      else f"{cfg.HELP[key]} (default: {shown!s})")
         parser.add_argument(*flags, dest=f"cfg__{key}", default=argparse.SUPPRESS, metavar="VALUE",

@@ -14,6 +14,7 @@ from data_helpers import SMALL, isolated_home, qlib_features, small_market  # no
 from kronos_mlflow.cli import main
 from kronos_mlflow.data import provider as pv
 from kronos_mlflow.data.demo import (
+    BENCHMARK,
     DEFAULT_SYMBOLS,
     FIELDS,
     demo_market_path,
@@ -129,7 +130,7 @@ def test_cli_demo_data(tmp_path, capsys):
     assert main(["demo-data", "--out", str(out), "--symbols", "5", "--seed", "2",
                  "--start", "2021-01-01", "--end", "2021-06-30"]) == 0
     assert (out / "calendars/day.txt").is_file() and (out / "instruments/csi300.txt").is_file()
-    assert len(list((out / "features").iterdir())) == 5
+    assert len(list((out / "features").iterdir())) == 5 + 1  # the symbols and the benchmark
     capsys.readouterr()
     # a non-empty --out is refused (exit 2, one line), and left as it was
     before = (out / "features/demo000/close.day.bin").read_bytes()
@@ -193,3 +194,31 @@ def test_unwritable_home_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(blocker))
     with pytest.raises(DataError, match="KRONOS_MLFLOW_HOME"):
         ensure_demo_market(5, 0)
+
+
+def test_the_benchmark_is_an_equal_weight_index_of_csi300(small_market):
+    """SH000300 compounds each day's mean close-to-close return of the csi300 members (read back
+    through Qlib); it is in no instrument file, so no universe gains a symbol."""
+    closes = qlib_features(small_market, "csi300", ["$close"])["$close"].unstack(0)
+    mean = (closes / closes.shift(1) - 1.0).mean(axis=1, skipna=True).fillna(0.0)
+    expected = 1000.0 * np.cumprod(1.0 + mean.to_numpy())
+    bench = qlib_features(small_market, [BENCHMARK], ["$close"])["$close"].loc[BENCHMARK]
+    assert bench.index.equals(closes.index)
+    np.testing.assert_allclose(bench.reindex(closes.index).to_numpy(), expected, rtol=1e-5)
+    for name in ("all", "csi300"):
+        assert BENCHMARK not in pv.read_instrument_file(small_market, name)
+
+
+def test_a_cached_market_without_the_benchmark_gets_it_and_nothing_else_changes(isolated_home):
+    path = ensure_demo_market(6, 1)
+    bench = path / "features" / BENCHMARK.lower()
+    fresh = (bench / "close.day.bin").read_bytes()
+    for f in bench.iterdir():
+        f.unlink()
+    bench.rmdir()
+    others = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()}
+    assert ensure_demo_market(6, 1) == path
+    assert (bench / "close.day.bin").read_bytes() == fresh
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.rglob("*")
+            if p.is_file() and bench not in p.parents} == others
+    assert [p.name for p in path.iterdir() if p.name.startswith(".tmp-")] == []

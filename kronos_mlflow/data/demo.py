@@ -17,7 +17,10 @@ The market is built to look like daily A-share data to a model, not to be tradea
 - about a quarter of the symbols list late (one only 60 days before the end), about one in
   eight is delisted before the end, and suspension spells leave NaN days inside a series
   (as Qlib stores them);
-- ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans).
+- ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans);
+- ``SH000300`` (upstream's benchmark for csi300, in no instrument file) is an index of the csi300
+  members: each day's equal-weight mean of their close-to-close returns, compounded from 1000.
+  Only its ``close`` is stored; Qlib's backtest reads it as the benchmark.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ DEFAULT_END = "2025-06-30"
 MAX_SYMBOLS = 5000
 FIELDS = ("open", "high", "low", "close", "volume", "amount", "vwap", "factor")
 UNIVERSE = "csi300"
+BENCHMARK = "SH000300"  # upstream's benchmark of csi300
 
 
 @dataclass
@@ -47,6 +51,7 @@ class DemoMarket:
     calendar: list[str]  # YYYY-MM-DD
     series: list[pv.SymbolSeries]  # each over [start, end] of the calendar, NaN on suspension days
     universes: dict[str, list[str]]  # name -> symbols
+    benchmark: pv.SymbolSeries | None = None  # an index of the UNIVERSE members (daily markets)
 
     def spans(self, name: str) -> list[tuple[str, str, str]]:
         members = set(self.universes[name])
@@ -190,7 +195,26 @@ def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_S
     series = [_symbol_series(rng, names[i], i, int(starts[i]), int(ends[i]), fields_all) for i in range(n)]
     k = max(1, round(0.75 * n)) if n > 1 else 1
     members = sorted(names[:k])
-    return DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: members})
+    return DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: members},
+                      benchmark=benchmark_series([s for s in series if s.symbol in set(members)], T))
+
+
+def benchmark_series(members: list[pv.SymbolSeries], n_days: int) -> pv.SymbolSeries:
+    """:data:`BENCHMARK` over the whole calendar: the equal-weight mean of the members'
+    close-to-close returns on each day (a member counts on a day it and the day before
+    traded), compounded from 1000; 0 on a day no member has a return. Computed from the
+    stored float32 closes, so it draws no random numbers."""
+    total = np.zeros(n_days)
+    count = np.zeros(n_days)
+    for s in members:
+        c = s.fields["close"].astype(np.float64)
+        r = c[1:] / c[:-1] - 1.0
+        ok = np.isfinite(r)
+        total[s.start + 1 : s.end + 1][ok] += r[ok]
+        count[s.start + 1 : s.end + 1][ok] += 1
+    mean = np.divide(total, count, out=np.zeros(n_days), where=count > 0)
+    level = (1000.0 * np.cumprod(1.0 + mean)).astype(np.float32)
+    return pv.SymbolSeries(BENCHMARK, 0, {"close": level})
 
 
 def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> None:
@@ -204,6 +228,8 @@ def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> Non
         items = tqdm(items, desc="demo market", unit="symbol", leave=False)
     for s in items:
         pv.write_series(root, s)
+    if market.benchmark is not None:
+        pv.write_series(root, market.benchmark)
 
 
 def write_demo_market(out, n_symbols: int | None = None, seed: int = DEFAULT_SEED, *,
@@ -246,12 +272,40 @@ def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, p
 
     try:
         pv.build_once(final, build, lambda p: (p / pv.calendar_file(freq)).is_file())
+        if freq == "day":
+            _add_benchmark(final)
     except OSError as exc:
         raise DataError(
             f"cannot write the demo market under '{final.parent}' ({exc.strerror or exc}); "
             "set KRONOS_MLFLOW_HOME to a writable directory"
         ) from None
     return final
+
+
+def _add_benchmark(root: Path) -> None:
+    """Write :data:`BENCHMARK` into a cached market made before it had one, from the stored
+    closes (the same file a fresh generation writes); the other files stay as they are.
+    The folder is written aside and renamed into place, so concurrent ranks are safe."""
+    import shutil
+    import uuid
+
+    target = root / pv.FEATURES_DIR / BENCHMARK.lower()
+    if target.is_dir():
+        return
+    members = []
+    for symbol in sorted(pv.read_instrument_file(root, UNIVERSE)):
+        start, close = pv.read_series(root, symbol, "close")
+        members.append(pv.SymbolSeries(symbol, start, {"close": close}))
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    try:
+        pv.write_series(tmp, benchmark_series(members, pv.calendar_length(root)))
+        try:
+            os.rename(tmp / pv.FEATURES_DIR / BENCHMARK.lower(), target)
+        except OSError:
+            if not target.is_dir():  # another process won the race: its copy is the same
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------

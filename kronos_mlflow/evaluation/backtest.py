@@ -1,0 +1,250 @@
+"""Qlib's own backtest of forecast signals, as upstream's ``finetune/qlib_test.py`` runs it.
+
+    from kronos_mlflow.evaluation.backtest import backtest_signals
+    result = backtest_signals(config, {"fine-tuned": scores, "zero-shot": base_scores}, "out/")
+    if result.skipped:
+        print(result.skipped)           # one line: the benchmark has no series there
+    else:
+        print(result.metrics)           # backtest_fine_tuned_excess_return_with_cost, ...
+
+Each signal is a DataFrame indexed by (datetime, instrument) with a ``score`` column: the
+forecast return of that symbol, known at that date's close. Qlib's ``TopkDropoutStrategy``
+trades on it the next day at the open (``backtest_n_symbol_hold`` symbols held,
+``backtest_n_symbol_drop`` swapped a day, each held ``backtest_hold_thresh`` days at least),
+with upstream's exchange: 0.1% to buy, 0.15% to sell, 5 minimum, no trade at +-9.5%, one
+hundred million to start, against ``backtest_benchmark``. Per signal, Qlib's ``risk_analysis``
+of the daily excess return over the benchmark (with and without cost) gives the metrics;
+``backtest.png`` draws the cumulative curves. docs/backtest.md says how to read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import re
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+__all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "metric_prefix", "EXCHANGE", "ACCOUNT", "PNG"]
+
+PNG = "backtest.png"
+#: Upstream's exchange settings (finetune/qlib_test.py).
+EXCHANGE = {"freq": "day", "limit_threshold": 0.095, "deal_price": "open", "open_cost": 0.001,
+            "close_cost": 0.0015, "min_cost": 5}
+ACCOUNT = 100_000_000
+#: Upstream's benchmark per instrument universe (finetune/config.py); others use csi300's.
+UPSTREAM_BENCHMARKS = {"csi300": "SH000300", "csi800": "SH000906", "csi1000": "SH000852"}
+_NAME = re.compile(r"[^a-z0-9]+")
+
+
+@dataclass
+class BacktestResult:
+    """What :func:`backtest_signals` found. ``skipped`` is the one line to print when the
+    backtest could not run (then ``metrics`` is empty and ``plot`` is None)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    plot: Path | None = None
+    skipped: str | None = None
+    benchmark: str = ""
+    time_range: tuple[str, str] = ("", "")
+    #: Per-day curves, by signal name: cumulative return with cost, cumulative excess return with
+    #: cost; and ``benchmark``'s cumulative return (Qlib's sums of daily returns).
+    curves: dict[str, Any] = field(default_factory=dict)
+
+
+def metric_prefix(name: str) -> str:
+    """``backtest_<name>_``: ``name`` lowercased, each run of other characters one ``_``."""
+    slug = _NAME.sub("_", str(name).lower()).strip("_")
+    if not slug:
+        raise DataError(f"backtest signal name '{name}' has no letter or digit; expected a name such as fine-tuned")
+    return f"backtest_{slug}_"
+
+
+def benchmark_of(config: Mapping[str, Any]) -> str:
+    """``backtest_benchmark``, or upstream's index for the config's instrument when it is empty."""
+    return str(config.get("backtest_benchmark") or "") or UPSTREAM_BENCHMARKS.get(
+        str(config.get("instrument", "")).lower(), UPSTREAM_BENCHMARKS["csi300"])
+
+
+def _signal_series(name: str, frame):
+    """A signal as the Series Qlib's strategy reads: (datetime, instrument) -> score, finite only."""
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame) or "score" not in frame.columns:
+        raise DataError(f"backtest signal '{name}' is not a DataFrame with a 'score' column; expected one indexed by "
+                        "(datetime, instrument)")
+    index = frame.index
+    if not isinstance(index, pd.MultiIndex) or index.nlevels != 2:
+        raise DataError(f"backtest signal '{name}' is indexed by {list(index.names)}; expected (datetime, instrument)")
+    if "datetime" in index.names and "instrument" in index.names:
+        frame = frame.reorder_levels(["datetime", "instrument"])
+    score = pd.to_numeric(frame["score"], errors="coerce").astype("float64")
+    try:
+        dates = pd.DatetimeIndex(score.index.get_level_values(0))
+    except (TypeError, ValueError):
+        raise DataError(f"backtest signal '{name}': the first index level is not dates; expected (datetime, "
+                        "instrument)") from None
+    score.index = pd.MultiIndex.from_arrays([dates, score.index.get_level_values(1).astype(str)],
+                                            names=["datetime", "instrument"])
+    score = score[score.map(math.isfinite)]
+    if score.empty:
+        raise DataError(f"backtest signal '{name}' holds no finite score")
+    return score[~score.index.duplicated(keep="last")].sort_index()
+
+
+def _time_range(config: Mapping[str, Any], signals: Mapping[str, Any], calendar) -> tuple[str, str]:
+    """``backtest_time_range``, or the test range from the first signal date; cut to the
+    provider's calendar, whose last day is left out (Qlib's backtest steps one day beyond)."""
+    import pandas as pd
+
+    given = list(config.get("backtest_time_range") or [])
+    first = min(s.index.get_level_values(0).min() for s in signals.values())
+    last = max(s.index.get_level_values(0).max() for s in signals.values())
+    if given:
+        start, end = pd.Timestamp(given[0]), pd.Timestamp(given[1])
+        key = "backtest_time_range"
+    else:
+        test = config["test_time_range"]
+        start, end = max(pd.Timestamp(test[0]), first), pd.Timestamp(test[1])
+        key = "test_time_range"
+    end = min(end, pd.Timestamp(calendar[-2]) if len(calendar) > 1 else start - pd.Timedelta(days=1))
+    days = [d for d in calendar if start <= d <= end]
+    if not days or days[0] > last:
+        raise DataError(f"{key} {start.date()}:{end.date()} holds no trading day with a signal (signals cover "
+                        f"{first.date()}:{last.date()}, the provider's calendar {calendar[0].date()}:"
+                        f"{calendar[-1].date()}); choose a backtest_time_range inside both")
+    return days[0].strftime("%Y-%m-%d"), days[-1].strftime("%Y-%m-%d")
+
+
+def _init_qlib(path: Path) -> None:
+    """``qlib.init`` on ``path``, quietly (errors only) and without disk caches; it clears Qlib's memory caches,
+    so a second call in the same process (another provider, another test) reads afresh."""
+    hook = sys.excepthook
+    try:
+        import qlib
+        from qlib.constant import REG_CN
+
+        qlib.init(provider_uri=str(path), region=REG_CN, logging_level=logging.ERROR, kernels=1,
+                  expression_cache=None, dataset_cache=None)
+    finally:
+        sys.excepthook = hook  # qlib.init installs its own
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Qlib's backtest prints gym's notice on import, progress bars and numpy warnings on stderr."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _run_one(signal, config: Mapping[str, Any], benchmark: str, start: str, end: str, codes: list[str]):
+    """One Qlib backtest of one signal: its daily report (account, return, cost, bench, ...)."""
+    with _quiet():
+        from qlib.backtest import backtest, executor
+        from qlib.contrib.strategy import TopkDropoutStrategy
+
+        strategy = TopkDropoutStrategy(topk=int(config["backtest_n_symbol_hold"]),
+                                       n_drop=int(config["backtest_n_symbol_drop"]),
+                                       hold_thresh=int(config["backtest_hold_thresh"]), signal=signal)
+        trade_executor = executor.SimulatorExecutor(time_per_step="day", generate_portfolio_metrics=True)
+        portfolio, _ = backtest(start_time=start, end_time=end, strategy=strategy, executor=trade_executor,
+                                benchmark=benchmark, account=ACCOUNT, exchange_kwargs={**EXCHANGE, "codes": codes})
+    report, _ = portfolio["1day"]
+    return report
+
+
+def _risk(returns) -> dict[str, float]:
+    """Qlib's ``risk_analysis`` (daily, sums of returns as Qlib accumulates them)."""
+    from qlib.contrib.evaluate import risk_analysis
+
+    table = risk_analysis(returns, freq="day")["risk"]
+    return {k: float(v) for k, v in table.items()}
+
+
+def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir) -> BacktestResult:
+    """Backtest each signal (name -> DataFrame indexed (datetime, instrument), column ``score``)
+    with Qlib on the config's provider (``qlib_data_path``, or the demo market when empty) and
+    write ``out_dir/backtest.png``. Metrics per signal ``s`` (``backtest_<s>_...``, the name
+    made metric-safe by :func:`metric_prefix`): ``excess_return_with_cost`` and
+    ``excess_return_without_cost`` (annualised), ``information_ratio`` and ``max_drawdown`` of
+    the excess return with cost; and ``backtest_benchmark_return`` (annualised).
+
+    A provider without the benchmark's series, or a config with intraday bars, gives a result
+    with ``skipped`` set (one line) instead. Bad signals raise :class:`DataError`."""
+    from ..data.prepare import resolve_qlib_path
+
+    if not signals:
+        raise DataError("backtest: no signal given; expected a mapping of name -> DataFrame with a 'score' column")
+    prefixes = {name: metric_prefix(name) for name in signals}
+    if len(set(prefixes.values())) < len(prefixes):
+        raise DataError(f"backtest signal names {sorted(signals)} give the same metric names; expected distinct names")
+    benchmark = benchmark_of(config)
+    if str(config.get("freq", "day")) != "day":
+        return BacktestResult(skipped=f"backtest skipped: Qlib's backtest runs on daily bars, freq is "
+                                      f"{config['freq']}; run it on a daily provider", benchmark=benchmark)
+    path = resolve_qlib_path(config)
+    if not (path / "features" / benchmark.lower() / "close.day.bin").is_file():
+        return BacktestResult(skipped=f"backtest skipped: benchmark {benchmark} has no series in '{path}' "
+                                      f"(features/{benchmark.lower()}/close.day.bin); set backtest_benchmark to an "
+                                      "instrument code of that directory", benchmark=benchmark)
+    series = {name: _signal_series(name, frame) for name, frame in signals.items()}
+    _init_qlib(path)
+    from qlib.data import D
+
+    start, end = _time_range(config, series, list(D.calendar(freq="day")))
+    codes = sorted(set().union(*(s.index.get_level_values(1).unique() for s in series.values())))
+    result = BacktestResult(benchmark=benchmark, time_range=(start, end))
+    bench = None
+    for name, signal in series.items():
+        report = _run_one(signal, config, benchmark, start, end, codes)
+        excess = report["return"] - report["bench"]
+        with_cost = _risk(excess - report["cost"])
+        p = prefixes[name]
+        result.metrics[p + "excess_return_with_cost"] = with_cost["annualized_return"]
+        result.metrics[p + "excess_return_without_cost"] = _risk(excess)["annualized_return"]
+        result.metrics[p + "information_ratio"] = with_cost["information_ratio"]
+        result.metrics[p + "max_drawdown"] = with_cost["max_drawdown"]
+        result.curves[name] = {"return_with_cost": (report["return"] - report["cost"]).cumsum(),
+                               "excess_return_with_cost": (excess - report["cost"]).cumsum()}
+        bench = report["bench"]
+    result.metrics["backtest_benchmark_return"] = _risk(bench)["annualized_return"]
+    result.curves["benchmark"] = bench.cumsum()
+    result.plot = plot_backtest(result, Path(out_dir) / PNG)
+    return result
+
+
+def plot_backtest(result: BacktestResult, out: Path) -> Path:
+    """Two panels, as upstream draws them: each signal's cumulative return with cost beside the
+    benchmark's, then each signal's cumulative excess return with cost. PNG, Agg canvas."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 7), dpi=100, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for name, curve in result.curves.items():
+        if name == "benchmark":
+            continue
+        top.plot(curve["return_with_cost"].index, curve["return_with_cost"].to_numpy(), label=name)
+        bottom.plot(curve["excess_return_with_cost"].index, curve["excess_return_with_cost"].to_numpy(), label=name)
+    bench = result.curves["benchmark"]
+    top.plot(bench.index, bench.to_numpy(), label=f"{result.benchmark} (benchmark)", color="black", linestyle="--")
+    bottom.axhline(0.0, color="black", linewidth=0.8, linestyle="--")
+    top.set_title(f"Cumulative return with cost, {result.time_range[0]} to {result.time_range[1]}")
+    top.set_ylabel("cumulative return")
+    bottom.set_title(f"Cumulative excess return over {result.benchmark}, with cost")
+    bottom.set_ylabel("cumulative excess return")
+    bottom.set_xlabel("date")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
