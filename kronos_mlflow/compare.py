@@ -12,8 +12,9 @@ still running, pruned before an epoch ended) come last, newest first. A sweep's 
 not a fine-tune and is left out of an experiment listing (``--parent`` lists its trials).
 
 Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss, the test
-verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``; ``base_loss``:
-the starting weights' ``base_test_tokenizer_loss``; ``change``: ``test_loss_change`` with its
+verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``, a predictor
+run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_tokenizer_loss``
+(``base_test_predictor_loss``); ``change``: ``test_loss_change`` with its
 95% interval; ``verdict``), the s1 and full codebook usage at the best epoch
 (``val_codebook_usage_*``; ``used/2^s1_bits`` for s1), duration, status, a sweep trial's number
 and Optuna state when there are trials, and the run id.
@@ -41,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UserError
-from .keys import (BASE_TEST_LOSS, BEST_METRIC, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1, VAL_METRIC,
-                   VERDICT_TAG)
+from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL,
+                   USAGE_S1, VAL_METRIC, VERDICT_TAG)
 
 # mlflow is imported inside the functions: `kronos-mlflow compare --help` and bad flags answer at once.
 
@@ -316,8 +317,8 @@ def _row(run, now_ms: int) -> RunRow:
         weight_decay=_number(params.get("weight_decay", params.get("adam_weight_decay"))),
         epochs_planned=_integer(params.get("epochs")),
         best_val_loss=_number(metrics.get(BEST_METRIC)),
-        test_loss=_number(metrics.get(TEST_LOSS)),
-        base_test_loss=_number(metrics.get(BASE_TEST_LOSS)),
+        test_loss=_number(metrics.get(TEST_LOSS, metrics.get(PREDICTOR_TEST_LOSS))),
+        base_test_loss=_number(metrics.get(BASE_TEST_LOSS, metrics.get(f"base_{PREDICTOR_TEST_LOSS}"))),
         test_loss_change=_number(metrics.get(TEST_LOSS_CHANGE)),
         test_loss_change_ci_low=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_low")),
         test_loss_change_ci_high=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_high")),

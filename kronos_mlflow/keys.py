@@ -18,6 +18,7 @@ PREDICTOR_TRAIN_S2 = "train_S2_loss_each_batch"
 PREDICTOR_LEARNING_RATE = "predictor_learning_rate"
 PREDICTOR_VAL_METRIC = "val_predictor_loss_epoch"
 PREDICTOR_INITIAL_VAL_METRIC = "val_predictor_loss_initial"
+PREDICTOR_TEST_LOSS = "test_predictor_loss"
 PREDICTOR_VAL_METRICS = ("val_s1_accuracy", "val_s2_accuracy", "val_s1_perplexity", "val_s2_perplexity")
 TOKENIZER_URI_TAG = "tokenizer_uri"
 TOKENIZER_RUN_TAG = "tokenizer_run_id"
