@@ -21,7 +21,6 @@ Bad input is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -80,19 +79,15 @@ def resolve_model(spec: str, scratch: Path) -> tuple[Path, Path, str]:
 
 
 def _run_record(run_id: str) -> tuple[dict, str]:
-    """The predictor run's params and its directory (from ``summary.json``; '' when unknown)."""
+    """The predictor run's params and its directory (its ``run_directory`` tag; '' when unknown)."""
     if not run_id:
         return {}, ""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
-    params = dict(client.get_run(run_id).data.params)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            summary = json.loads(Path(client.download_artifacts(run_id, "summary.json", tmp)).read_text())
-        return params, str(summary.get("save_directory") or "")
-    except Exception:  # noqa: BLE001 - no summary: no run directory to fall back on
-        return params, ""
+    run = MlflowClient().get_run(run_id)
+    # an empty MLproject parameter is recorded as its shell quoting
+    params = {k: ("" if v.strip() in ("''", '""') else v) for k, v in run.data.params.items()}
+    return params, str(run.data.tags.get("run_directory", ""))
 
 
 def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
