@@ -220,3 +220,31 @@ def test_greedy_mase_on_the_logged_checkpoints(project_runs, tiny, monkeypatch):
                                 device="cpu")
     _greedy_mase_recomputed(tiny(n_layers=2, n_eval_windows=12, inference_top_k=1, inference_sample_count=1),
                             predictor)
+
+
+@pytest.mark.slow
+def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
+    """torchrun with two workers splits the origins across ranks; ``kronos-mlflow evaluate`` of
+    the same run directory in one process gives the same greedy numbers."""
+    import json
+
+    env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {
+        **TINY, "epochs": 1, "n_layers": 2, "n_eval_windows": 120, "inference_top_k": 1, "inference_sample_count": 1,
+        "comet": "off", "system_metrics": "off", "dataset_path": tmp_path / "cache"}.items()]
+    train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+             "kronos_mlflow.train_predictor", *flags, f"--save-path={tmp_path / 'outputs'}"]
+    proc = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs" / "finetune_predictor_demo").iterdir()
+    evaluate = ["kronos-mlflow", "evaluate", "--model", str(run_dir), "--zeroshot-predictor",
+                str(run_dir / "checkpoints" / "start"), *[f for f in flags if not f.startswith("--epochs")]]
+    proc = subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((run_dir / "evaluation" / "scorecard.json").read_text())["metrics"]
+    from mlflow import MlflowClient
+
+    one = next(r for r in MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
+               if r.data.tags.get("mlflow.runName", "").startswith("evaluate")).data.metrics
+    for key in ("test_mase_close", "test_crps_close", "zeroshot_test_mase_close", "test_ic", "skill_vs_zeroshot"):
+        assert one[key] == pytest.approx(two[key], rel=1e-9), key
