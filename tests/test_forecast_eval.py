@@ -78,6 +78,34 @@ def test_persistence_scores_match_the_raw_qlib_data(tiny):
     assert "test_mase_close" not in card.metrics and card.metrics["eval_origins"] == len(mase)
 
 
+INTRADAY = {"freq": "30min", "train_time_range": "2024-01-02:2024-03-31", "val_time_range": "2024-03-01:2024-04-30",
+            "test_time_range": "2024-05-01:2024-06-30", "dataset_begin_time": "2024-01-01",
+            "dataset_end_time": "2024-06-30"}
+
+
+def test_seasonal_naive_repeats_the_same_bar_of_the_latest_session(tiny):
+    """Intraday: each future bar's forecast is the close of the latest observed bar at the same
+    time of day, found here by timestamps."""
+    from kronos_mlflow.evaluation.origins import CLOSE, forecast_origins
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+    from kronos_mlflow.evaluation.scores import origin_scores
+
+    config = tiny(**INTRADAY)
+    origins = forecast_origins(config)
+    card = score_forecasters(config, {}, origins=origins)
+    assert "seasonal_naive_test_mase_close" in card.metrics and "skill_vs_seasonal_naive" not in card.metrics
+    paths = []
+    for i in range(len(origins)):
+        past_t, future_t = origins.times([i])
+        past = origins.history([i])[0][:, CLOSE]
+        tod = past_t[0] - past_t[0].astype("datetime64[D]")
+        paths.append([past[np.flatnonzero(tod == t - t.astype("datetime64[D]"))[-1]] for t in future_t[0]])
+    every = np.arange(len(origins))
+    ours = origin_scores(np.array(paths)[:, None, :], origins.history(every)[..., CLOSE],
+                         origins.future(every)[..., CLOSE])
+    assert card.metrics["seasonal_naive_test_mase_close"] == pytest.approx(np.nanmean(ours["mase"]), rel=1e-9)
+
+
 def _tiny_pair(seed: int = 0):
     import torch
 
