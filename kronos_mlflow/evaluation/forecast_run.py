@@ -44,7 +44,9 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     from .sources import load_tokenizer
 
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
-    spec = str(config.get("pretrained_tokenizer_path") or "")
+    # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the
+    # frozen tokenizer is pretrained_tokenizer_path's already
+    spec = str(config.get("pretrained_tokenizer_path") or "") if config.get("finetuned_tokenizer_path") else ""
     base_tokenizer = load_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
     start = Path(layout.start_model)
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),
