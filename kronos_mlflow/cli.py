@@ -9,6 +9,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
     kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
+    kronos-mlflow evaluate --model runs:/<run id>/best_model  # the forecast scorecard
     kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
@@ -33,6 +34,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
     "evaluate-tokenizer": ("kronos_mlflow.evaluation.command",
                            "score a tokenizer against another on held-out windows: metrics, change, verdict"),
+    "evaluate": ("kronos_mlflow.evaluation.forecast_command",
+                 "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),
     "upload-spool": ("kronos_mlflow.tracking.spool", "upload what a run kept locally while its MLflow server was down"),
 }
 

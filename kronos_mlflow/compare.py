@@ -17,7 +17,9 @@ run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_
 (``base_test_predictor_loss``); ``change``: ``test_loss_change`` with its
 95% interval; ``verdict``), the s1 and full codebook usage at the best epoch
 (``val_codebook_usage_*``; ``used/2^s1_bits`` for s1), duration, status, a sweep trial's number
-and Optuna state when there are trials, and the run id.
+and Optuna state when there are trials, the scorecard's ``skill_vs_zeroshot`` and
+``skill_vs_persistence`` with their 95% intervals and verdicts when a listed run has them
+(docs/forecast-evaluation.md), and the run id.
 
 ``--url`` prints the MLflow UI's run-comparison address for the listed runs:
 ``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
@@ -211,6 +213,9 @@ class RunRow:
     trial_number: int | None = None
     trial_state: str | None = None
     parent_run_id: str | None = None
+    #: the scorecard's skills (a predictor run or ``kronos-mlflow evaluate``): baseline ->
+    #: (skill, ci_low, ci_high, verdict)
+    skills: dict[str, tuple] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -331,6 +336,9 @@ def _row(run, now_ms: int) -> RunRow:
         trial_number=_integer(tags.get("optuna.trial_number")),
         trial_state=tags.get("optuna.trial_state"),
         parent_run_id=tags.get(PARENT_TAG),
+        skills={base: (_number(metrics.get(f"skill_vs_{base}")), _number(metrics.get(f"skill_vs_{base}_ci_low")),
+                       _number(metrics.get(f"skill_vs_{base}_ci_high")), tags.get(f"verdict_vs_{base}"))
+                for base in SKILL_BASELINES if f"skill_vs_{base}" in metrics},
         tags={k: v for k, v in tags.items() if k in (
             "instrument", "model_size", "codebook_bits", "data_digest", "mlflow.source.git.commit",
             "optuna.study_name", "optuna.trial_number", "optuna.trial_state", "best_model_uri")},
@@ -414,6 +422,20 @@ def _change(row: RunRow) -> str:
     return text
 
 
+SKILL_BASELINES = ("zeroshot", "persistence")
+
+
+def _skill(row: RunRow, base: str) -> str:
+    """``+0.120 [+0.050, +0.200] better``: a scorecard skill, its 95% interval and verdict."""
+    if base not in row.skills or row.skills[base][0] is None:
+        return "-"
+    value, low, high, verdict = row.skills[base]
+    text = f"{value:+.3f}"
+    if low is not None and high is not None:
+        text += f" [{low:+.3f}, {high:+.3f}]"
+    return text + (f" {verdict}" if verdict else "")
+
+
 def _s1_bits(row: RunRow) -> int | None:
     if row.codebook_bits and "+" in row.codebook_bits:
         return _integer(row.codebook_bits.split("+", 1)[0])
@@ -424,6 +446,8 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     with_trials = any(r.trial_number is not None for r in rows)
     header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
               "verdict", "codes_s1", "codes_full", "duration", "status"]
+    with_skills = [b for b in SKILL_BASELINES if any(b in r.skills for r in rows)]
+    header += [f"skill_vs_{b}" for b in with_skills]
     header += (["trial"] if with_trials else []) + ["run_id"]
     body = []
     for r in rows:
@@ -444,6 +468,7 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             _usage(r.codebook_usage_full, None),
             _duration(r.duration_s),
             r.status,
+            *(_skill(r, b) for b in with_skills),
         ]
         if with_trials:
             line.append("-" if r.trial_number is None else f"#{r.trial_number} {r.trial_state or ''}".strip())

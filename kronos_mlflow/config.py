@@ -67,6 +67,14 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "verdict_min_change": (0.005, "Smallest change of the test loss, as a fraction of the starting weights' (0.005 = "
                                   "0.5%), that the verdict calls better or worse; its whole 95% interval must lie "
                                   "beyond it."),
+    "evaluate": ("on", "Predictor stage: score the fine-tuned pair against its zero-shot pair, persistence and (intraday) "
+                       "seasonal naive on the test split's forecast origins at the end of the run: on or off."),
+    "eval_stride": (0, "Calendar bars between two forecast origins of the scorecard; 0 = predict_window."),
+    "n_eval_windows": (2000, "Most forecast origins the scorecard scores (evenly spaced whole dates beyond it)."),
+    "inference_T": (0.6, "Sampling temperature of the scorecard's forecasts (upstream's inference default)."),
+    "inference_top_p": (0.9, "Nucleus (top-p) sampling of the scorecard's forecasts, in (0, 1]."),
+    "inference_top_k": (0, "Top-k sampling of the scorecard's forecasts; 0 = off (1 = greedy)."),
+    "inference_sample_count": (5, "Sample paths per forecast origin in the scorecard."),
     "tokenizer_learning_rate": (2e-4, "Peak learning rate of the one-cycle schedule."),
     "accumulation_steps": (1, "Sub-batches each batch is split into (batch_size must divide evenly)."),
     "adam_beta1": (0.9, "AdamW beta1."),
@@ -150,11 +158,14 @@ ALIASES: dict[str, str] = {
     "tokenizer": "finetuned_tokenizer_path",
 }
 STAGES = ("tokenizer", "predictor")
+#: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
+EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
+                   "inference_sample_count")
 #: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
 #: run's directory and training state do not depend on them.
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
                        "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
-                       "n_layers")
+                       "n_layers", *EVALUATION_KEYS)
 #: The predictor entry point's own MLproject parameters (besides main's).
 PREDICTOR_MLPROJECT_PARAMS = ("tokenizer", "pretrained_predictor_path")
 #: The keys whose meaning is per stage: each stage's own learning rate, run folder, gradient
@@ -196,6 +207,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "stage": STAGES,
     "predictor_validation": ("causal", "upstream"),
     "cycle_momentum": ("on", "off"),
+    "evaluate": ("on", "off"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -203,10 +215,11 @@ _POSITIVE = (
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
-    "backtest_n_symbol_hold", "backtest_hold_thresh",
+    "backtest_n_symbol_hold", "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
 )
-_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum")
-_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop")
+_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate")
+_NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop",
+                 "eval_stride", "inference_top_k")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
 # start absurd numbers of processes are refused up front; the seed is what every library takes
@@ -219,7 +232,9 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "tokenizer_learning_rate": 1.0, "adam_weight_decay": 1e6, "clip": 1e30, "grad_clip_norm": 1e30,
         "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12,
         "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256,
-        "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000}
+        "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
+        "eval_stride": 10**9, "n_eval_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
+        "inference_sample_count": 10_000}
 _MIN = {"system_metrics_interval_s": 0.1}
 # Names that become one folder or file inside a parent directory.
 _CHILD_NAMES = {"tokenizer_save_folder_name": "save_path", "predictor_save_folder_name": "save_path"}
@@ -397,6 +412,8 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     if not 0.0 <= out["verdict_min_change"] < 1.0:
         raise ConfigError(f"verdict_min_change: {out['verdict_min_change']!r} must be in [0, 1): a fraction of the "
                           "starting weights' test loss (0.005 = 0.5%)")
+    if not 0.0 < out["inference_top_p"] <= 1.0:
+        raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
     for key, limit in _MAX.items():
         if out[key] > limit:
             raise ConfigError(f"{key}: {out[key]} is too large; expected at most {checks.limit_text(limit)}")

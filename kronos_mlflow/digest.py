@@ -41,6 +41,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # the Qlib backtest of the forecasts, after training
     "backtest_time_range", "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh",
     "backtest_benchmark",
+    # the scorecard after training (docs/forecast-evaluation.md)
+    "evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
+    "inference_sample_count",
 })
 #: Keys added after runs were made, left out of the digest at their default (which is what
 #: those runs did): a run made before the key existed keeps its directory and resumes.

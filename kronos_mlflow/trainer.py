@@ -362,7 +362,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
     each training state so that the resumed run continues the same MLflow run and Comet
     experiment. Returns ``best_val_loss``, ``best_epoch``, ``val_loss_history``,
-    ``val_loss_initial``, ``steps``, ``best_val_quality`` and ``test`` (the test verdict's record).
+    ``val_loss_initial``, ``steps``, ``best_val_quality``, ``test`` (the test verdict's record) and,
+    for a stage with one, ``scorecard`` (the forecast evaluation's record).
     """
     stage = stage or TokenizerStage()
     raw_model = unwrap_model(model)
@@ -408,4 +409,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     result = finish_run(progress, data, device, config, logger, files, stage)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
                                    world_size=world_size, stage=stage)
+    card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
+                           console=console, step=max(progress.best_epoch, 0))
+    if card is not None:
+        result["scorecard"] = card.as_json()
     return result

@@ -12,6 +12,12 @@ Modules: ``windows`` (which windows: every test window, or an evenly spaced subs
 ``heldout`` (the end of a training run), ``sources`` (a model named by path, run, registry or
 hub id) and ``command`` (``kronos-mlflow evaluate-tokenizer``). What the verdict means:
 docs/verdict.md.
+
+The forecast scorecard (docs/forecast-evaluation.md): ``origins`` (forecast origins on the test
+split), ``forecasters`` (Kronos pairs, persistence, seasonal naive), ``scores`` (the close
+metrics), ``scorecard`` (skills, verdicts, artifacts; ``Scorecard.signals`` holds the Kronos
+pairs' per-(datetime, instrument) forecast returns), ``figures``, ``forecast_run`` (the end of a
+predictor run) and ``forecast_command`` (``kronos-mlflow evaluate``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ _EXPORTS = {
     "HeldOut": "verdict",
     "compare_on": "heldout",
     "evaluate_run": "heldout",
+    "forecast_origins": "origins",
+    "Origins": "origins",
+    "score_forecasters": "scorecard",
+    "Scorecard": "scorecard",
+    "evaluate_predictor_run": "forecast_run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -59,5 +59,10 @@ class TrainingStage:
     def log_plots(self, logger, config: Mapping[str, Any], root, val_ds, stats, best_epoch: int) -> None:
         """PNGs of the best checkpoint (rank 0 only); nothing by default."""
 
+    def scorecard(self, config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
+                  step: int):
+        """The end-of-run forecast evaluation after the test verdict (a collective); None: none."""
+        return None
+
     def save_start_files(self, layout) -> None:
         """What the stage writes into the run directory when the run starts (rank 0 only)."""

@@ -122,6 +122,15 @@ class PredictorStage(TrainingStage):
 
         return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
+    def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step):
+        """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``)."""
+        if config.get("evaluate", "on") != "on":
+            return None
+        from ..evaluation.forecast_run import evaluate_predictor_run
+
+        return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,
+                                      console=console, step=step)
+
     def save_start_files(self, layout) -> None:
         if not (layout.tokenizer / "model.safetensors").is_file():
             self.tokenizer.save_pretrained(layout.tokenizer)

@@ -1,0 +1,62 @@
+"""The scorecard's pictures (PNG, matplotlib's object API on the Agg canvas).
+
+- :func:`scorecard_figure`: each skill (1 - MASE ratio) as a dot with its 95% interval, the
+  zero line (no better than the baseline) and the verdict margin.
+- :func:`forecasts_figure`: a few origins: the lookback closes, the actual closes, the
+  fine-tuned pair's median path with its 10-90% band, the zero-shot pair's median, persistence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..plots import _figure
+
+COLORS = {"finetuned": "#1f77b4", "zeroshot": "#ff7f0e", "persistence": "#7f7f7f", "seasonal_naive": "#2ca02c"}
+
+
+def scorecard_figure(card):
+    names = [k for k in card.metrics if k.startswith("skill_vs_") and not k.endswith(("_ci_low", "_ci_high"))]
+    fig = _figure(6.4, 1.2 + 0.7 * max(1, len(names)))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, name in enumerate(names):
+        value = card.metrics[name]
+        low, high = card.metrics.get(f"{name}_ci_low", value), card.metrics.get(f"{name}_ci_high", value)
+        ax.errorbar([value], [i], xerr=[[value - low], [high - value]], fmt="o", capsize=5,
+                    color=COLORS.get(name[len("skill_vs_"):], "k"))
+        ax.annotate(f"{value:+.3f} [{low:+.3f}, {high:+.3f}]", (value, i), textcoords="offset points", xytext=(0, 8),
+                    ha="center", fontsize=8)
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(names)), [n.replace("skill_vs_", "vs ") for n in names])
+    ax.set_ylim(-0.7, len(names) - 0.3)
+    ax.set_xlabel("skill = 1 - MASE(fine-tuned) / MASE(baseline)   (> 0: fine-tuned forecasts better)")
+    ax.set_title(f"scorecard: {card.description}", fontsize=9)
+    return fig
+
+
+def forecasts_figure(card):
+    sample = card.sample
+    n = len(sample["labels"])
+    fig = _figure(9.0, 2.4 * max(1, n))
+    for i in range(n):
+        ax = fig.add_subplot(max(1, n), 1, i + 1)
+        hist, actual = sample["history"][i], sample["actual"][i]
+        past = np.arange(-len(hist) + 1, 1)
+        ahead = np.arange(0, len(actual) + 1)
+        ax.plot(past, hist, color="k", lw=1.0, label="history")
+        ax.plot(ahead, np.r_[hist[-1], actual], color="k", lw=1.0, ls="--", label="actual")
+        for name, paths in sample["paths"].items():
+            p = paths[i]
+            median = np.r_[hist[-1], np.median(p, axis=0)]
+            ax.plot(ahead, median, color=COLORS.get(name, "k"), lw=1.2, label=f"{name} median" if p.shape[0] > 1
+                    else name)
+            if name == "finetuned" and p.shape[0] > 1:
+                lo, hi = np.percentile(p, [10, 90], axis=0)
+                ax.fill_between(ahead, np.r_[hist[-1], lo], np.r_[hist[-1], hi], color=COLORS[name], alpha=0.25,
+                                label="fine-tuned 10-90%")
+        ax.set_title(sample["labels"][i], fontsize=9)
+        ax.set_ylabel("close")
+        if i == 0:
+            ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.axes[-1].set_xlabel("bars from the origin")
+    return fig

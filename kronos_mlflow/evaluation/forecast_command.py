@@ -1,0 +1,173 @@
+"""``kronos-mlflow evaluate``: the scorecard of a logged forecaster, recorded as its own MLflow run.
+
+    kronos-mlflow evaluate --model runs:/<run id>/best_model
+    kronos-mlflow evaluate --model models:/kronos-forecaster@champion \\
+        --zeroshot-tokenizer NeoQuasar/Kronos-Tokenizer-base --zeroshot-predictor NeoQuasar/Kronos-small
+    mlflow run . -e evaluate -P model=runs:/<run id>/best_model
+
+``--model`` is a logged forecaster (``runs:/<id>/best_model``, ``models:/NAME@ALIAS``) or a
+directory holding ``tokenizer/`` and ``predictor/`` checkpoints, or a predictor run's
+directory (``checkpoints/tokenizer/`` and ``checkpoints/best_model/``). The zero-shot pair is
+``--zeroshot-tokenizer`` / ``--zeroshot-predictor`` (each a checkpoint directory or hub id;
+one given alone pairs with the model's other half); without them, the predictor run's
+``pretrained_tokenizer_path`` / ``pretrained_predictor_path`` params, else that run's
+``checkpoints/start/`` when its directory is on this machine; else no zero-shot pair is scored
+(one line says so). Every config key is a flag (the data, the window sizes, the inference keys).
+The run (``MLFLOW_RUN_ID``'s under ``mlflow run``, else a new one) gets the metrics, tags and
+``evaluation/`` artifacts of docs/forecast-evaluation.md, and the tag ``predictor_run_id``.
+Bad input is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError, short_reason
+
+PREDICTOR_RUN_TAG = "predictor_run_id"
+MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "
+                  "or a predictor run's directory")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..flags import add_config_arguments
+
+    parser.add_argument("--model", metavar="URI", required=True, help=f"the forecaster to score: {MODEL_ACCEPTED}")
+    parser.add_argument("--zeroshot-tokenizer", "--zeroshot_tokenizer", dest="zeroshot_tokenizer", metavar="URI",
+                        default="", help="the zero-shot pair's tokenizer (a checkpoint directory or hub id)")
+    parser.add_argument("--zeroshot-predictor", "--zeroshot_predictor", dest="zeroshot_predictor", metavar="URI",
+                        default="", help="the zero-shot pair's predictor (a checkpoint directory or hub id)")
+    add_config_arguments(parser)
+
+
+def _pair_dirs(root: Path) -> tuple[Path, Path] | None:
+    for tok, pred in ((root / "tokenizer", root / "predictor"),
+                      (root / "checkpoints" / "tokenizer", root / "checkpoints" / "best_model"),
+                      (root / "artifacts" / "tokenizer", root / "artifacts" / "predictor")):
+        if (tok / "model.safetensors").is_file() and (pred / "model.safetensors").is_file():
+            return tok, pred
+    return None
+
+
+def resolve_model(spec: str, scratch: Path) -> tuple[Path, Path, str]:
+    """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
+    spec = str(spec or "").strip()
+    if not spec:
+        raise UserError(f"--model is empty; expected {MODEL_ACCEPTED}")
+    if spec.startswith(("runs:/", "models:/")):
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+        from ..stages.sources import _source_run
+
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch)))
+        except (MlflowException, OSError, ValueError) as exc:
+            raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
+                            f"expected {MODEL_ACCEPTED}") from None
+        dirs = _pair_dirs(local)
+        run_id = _source_run(spec) or ""
+    else:
+        dirs, run_id = _pair_dirs(Path(spec).expanduser()), ""
+    if dirs is None:
+        raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
+    return dirs[0], dirs[1], run_id
+
+
+def _run_record(run_id: str) -> tuple[dict, str]:
+    """The predictor run's params and its directory (its ``run_directory`` tag; '' when unknown)."""
+    if not run_id:
+        return {}, ""
+    from mlflow import MlflowClient
+
+    run = MlflowClient().get_run(run_id)
+    # an empty MLproject parameter is recorded as its shell quoting
+    params = {k: ("" if v.strip() in ("''", '""') else v) for k, v in run.data.params.items()}
+    return params, str(run.data.tags.get("run_directory", ""))
+
+
+def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
+    """``(tokenizer, predictor, label)`` of the zero-shot pair; ``predictor`` '' when none."""
+    params, save_dir = _run_record(run_id)
+    tokenizer = args.zeroshot_tokenizer or params.get("pretrained_tokenizer_path", "") or str(tok_dir)
+    predictor = args.zeroshot_predictor or params.get("pretrained_predictor_path", "")
+    if not predictor and save_dir and (Path(save_dir) / "checkpoints" / "start" / "model.safetensors").is_file():
+        predictor = str(Path(save_dir) / "checkpoints" / "start")
+    label = f"{tokenizer} + {predictor or 'none'}"
+    return tokenizer, predictor, label
+
+
+def _predictor(tokenizer, spec: str, config, device, what: str):
+    from ..model import Kronos
+    from .forecast_run import pair
+
+    if Path(spec).is_dir():
+        return pair(tokenizer, spec, config, device)
+    try:
+        Kronos.from_pretrained(spec)
+    except UserError as exc:
+        raise UserError(f"{what}: {exc}") from None
+    return pair(tokenizer, spec, config, device)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..console import Console
+    from ..distributed import resolve_device
+    from ..flags import config_from_args
+    from .forecast_run import ZEROSHOT_TAG
+    from .scorecard import score_forecasters
+    from .sources import load_tokenizer
+
+    config = config_from_args(args)
+    device = resolve_device(config["device"])
+    console = Console(True)
+    with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
+        tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))
+        tokenizer = load_tokenizer(str(tok_dir), device, what="--model")
+        models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
+        z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
+        if z_pred:
+            base_tok = load_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
+            models["zeroshot"] = _predictor(base_tok, z_pred, config, device, "--zeroshot-predictor")
+        else:
+            console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
+                          "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
+        card = score_forecasters(config, models, console=console)
+        card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"
+        if run_id:
+            card.tags[PREDICTOR_RUN_TAG] = run_id
+        logged = _log(args, config, card, Path(scratch) / "evaluation", console)
+    print(f"logged: MLflow run {logged}")
+    return 0
+
+
+def _log(args, config, card, directory: Path, console) -> str:
+    from ..config import run_params
+    from ..tracking.mlflow import MLflowLogger
+    from .scorecard import record
+
+    logger = MLflowLogger(config["experiment_name"] or None,
+                          run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}")
+    try:
+        logger.log_hyperparams({"model": args.model, "zeroshot_tokenizer": args.zeroshot_tokenizer,
+                                "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
+        record(card, directory, logger, step=0, console=console)
+    except BaseException:
+        logger.finalize("failed")
+        raise
+    logger.finalize("success")
+    return logger.run_id
+
+
+def main(argv=None) -> int:
+    from ..cli import main as cli_main
+
+    return cli_main(["evaluate", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The scorecard at the end of a predictor run (``evaluate: on``, the default), after the
+held-out verdict; every rank calls :func:`evaluate_predictor_run` (the forecasts are split
+across ranks and gathered), rank 0 writes ``evaluation/`` in the run's directory and logs it.
+
+The pairs: the fine-tuned pair is the run's frozen tokenizer (``checkpoints/tokenizer/``) with
+its best predictor (``checkpoints/best_model/``). The zero-shot pair is what the run started
+from: the predictor in ``checkpoints/start/`` (``pretrained_predictor_path``'s weights, or the
+fresh initial weights of a run that started fresh), with ``pretrained_tokenizer_path`` when it
+is given (the published tokenizer a fine-tuned tokenizer came from), else the run's frozen
+tokenizer. A fresh start's zero-shot pair is an untrained predictor: a floor, not a published
+model; the ``zeroshot_pair`` tag says which it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ZEROSHOT_TAG = "zeroshot_pair"
+
+
+def pair(tokenizer, predictor_dir, config: Mapping[str, Any], device):
+    """A ``KronosPredictor`` of a loaded tokenizer and a predictor checkpoint directory."""
+    from ..model import Kronos, KronosPredictor
+
+    model = Kronos.from_pretrained(str(predictor_dir), map_location=device).eval()
+    return KronosPredictor(model, tokenizer, device=str(device), max_context=int(config["max_context"]),
+                           clip=float(config["clip"]))
+
+
+def zeroshot_label(config: Mapping[str, Any]) -> str:
+    """``<tokenizer> + <predictor>`` as given (``fresh`` for an empty one)."""
+    tok = str(config.get("pretrained_tokenizer_path") or config.get("finetuned_tokenizer_path") or "") or "fresh"
+    pred = str(config.get("pretrained_predictor_path") or "") or "fresh"
+    return f"{tok} + {pred}"
+
+
+def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
+                           step: int):
+    """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded."""
+    from ..model import KronosTokenizer
+    from .scorecard import record, score_forecasters
+    from .sources import load_tokenizer
+
+    frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
+    # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the
+    # frozen tokenizer is pretrained_tokenizer_path's already
+    spec = str(config.get("pretrained_tokenizer_path") or "") if config.get("finetuned_tokenizer_path") else ""
+    base_tokenizer = load_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
+    start = Path(layout.start_model)
+    predictors = {"finetuned": pair(frozen, layout.best_model, config, device),
+                  "zeroshot": pair(base_tokenizer, start, config, device)
+                  if (start / "model.safetensors").is_file() else None}
+    card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console)
+    card.tags[ZEROSHOT_TAG] = zeroshot_label(config) if predictors["zeroshot"] is not None else "unavailable"
+    record(card, Path(layout.root) / "evaluation", logger, step=step, console=console, write=rank == 0)
+    return card

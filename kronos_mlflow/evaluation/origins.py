@@ -1,0 +1,165 @@
+"""Forecast origins on the test split: where every forecaster of the scorecard forecasts from.
+
+An origin is the last observed bar of a forecast. The candidates are the calendar bars
+``k = 0, s, 2s, ...`` of the test range's calendar (the provider's ``calendars/<freq>.txt``
+inside ``test_time_range``; ``k`` counted from its first bar; ``s = eval_stride``, 0 meaning
+``predict_window``) at which a series of the prepared test split has a bar, with
+``lookback_window`` bars of that series ending at it (the origin included) and
+``predict_window`` bars after it, all inside the test range. Origins are calendar positions, so
+on one date several symbols share an origin.
+
+When there are more than ``n_eval_windows`` candidates, whole origin dates are kept: the
+largest number ``k`` of dates, evenly spaced (``floor(i * D / k)`` of the ``D`` dates), whose
+origins number at most ``n_eval_windows`` (a single date with more symbols keeps its first
+``n_eval_windows`` series). Every symbol of a kept date stays, so the per-date correlations
+(IC) see the whole cross-section. No seed enters: origins depend on the data and config only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .windows import evenly_spaced
+
+CLOSE = 3  # the close column of the six features
+
+
+def eval_stride(config: Mapping[str, Any]) -> int:
+    """``eval_stride``, or ``predict_window`` when it is 0."""
+    return int(config.get("eval_stride") or 0) or int(config["predict_window"])
+
+
+def calendar_of_test_range(config: Mapping[str, Any]) -> np.ndarray:
+    """The provider's calendar bars inside ``test_time_range`` (``datetime64[s]``, ascending)."""
+    from ..config import time_bounds
+    from ..data.prepare import resolve_qlib_path
+
+    path = resolve_qlib_path(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    calendar = np.array(lines, dtype="datetime64[s]")
+    a, b = time_bounds(*config["test_time_range"])
+    return calendar[(calendar >= a) & (calendar <= b)]
+
+
+def thin_dates(dates: np.ndarray, limit: int) -> np.ndarray:
+    """A boolean mask over origins (given by their dates, ascending) keeping the most evenly
+    spaced whole dates whose origins number at most ``limit`` (see the module doc)."""
+    dates = np.asarray(dates)
+    if len(dates) <= limit:
+        return np.ones(len(dates), dtype=bool)
+    unique, counts = np.unique(dates, return_counts=True)
+    for k in range(min(len(unique), int(limit)), 0, -1):
+        chosen = evenly_spaced(len(unique), k)
+        if counts[chosen].sum() <= limit:
+            return np.isin(dates, unique[chosen])
+    first = np.flatnonzero(dates == unique[0])[: int(limit)]
+    mask = np.zeros(len(dates), dtype=bool)
+    mask[first] = True
+    return mask
+
+
+@dataclass
+class Origins:
+    """The origins (see the module doc), in (calendar position, series) order.
+
+    ``rows`` index the test split's arrays (the origin's own bar); :meth:`history`,
+    :meth:`future` and :meth:`times` read the bars and timestamps around each origin.
+    """
+
+    rows: np.ndarray  # (n,) int64, the origin bar's row in the split's arrays
+    series: np.ndarray  # (n,) int64, the series (index into ``symbols``)
+    positions: np.ndarray  # (n,) int64, the origin's calendar position k
+    dates: np.ndarray  # (n,) datetime64[s], the origin bar's time
+    symbols: list[str]
+    x: np.ndarray  # the split's raw features (rows x 6)
+    bar_times: np.ndarray  # the split's bar times, datetime64[s]
+    lookback: int
+    horizon: int
+    stride: int
+    candidates: int  # origins before the n_eval_windows limit
+    data_key: str
+
+    def __len__(self) -> int:
+        return int(len(self.rows))
+
+    def _take(self, positions, offsets) -> np.ndarray:
+        rows = self.rows[np.asarray(positions, dtype=np.int64)]
+        return rows[:, None] + np.asarray(offsets, dtype=np.int64)
+
+    def history(self, positions) -> np.ndarray:
+        """Raw lookback bars, float64 ``(len(positions), lookback, 6)`` (the origin last)."""
+        return np.asarray(self.x[self._take(positions, np.arange(1 - self.lookback, 1))], dtype=np.float64)
+
+    def future(self, positions) -> np.ndarray:
+        """Raw bars after the origin, float64 ``(len(positions), horizon, 6)``."""
+        return np.asarray(self.x[self._take(positions, np.arange(1, self.horizon + 1))], dtype=np.float64)
+
+    def times(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """The lookback bars' and the future bars' times (``datetime64[s]``)."""
+        past = self.bar_times[self._take(positions, np.arange(1 - self.lookback, 1))]
+        return past, self.bar_times[self._take(positions, np.arange(1, self.horizon + 1))]
+
+    def shard(self, rank: int, world_size: int) -> np.ndarray:
+        """The positions one rank forecasts: a contiguous block (each origin on one rank)."""
+        return np.array_split(np.arange(len(self), dtype=np.int64), max(1, int(world_size)))[int(rank)]
+
+    @property
+    def instruments(self) -> list[str]:
+        return [self.symbols[int(j)] for j in self.series]
+
+    def index(self) -> pd.MultiIndex:
+        """``(datetime, instrument)`` of every origin, Qlib's index of a signal."""
+        return pd.MultiIndex.from_arrays([pd.DatetimeIndex(self.dates), self.instruments],
+                                         names=["datetime", "instrument"])
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of what decides the origins: data key, sizes, stride and the rows."""
+        h = hashlib.sha256(f"{self.data_key}|{self.lookback}|{self.horizon}|{self.stride}|".encode())
+        h.update(np.ascontiguousarray(self.rows, dtype="<i8").tobytes())
+        return h.hexdigest()
+
+    def describe(self) -> str:
+        shown = f"{len(self):,}" if len(self) == self.candidates else f"{len(self):,} of {self.candidates:,}"
+        dates = len(np.unique(self.dates)) if len(self) else 0
+        return f"{shown} origins on {dates:,} dates (stride {self.stride})"
+
+
+def forecast_origins(config: Mapping[str, Any]) -> Origins:
+    """The origins of ``config``'s test split (prepared on first use)."""
+    from ..data import QlibDataset
+
+    lookback, horizon, stride = int(config["lookback_window"]), int(config["predict_window"]), eval_stride(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an empty split is reported once, by the caller
+        ds = QlibDataset("test", config, progress=False)
+    bar_times = np.load(ds.cache_dir / "test_dates.npy", allow_pickle=False).astype("datetime64[s]")
+    calendar = calendar_of_test_range(config)
+    rows, series, positions = [], [], []
+    for j in range(len(ds.symbols)):
+        first, end = int(ds.offsets[j]), int(ds.offsets[j + 1])
+        r = np.arange(first + lookback - 1, end - horizon, dtype=np.int64)
+        if not len(r):
+            continue
+        k = np.searchsorted(calendar, bar_times[r])
+        on_calendar = (k < len(calendar)) & (calendar[np.minimum(k, len(calendar) - 1)] == bar_times[r])
+        keep = on_calendar & (k % stride == 0)
+        rows.append(r[keep])
+        positions.append(k[keep])
+        series.append(np.full(int(keep.sum()), j, dtype=np.int64))
+    rows_a = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+    series_a = np.concatenate(series) if series else np.empty(0, dtype=np.int64)
+    pos_a = np.concatenate(positions) if positions else np.empty(0, dtype=np.int64)
+    order = np.lexsort((series_a, pos_a))
+    rows_a, series_a, pos_a = rows_a[order], series_a[order], pos_a[order]
+    keep = thin_dates(pos_a, int(config["n_eval_windows"]))
+    return Origins(rows=rows_a[keep], series=series_a[keep], positions=pos_a[keep], dates=bar_times[rows_a[keep]],
+                   symbols=list(ds.symbols), x=ds.x, bar_times=bar_times, lookback=lookback, horizon=horizon,
+                   stride=stride, candidates=int(len(rows_a)), data_key=ds.cache_dir.name)

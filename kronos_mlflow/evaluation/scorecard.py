@@ -1,0 +1,192 @@
+"""The scorecard: does the fine-tuned pair forecast better than its zero-shot pair and than
+persistence (and, intraday, seasonal naive), on the same test-split origins?
+
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+    card = score_forecasters(config, {"finetuned": predictor, "zeroshot": base_predictor})
+    card.metrics["skill_vs_persistence"], card.tags, card.signals["finetuned"]
+
+Metric names: ``test_<m>`` (fine-tuned), ``zeroshot_test_<m>``, ``persistence_test_<m>``,
+``seasonal_naive_test_<m>``; ``skill_vs_zeroshot`` / ``skill_vs_persistence`` (and
+``skill_vs_seasonal_naive``) = 1 - MASE ratio with ``_ci_low`` / ``_ci_high``; tags
+``verdict_vs_zeroshot`` / ``verdict_vs_persistence``: ``better`` when the whole interval lies
+above ``verdict_min_change``, ``worse`` below ``-verdict_min_change``, else ``inconclusive``
+(the verdict's rule, :func:`~kronos_mlflow.evaluation.verdict.decide`). docs/forecast-evaluation.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import forecasters as fc
+from . import scores as sc
+from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins
+
+#: forecaster -> metric prefix; the order of the scorecard
+PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
+            "seasonal_naive": "seasonal_naive_test_"}
+BASELINES = ("zeroshot", "persistence", "seasonal_naive")
+VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence"}
+
+
+@dataclass
+class Scorecard:
+    """One evaluation: the metrics and tags a run records, the per-origin table, the paths of
+    a few origins for the picture, and the Kronos pairs' signals."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    origins: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: per Kronos pair: forecast return at the horizon per (datetime, instrument), column ``score``
+    signals: dict[str, pd.DataFrame] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per forecaster
+    description: str = ""
+    digest: str = ""
+    reason: str = ""  # why nothing was scored
+    sample: dict[str, Any] = field(default_factory=dict)  # what forecasts.png draws
+
+    def line(self) -> str:
+        if self.reason:
+            return f"scorecard unavailable: {self.reason}"
+        parts = [self.description]
+        for base in BASELINES:
+            name = f"skill_vs_{base}"
+            if name in self.metrics:
+                parts.append(f"{name} {self.metrics[name]:+.3f} (95% CI {self.metrics.get(name + '_ci_low', math.nan):+.3f}"
+                             f" .. {self.metrics.get(name + '_ci_high', math.nan):+.3f})"
+                             + (f": {self.tags[VERDICT_TAGS[base]]}" if base in VERDICT_TAGS and VERDICT_TAGS[base]
+                                in self.tags else ""))
+        return "scorecard: " + "; ".join(parts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"metrics": self.metrics, "tags": self.tags, "origins": self.description, "origins_digest": self.digest,
+                "seconds": self.seconds, "reason": self.reason}
+
+
+def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, world_size, console, period):
+    paths, seconds = {}, {}
+    progress = console.progress if console is not None else None
+    for name, predictor in predictors.items():
+        if predictor is None:
+            continue
+        started = time.time()
+        paths[name] = fc.kronos_paths(predictor, origins, config, rank=rank, world_size=world_size,
+                                      progress=progress, desc=f"scorecard: {name}")
+        seconds[name] = round(time.time() - started, 3)
+    paths["persistence"] = fc.persistence_paths(origins)
+    seasonal = fc.seasonal_naive_paths(origins, period)
+    if seasonal is not None:
+        paths["seasonal_naive"] = seasonal
+    return paths, seconds
+
+
+def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float) -> tuple[dict, dict]:
+    from .verdict import decide
+
+    metrics, tags = {}, {}
+    for base in BASELINES:
+        if base not in per or "finetuned" not in per:
+            continue
+        value, low, high = sc.skill(per["finetuned"]["mase"], per[base]["mase"])
+        name = f"skill_vs_{base}"
+        metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high})
+        if base in VERDICT_TAGS:
+            # decide() reads a change of the loss (negative = better): the skill's interval, negated
+            tags[VERDICT_TAGS[base]] = decide(-high, -low, min_change)
+    return metrics, tags
+
+
+def _ic_intervals(per, dates) -> dict[str, float]:
+    out = {}
+    for name in ("finetuned", "zeroshot"):
+        if name in per:
+            daily = sc.daily_ic(dates, per[name]["forecast_return"], per[name]["actual_return"])
+            low, high = sc.mean_interval(daily["ic"])
+            out.update({f"{PREFIXES[name]}ic_ci_low": low, f"{PREFIXES[name]}ic_ci_high": high})
+    return out
+
+
+def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
+                      rank: int = 0, world_size: int = 1, console=None) -> Scorecard:
+    """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
+    ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
+    (a collective when ``world_size > 1``: every rank calls it)."""
+    origins = origins if origins is not None else forecast_origins(config)
+    if not len(origins):
+        return Scorecard(reason=f"no forecast origins in test_time_range {':'.join(config['test_time_range'])} "
+                                f"(each needs lookback_window + predict_window bars of a series inside it)")
+    period = fc.bars_per_session(calendar_of_test_range(config)) if config.get("freq", "day") != "day" else 1
+    paths, seconds = _paths_of(predictors, origins, config, rank=rank, world_size=world_size, console=console,
+                               period=period)
+    every = np.arange(len(origins))
+    history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
+    per = {name: sc.origin_scores(p, history, actual) for name, p in paths.items()}
+    metrics: dict[str, float] = {}
+    table = pd.DataFrame({"datetime": pd.DatetimeIndex(origins.dates), "instrument": origins.instruments,
+                          "position": origins.positions, "last_close": history[:, -1],
+                          "actual_return": per["persistence"]["actual_return"]})
+    for name, scores in per.items():
+        kept = sc.summary(scores, origins.dates, direction=name != "persistence")
+        metrics.update({f"{PREFIXES[name]}{k}": v for k, v in kept.items()})
+        for column in ("mase", "crps") + (("direction", "forecast_return") if name != "persistence" else ()):
+            table[f"{name}_{column}"] = scores[column]
+    skills, tags = _skills(per, float(config["verdict_min_change"]))
+    metrics.update(skills)
+    metrics.update(_ic_intervals(per, origins.dates))
+    metrics["eval_origins"] = float(len(origins))
+    signals = {name: pd.DataFrame({"score": per[name]["forecast_return"]}, index=origins.index())
+               for name in ("finetuned", "zeroshot") if name in per}
+    shown = every[np.linspace(0, len(origins) - 1, min(4, len(origins))).astype(int)]
+    sample = {"history": history[shown], "actual": actual[shown], "labels": [
+        f"{origins.instruments[i]} {str(origins.dates[i])[:16]}" for i in shown],
+        "paths": {name: p[shown] for name, p in paths.items()}}
+    return Scorecard(metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}, tags=tags,
+                     origins=table, signals=signals, seconds=seconds, description=origins.describe(),
+                     digest=origins.digest, sample=sample)
+
+
+def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
+    """``scorecard.json``, ``scorecard.png``, ``forecasts.png`` and ``origins.parquet`` in
+    ``directory`` (each written whole, then renamed)."""
+    from ..fsutil import write_atomic
+    from .figures import forecasts_figure, scorecard_figure
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = [directory / "scorecard.json"]
+    write_atomic(out[0], json.dumps(card.as_json(), indent=2, sort_keys=True))
+    if card.reason:
+        return out
+    for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure)):
+        tmp = directory / f".{name}.tmp"
+        draw(card).savefig(tmp, format="png", dpi=110)
+        tmp.replace(directory / name)
+        out.append(directory / name)
+    tmp = directory / ".origins.parquet.tmp"
+    card.origins.to_parquet(tmp, index=False)
+    tmp.replace(directory / "origins.parquet")
+    out.append(directory / "origins.parquet")
+    return out
+
+
+def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None, *, write: bool = True) -> None:
+    """Write the artifacts (``write``: rank 0 only) and log them with the metrics and tags
+    (rank 0's logger; the others' is a no-op)."""
+    if write:
+        for path in write_artifacts(card, directory):
+            logger.log_artifact(str(path), "evaluation")
+    logger.log_metrics(card.metrics, step=step)
+    if card.tags:
+        logger.set_tags(card.tags)
+    if console is not None:
+        console.print(card.line())
+        for name, seconds in card.seconds.items():
+            console.print(f"  {name}: {fc.describe_cost(seconds, int(card.metrics.get('eval_origins', 0)))}")

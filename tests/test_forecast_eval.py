@@ -1,0 +1,278 @@
+"""The forecast scorecard: origins follow the rule, the naive scores are recomputed from the raw
+Qlib files on origins built here, a greedy forecast's MASE is recomputed through
+``KronosPredictor``, and ``mlflow run . -e predictor`` / ``-e evaluate`` record every metric,
+tag and artifact."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny_runs import TINY, create_sqlite_store, isolated_env, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = ("mase_close", "crps_close", "direction_accuracy", "ic", "rank_ic", "icir")
+
+
+def _raw_origins(config) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Origins built from the provider's files alone (calendar, instrument spans, close bins):
+    ``(symbol, lookback closes, future closes)`` of every calendar bar ``k % stride == 0``."""
+    from kronos_mlflow.data.prepare import resolve_qlib_path
+
+    root = resolve_qlib_path(config)
+    calendar = np.array((root / "calendars" / "day.txt").read_text().split(), dtype="datetime64[D]")
+    a, b = (np.datetime64(d, "D") for d in config["test_time_range"])
+    test = np.flatnonzero((calendar >= a) & (calendar <= b))
+    lookback, horizon = config["lookback_window"], config["predict_window"]
+    stride = config["eval_stride"] or horizon
+    out = []
+    for line in (root / "instruments" / f"{config['instrument']}.txt").read_text().splitlines():
+        symbol, s0, s1 = line.split("\t")
+        raw = np.fromfile(root / "features" / symbol.lower() / "close.day.bin", dtype="<f4")
+        start, closes = int(raw[0]), raw[1:].astype(np.float64)
+        span = test[(calendar[test] >= np.datetime64(s0)) & (calendar[test] <= np.datetime64(s1))]
+        span = span[(span >= start) & (span < start + len(closes))]
+        span = span[np.isfinite(closes[span - start])]  # a bar without a price is no bar
+        if len(span) < lookback + horizon + 1:  # a test series holds at least one training window
+            continue
+        series = closes[span - start]
+        for i in range(lookback - 1, len(span) - horizon):
+            if (span[i] - test[0]) % stride == 0:
+                out.append((symbol, calendar[span[i]], series[i - lookback + 1:i + 1], series[i + 1:i + 1 + horizon]))
+    return out
+
+
+def test_origins_follow_the_rule(tiny):
+    from kronos_mlflow.evaluation.origins import forecast_origins
+
+    for stride in (0, 3):
+        config = tiny(eval_stride=stride, n_eval_windows=10**6)
+        origins = forecast_origins(config)
+        ours = {(s, str(d)[:10]) for s, d in zip(origins.instruments, origins.dates)}
+        theirs = {(s, str(d)) for s, d, _, _ in _raw_origins(config)}
+        assert ours == theirs and len(origins) == origins.candidates > 0
+    limited = forecast_origins(tiny(n_eval_windows=100))
+    assert 0 < len(limited) <= 100 and limited.candidates == len(forecast_origins(tiny(n_eval_windows=10**6)))
+    # whole dates are kept: every symbol of a kept date
+    full = forecast_origins(tiny(n_eval_windows=10**6))
+    for date in np.unique(limited.dates):
+        assert (limited.dates == date).sum() == (full.dates == date).sum()
+
+
+def test_persistence_scores_match_the_raw_qlib_data(tiny):
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+
+    config = tiny(n_eval_windows=10**6)
+    card = score_forecasters(config, {})
+    mase, crps = [], []
+    for _, _, past, future in _raw_origins(config):
+        mase.append(np.abs(past[-1] - future).mean() / np.abs(np.diff(past)).mean())
+        crps.append(np.abs(past[-1] - future).mean() / (past.std() + 1e-5))
+    assert card.metrics["persistence_test_mase_close"] == pytest.approx(np.mean(mase), rel=1e-6)
+    assert card.metrics["persistence_test_crps_close"] == pytest.approx(np.mean(crps), rel=1e-6)
+    assert "persistence_test_direction_accuracy" not in card.metrics
+    assert "test_mase_close" not in card.metrics and card.metrics["eval_origins"] == len(mase)
+
+
+INTRADAY = {"freq": "30min", "train_time_range": "2024-01-02:2024-03-31", "val_time_range": "2024-03-01:2024-04-30",
+            "test_time_range": "2024-05-01:2024-06-30", "dataset_begin_time": "2024-01-01",
+            "dataset_end_time": "2024-06-30"}
+
+
+def test_seasonal_naive_repeats_the_same_bar_of_the_latest_session(tiny):
+    """Intraday: each future bar's forecast is the close of the latest observed bar at the same
+    time of day, found here by timestamps."""
+    from kronos_mlflow.evaluation.origins import CLOSE, forecast_origins
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+    from kronos_mlflow.evaluation.scores import origin_scores
+
+    config = tiny(**INTRADAY)
+    origins = forecast_origins(config)
+    card = score_forecasters(config, {}, origins=origins)
+    assert "seasonal_naive_test_mase_close" in card.metrics and "skill_vs_seasonal_naive" not in card.metrics
+    paths = []
+    for i in range(len(origins)):
+        past_t, future_t = origins.times([i])
+        past = origins.history([i])[0][:, CLOSE]
+        tod = past_t[0] - past_t[0].astype("datetime64[D]")
+        paths.append([past[np.flatnonzero(tod == t - t.astype("datetime64[D]"))[-1]] for t in future_t[0]])
+    every = np.arange(len(origins))
+    ours = origin_scores(np.array(paths)[:, None, :], origins.history(every)[..., CLOSE],
+                         origins.future(every)[..., CLOSE])
+    assert card.metrics["seasonal_naive_test_mase_close"] == pytest.approx(np.nanmean(ours["mase"]), rel=1e-9)
+
+
+def _tiny_pair(seed: int = 0):
+    import torch
+
+    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.model import Kronos, KronosPredictor, KronosTokenizer
+    from kronos_mlflow.model.spec import PREDICTOR_CONFIGS
+
+    torch.manual_seed(seed)
+    tokenizer = KronosTokenizer(**model_kwargs(TINY)).eval()
+    model = Kronos(**{**PREDICTOR_CONFIGS["Kronos-mini"], "s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16,
+                      "n_heads": 2, "ff_dim": 32}).eval()
+    return KronosPredictor(model, tokenizer, device="cpu")
+
+
+def test_skills_verdicts_and_signals(tiny, isolated):
+    from kronos_mlflow.evaluation.scorecard import score_forecasters, write_artifacts
+
+    config = tiny(n_eval_windows=60, inference_sample_count=2)
+    predictor = _tiny_pair()
+    card = score_forecasters(config, {"finetuned": predictor, "zeroshot": predictor})
+    for prefix in ("test_", "zeroshot_test_"):
+        assert all(f"{prefix}{m}" in card.metrics for m in METRICS[:3])
+    assert card.metrics["skill_vs_zeroshot"] == 0.0  # the same pair, the same seed: the same paths
+    assert card.tags["verdict_vs_zeroshot"] == "inconclusive"
+    low, high = card.metrics["skill_vs_persistence_ci_low"], card.metrics["skill_vs_persistence_ci_high"]
+    assert low <= card.metrics["skill_vs_persistence"] <= high
+    assert card.tags["verdict_vs_persistence"] in ("better", "worse", "inconclusive")
+    signal = card.signals["finetuned"]
+    assert list(signal.index.names) == ["datetime", "instrument"] and list(signal.columns) == ["score"]
+    assert len(signal) == card.metrics["eval_origins"]
+    names = {p.name for p in write_artifacts(card, isolated / "evaluation")}
+    assert names == {"scorecard.json", "scorecard.png", "forecasts.png", "origins.parquet"}
+
+
+def _greedy_mase_recomputed(config, predictor) -> None:
+    """One greedy path (top_k=1) per origin through ``KronosPredictor.predict``, scored here,
+    against the scorecard's ``test_mase_close``."""
+    import pandas as pd
+
+    from kronos_mlflow.evaluation.origins import forecast_origins
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+
+    card = score_forecasters(config, {"finetuned": predictor})
+    origins = forecast_origins(config)
+    cols = ["open", "high", "low", "close", "volume", "amount"]
+    mase = []
+    for i in range(len(origins)):
+        past_t, future_t = origins.times([i])
+        past, future = origins.history([i])[0], origins.future([i])[0]
+        out = predictor.predict(pd.DataFrame(past.astype(np.float32), columns=cols), pd.Series(past_t[0]),
+                                pd.Series(future_t[0]), origins.horizon, T=1.0, top_k=1, sample_count=1, verbose=False)
+        scale = np.abs(np.diff(past[:, 3])).mean()
+        mase.append(np.abs(out["close"].to_numpy() - future[:, 3]).mean() / scale)
+    assert card.metrics["test_mase_close"] == pytest.approx(np.mean(mase), rel=1e-4)
+
+
+def test_greedy_mase_is_kronos_predictors(tiny):
+    _greedy_mase_recomputed(tiny(n_eval_windows=12, inference_top_k=1, inference_sample_count=1), _tiny_pair(3))
+
+
+@pytest.fixture(scope="module")
+def project_runs(tmp_path_factory):
+    """``mlflow run . -e predictor`` (fresh start, tiny sizes), then ``mlflow run . -e evaluate``
+    on its logged forecaster, in one sqlite store."""
+    root = tmp_path_factory.mktemp("scorecard")
+    uri = create_sqlite_store(root)
+    env = isolated_env(root, uri)
+    config = write_config(root / "tiny.yaml", **{**TINY, "n_layers": 2, "n_eval_windows": 200},
+                          save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
+    base = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local"]
+    common = {"config_file": str(config)}
+    train = {**common, "epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "nproc_per_node": 1,
+             "comet": "off"}
+    procs = []
+    for entry, params in (("predictor", train), ("evaluate", common)):
+        if entry == "evaluate":
+            from mlflow import MlflowClient
+
+            (run,) = MlflowClient(uri).search_runs(["0"])
+            params = {**params, "model": f"runs:/{run.info.run_id}/best_model"}
+        cmd = [*base, "-e", entry, *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        procs.append(proc)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = sorted(client.search_runs(["0"]), key=lambda r: r.info.start_time)
+    return client, runs, procs
+
+
+def _assert_scorecard(client, run):
+    metrics, tags = run.data.metrics, run.data.tags
+    for prefix in ("test_", "zeroshot_test_"):
+        for m in METRICS:
+            assert f"{prefix}{m}" in metrics, f"{prefix}{m}"
+    assert "persistence_test_mase_close" in metrics and "persistence_test_crps_close" in metrics
+    for skill in ("skill_vs_zeroshot", "skill_vs_persistence"):
+        assert {skill, f"{skill}_ci_low", f"{skill}_ci_high"} <= set(metrics)
+    assert tags["verdict_vs_zeroshot"] in ("better", "worse", "inconclusive")
+    assert tags["verdict_vs_persistence"] in ("better", "worse", "inconclusive")
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
+    assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png",
+                                                 "origins.parquet")}
+
+
+@pytest.mark.slow
+def test_mlflow_run_predictor_records_the_scorecard(project_runs):
+    client, runs, procs = project_runs
+    predictor = runs[0]
+    _assert_scorecard(client, predictor)
+    assert predictor.data.tags["zeroshot_pair"] == "fresh + fresh"
+    assert "[kronos] scorecard: " in procs[0].stdout + procs[0].stderr
+
+
+@pytest.mark.slow
+def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
+    client, runs, _ = project_runs
+    predictor, evaluate = runs
+    _assert_scorecard(client, evaluate)
+    assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
+    # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
+    for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
+        assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
+
+
+@pytest.mark.slow
+def test_greedy_mase_on_the_logged_checkpoints(project_runs, tiny, monkeypatch):
+    import mlflow
+
+    from kronos_mlflow.forecasting.pyfunc import load_forecaster
+
+    client, runs, _ = project_runs
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # runs:/ of a logged model reads the store
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{runs[0].info.run_id}/best_model",
+                                                     tracking_uri=client.tracking_uri,
+                                                     registry_uri=client.tracking_uri))
+    predictor = load_forecaster(str(local / "artifacts" / "tokenizer"), str(local / "artifacts" / "predictor"),
+                                device="cpu")
+    _greedy_mase_recomputed(tiny(n_layers=2, n_eval_windows=12, inference_top_k=1, inference_sample_count=1),
+                            predictor)
+
+
+@pytest.mark.slow
+def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
+    """torchrun with two workers splits the origins across ranks; ``kronos-mlflow evaluate`` of
+    the same run directory in one process gives the same greedy numbers."""
+    import json
+
+    env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {
+        **TINY, "epochs": 1, "n_layers": 2, "n_eval_windows": 120, "inference_top_k": 1, "inference_sample_count": 1,
+        "comet": "off", "system_metrics": "off", "dataset_path": tmp_path / "cache"}.items()]
+    train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+             "kronos_mlflow.train_predictor", *flags, f"--save-path={tmp_path / 'outputs'}"]
+    proc = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs" / "finetune_predictor_demo").iterdir()
+    evaluate = ["kronos-mlflow", "evaluate", "--model", str(run_dir), "--zeroshot-predictor",
+                str(run_dir / "checkpoints" / "start"), *[f for f in flags if not f.startswith("--epochs")]]
+    proc = subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((run_dir / "evaluation" / "scorecard.json").read_text())["metrics"]
+    from mlflow import MlflowClient
+
+    one = next(r for r in MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
+               if r.data.tags.get("mlflow.runName", "").startswith("evaluate")).data.metrics
+    for key in ("test_mase_close", "test_crps_close", "zeroshot_test_mase_close", "test_ic", "skill_vs_zeroshot"):
+        assert one[key] == pytest.approx(two[key], rel=1e-9), key
