@@ -145,3 +145,30 @@ def test_bad_signals_are_one_line(market, tmp_path, signal, needle):
     with pytest.raises(DataError) as err:
         backtest_signals(_config(market), {"bad": signal}, tmp_path)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_scorecard_backtests_its_signals_or_says_in_one_line_why_not(market, tmp_path, capsys):
+    """The scorecard's end: the fine-tuned and zero-shot signals backtested (metrics joined,
+    the PNG logged), or one console line and a tag when the benchmark has no series."""
+    from kronos_mlflow.evaluation.scorecard import Scorecard, add_backtest
+
+    class Logger:
+        artifacts: list = []
+
+        def log_artifact(self, path, folder=None):
+            self.artifacts.append((path, folder))
+
+    oracle = _oracle(market)
+    card = Scorecard(signals={"finetuned": oracle, "zeroshot": oracle.assign(score=-oracle["score"])})
+    from kronos_mlflow.console import Console
+
+    logger, console = Logger(), Console(True)
+    add_backtest(card, _config(market), tmp_path, logger, console)
+    assert card.metrics["backtest_fine_tuned_excess_return_with_cost"] > card.metrics[
+        "backtest_zero_shot_excess_return_with_cost"]
+    assert logger.artifacts == [(str(tmp_path / PNG), "evaluation")]
+    assert "fine-tuned" in capsys.readouterr().out.strip().splitlines()[-1]
+    skipped = Scorecard(signals={"finetuned": oracle})
+    add_backtest(skipped, _config(market, backtest_benchmark="SH000905"), tmp_path / "x", logger, console)
+    assert skipped.tags["backtest"] == "skipped" and skipped.metrics == {}
+    assert "SH000905" in capsys.readouterr().out.strip().splitlines()[-1]

@@ -210,7 +210,12 @@ def _assert_scorecard(client, run):
     assert tags["verdict_vs_persistence"] in ("better", "worse", "inconclusive")
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png",
-                                                 "origins.parquet")}
+                                                 "origins.parquet", "backtest.png")}
+    # Qlib's backtest of both pairs' signals against the demo market's benchmark
+    for signal in ("fine_tuned", "zero_shot"):
+        for m in ("excess_return_with_cost", "information_ratio", "max_drawdown"):
+            assert f"backtest_{signal}_{m}" in metrics, (signal, m)
+    assert "backtest_benchmark_return" in metrics
 
 
 @pytest.mark.slow
@@ -229,7 +234,8 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
     _assert_scorecard(client, evaluate)
     assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
     # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
-    for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
+    for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot",
+                "backtest_fine_tuned_excess_return_with_cost"):
         assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
 
 

@@ -155,7 +155,7 @@ def _log(args, config, card, directory: Path, console) -> str:
     try:
         logger.log_hyperparams({"model": args.model, "zeroshot_tokenizer": args.zeroshot_tokenizer,
                                 "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
-        record(card, directory, logger, step=0, console=console)
+        record(card, directory, logger, step=0, console=console, config=config)
     except BaseException:
         logger.finalize("failed")
         raise

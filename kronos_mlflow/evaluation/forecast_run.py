@@ -54,5 +54,6 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
                   if (start / "model.safetensors").is_file() else None}
     card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console)
     card.tags[ZEROSHOT_TAG] = zeroshot_label(config) if predictors["zeroshot"] is not None else "unavailable"
-    record(card, Path(layout.root) / "evaluation", logger, step=step, console=console, write=rank == 0)
+    record(card, Path(layout.root) / "evaluation", logger, step=step, console=console, write=rank == 0,
+           config=config)
     return card

@@ -177,10 +177,14 @@ def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
     return out
 
 
-def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None, *, write: bool = True) -> None:
+def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None, *, write: bool = True,
+           config: Mapping[str, Any] | None = None) -> None:
     """Write the artifacts (``write``: rank 0 only) and log them with the metrics and tags
-    (rank 0's logger; the others' is a no-op)."""
+    (rank 0's logger; the others' is a no-op). With ``config``, rank 0 also backtests the Kronos
+    pairs' signals with Qlib (:func:`add_backtest`)."""
     if write:
+        if config is not None:
+            add_backtest(card, config, directory, logger, console)
         for path in write_artifacts(card, directory):
             logger.log_artifact(str(path), "evaluation")
     logger.log_metrics(card.metrics, step=step)
@@ -190,3 +194,34 @@ def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None
         console.print(card.line())
         for name, seconds in card.seconds.items():
             console.print(f"  {name}: {fc.describe_cost(seconds, int(card.metrics.get('eval_origins', 0)))}")
+
+
+#: The scorecard's signal names -> the backtest's (its metric names: backtest_fine_tuned_...).
+BACKTEST_NAMES = {"finetuned": "fine-tuned", "zeroshot": "zero-shot"}
+
+
+def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, logger, console=None) -> None:
+    """Qlib's TopkDropoutStrategy on the fine-tuned and zero-shot signals (docs/backtest.md):
+    its metrics join the card's, ``backtest.png`` is logged under ``evaluation/``; a provider
+    without the benchmark's series is one line and no backtest."""
+    from .backtest import backtest_signals
+
+    signals = {BACKTEST_NAMES[name]: frame for name, frame in card.signals.items()
+               if name in BACKTEST_NAMES and frame is not None and len(frame)}
+    if card.reason or not signals:
+        return
+    started = time.time()
+    result = backtest_signals(config, signals, directory)
+    if result.skipped:
+        card.tags["backtest"] = "skipped"
+        if console is not None:
+            console.print(result.skipped)
+        return
+    card.metrics.update({k: float(v) for k, v in result.metrics.items() if math.isfinite(float(v))})
+    if result.plot is not None:
+        logger.log_artifact(str(result.plot), "evaluation")
+    if console is not None:
+        shown = ", ".join(f"{name} {result.metrics.get(f'backtest_{n}_excess_return_with_cost', float('nan')):+.1%}"
+                          for name, n in (("fine-tuned", "fine_tuned"), ("zero-shot", "zero_shot")) if name in signals)
+        console.print(f"backtest {result.time_range[0]}:{result.time_range[1]} against {result.benchmark}, annualised "
+                      f"excess return with cost: {shown} ({time.time() - started:.1f}s)")
