@@ -157,7 +157,7 @@ def test_bad_tokenizer_predictor_and_keys_are_one_line(isolated, commands):
 
 # ----------------------------------------------------------------------------- the user's commands
 
-TINY_YAML = {**TINY, "n_layers": 2, "log_interval": 100000}
+TINY_YAML = {**TINY, "n_layers": 2, "log_interval": 100000, "evaluate": "off"}  # the scorecard: test_forecast_eval.py
 SIZES = {"epochs": 3, "batch_size": 8, "n_train_iter": 800, "n_val_iter": 36}
 
 
