@@ -121,12 +121,14 @@ def check(args) -> None:
     args.force = SWITCH[text]
     args.nproc_per_node = checks.integer("nproc_per_node", args.nproc_per_node, 1, 256, what="argument --nproc-per-node")
     checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name, error=UserError)
-    for step in ("tokenizer", "predictor"):
-        config = _load(args, {**_overrides(args, step), "stage": step})
+    for step in STEPS:
+        try:
+            config = _load(args, {**_overrides(args, step), **({} if step == "evaluation" else {"stage": step})})
+        except UserError as exc:  # the predictor's `epochs` is --predictor-epochs: say which step
+            raise UserError(f"{step} step: {exc}") from None
         if step == "tokenizer":
             check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
             check_comet(config)
-    _load(args, _overrides(args, "evaluation"))
 
 
 def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
