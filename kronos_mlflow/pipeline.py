@@ -179,6 +179,8 @@ class Pipeline:
         """The newest FINISHED run with this step's config and data digests, or None."""
         runs = self._search(f"tags.config_digest = '{step.digest}' and tags.data_digest = '{step.data_digest}' "
                             "and attributes.status = 'FINISHED'")
+        if step.resume:  # a training run counts only with its model
+            runs = [r for r in runs if r.data.tags.get("best_model_uri")]
         return runs[0] if runs else None
 
     def unfinished_match(self, step: Step):
@@ -210,7 +212,7 @@ class Pipeline:
         self.client.set_tag(self.parent_id, f"pipeline.{step.name}_run_id", run_id)
         started = time.time()
         proc = subprocess.run(step.command, env=child_env(run_id, self.experiment_id, self.client.tracking_uri))
-        run = self.client.get_run(run_id)
+        run_id, run = self._continued(run_id, proc.returncode)
         if proc.returncode != 0 or run.info.status != "FINISHED":
             if run.info.status in ("RUNNING", "SCHEDULED"):
                 self.client.set_terminated(run_id, "FAILED")
@@ -220,6 +222,21 @@ class Pipeline:
                              "the same command again continues from this step")
         self._mark(step.name, run_id, reused=False, seconds=time.time() - started)
         return run_id
+
+    def _continued(self, run_id: str, returncode: int):
+        """``(run id, run)`` of the step: training that resumed a stopped run of the same config
+        made outside the pipeline continued in that run (tag ``kronos.continued_in_run``), which
+        becomes the step's; the child made for the launch holds only its parameters and ends."""
+        run = self.client.get_run(run_id)
+        moved = run.data.tags.get("kronos.continued_in_run")
+        if not moved or moved == run_id:
+            return run_id, run
+        self.client.delete_tag(run_id, "config_digest")  # never found as this config's run
+        if run.info.status in ("RUNNING", "SCHEDULED"):
+            self.client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
+        self.client.set_tag(moved, "mlflow.parentRunId", self.parent_id)
+        self.client.set_tag(moved, TAG_STEP, self.client.get_run(run_id).data.tags.get(TAG_STEP, ""))
+        return moved, self.client.get_run(moved)
 
     def _mark(self, name: str, run_id: str, *, reused: bool, seconds: float) -> None:
         self.runs[name], self.seconds[name] = run_id, seconds
