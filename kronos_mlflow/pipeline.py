@@ -294,6 +294,9 @@ def run(args: argparse.Namespace) -> int:
 
             move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
         status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C reaches the step's process too: it ends KILLED and continues next time
+        status = "KILLED"
+        raise
     except StepFailed as exc:
         print(f"kronos-mlflow pipeline: {exc}", file=sys.stderr, flush=True)
         return 1
