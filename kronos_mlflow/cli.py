@@ -10,6 +10,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
     kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
     kronos-mlflow evaluate --model runs:/<run id>/best_model  # the forecast scorecard
+    kronos-mlflow pipeline --epochs 2 --predictor-epochs 2  # tokenizer -> predictor -> scorecard
     kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
@@ -36,6 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                            "score a tokenizer against another on held-out windows: metrics, change, verdict"),
     "evaluate": ("kronos_mlflow.evaluation.forecast_command",
                  "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),
+    "pipeline": ("kronos_mlflow.pipeline",
+                 "tokenizer, predictor on it, scorecard: one parent MLflow run, a child run per step, reused when done"),
     "upload-spool": ("kronos_mlflow.tracking.spool", "upload what a run kept locally while its MLflow server was down"),
 }
 

@@ -254,6 +254,7 @@ def main(config: Mapping[str, Any]) -> dict:
     from . import perf
     from .console import Console
     from .data import data_digest
+    from .digest import config_digest
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
     from .checkpoint import find_resumable_everywhere
     from .layout import RunLayout
@@ -296,6 +297,7 @@ def main(config: Mapping[str, Any]) -> dict:
         prepare_everywhere(config, layout, info)
         digest = data_digest(config)
         logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type,
+                         "config_digest": config_digest(config, world_size=info.world_size),
                          "run_directory": str(layout.root.resolve())})
         if tracking.mlflow is not None:
             log_dataset_input(tracking.mlflow.client, tracking.mlflow.run_id, config, digest)

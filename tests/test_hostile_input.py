@@ -341,6 +341,7 @@ PREDICT = ("{py}", "-m", "kronos_mlflow.train_predictor", "--check")
 CLI = ("kronos-mlflow",)  # the console script
 SWEEP = ("{py}", str(ROOT / "sweeps" / "sweep.py"))
 MLPROJECT = ("<mlproject>",)
+PIPELINE = CLI + ("pipeline", "--qlib-data-path", "{market}")
 
 
 def _flags(values: dict) -> tuple[str, ...]:
@@ -642,6 +643,17 @@ CASES: list[Case] = [
     Case("scorecard-sample-count", "evaluate", "`evaluate --model DIR --inference-sample-count 0`",
          CLI + ("evaluate", "--model", "{in}/no_such_forecaster", "--inference-sample-count", "0"),
          "inference_sample_count"),
+    # ===== the pipeline: its own flags, checked before any run is made
+    Case("pipeline-force", "pipeline", "`kronos-mlflow pipeline --force maybe`",
+         PIPELINE + ("--force", "maybe"), "'maybe'"),
+    Case("pipeline-predictor-epochs", "pipeline", "`kronos-mlflow pipeline --predictor-epochs 0`",
+         PIPELINE + ("--predictor-epochs", "0"), "predictor step: epochs"),
+    Case("pipeline-model-name", "pipeline", "`kronos-mlflow pipeline --registered-model-name a/b`",
+         PIPELINE + ("--registered-model-name", "a/b"), "'a/b'"),
+    Case("pipeline-promote", "pipeline", "`kronos-mlflow pipeline --promote sometimes`",
+         PIPELINE + ("--promote", "sometimes"), "sometimes"),
+    Case("pipeline-nproc", "pipeline", "`kronos-mlflow pipeline --nproc-per-node 0`",
+         PIPELINE + ("--nproc-per-node", "0"), "nproc"),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),

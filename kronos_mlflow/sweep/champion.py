@@ -45,15 +45,19 @@ def current_champion(client, registered_model_name: str):
         return None
 
 
-def promotion(client, registered_model_name: str, run, config: Mapping[str, Any], promote: str = "better") -> Decision:
-    """May the alias move to ``run``'s model (a trial's MLflow run)? See the module doc."""
+def promotion(client, registered_model_name: str, run, config: Mapping[str, Any], promote: str = "better",
+              verdict_tag: str = VERDICT_TAG) -> Decision:
+    """May the alias move to ``run``'s model (a trial's or a pipeline step's MLflow run)? See the
+    module doc; ``verdict_tag`` is the verdict that must be ``better`` (a predictor step's:
+    ``verdict_vs_zeroshot``)."""
     if promote == "always":
         return Decision(True, "")
     tags, metrics = run.data.tags, run.data.metrics
-    trial = tags.get("optuna.trial_number", "?")
-    verdict = tags.get(VERDICT_TAG)
+    number = tags.get("optuna.trial_number")
+    who = f"best trial {number}" if number is not None else f"run {run.info.run_id}"
+    verdict, what = tags.get(verdict_tag), "test verdict" if verdict_tag == VERDICT_TAG else verdict_tag
     if verdict != "better":
-        return Decision(False, f"best trial {trial}'s test verdict is {verdict or 'missing'}, not better; "
+        return Decision(False, f"{who}'s {what} is {verdict or 'missing'}, not better; "
                                "--promote always moves the champion regardless")
     key = test_loss_key(config)
     loss = metrics.get(key)
@@ -67,11 +71,11 @@ def promotion(client, registered_model_name: str, run, config: Mapping[str, Any]
         return Decision(True, "")  # a predictor on other tokens: its token loss is not comparable
     theirs = champion_test_loss(client, registered_model_name, current, champion_run, run, config)
     if theirs is None or loss is None:
-        return Decision(False, f"the champion (version {current.version}) and best trial {trial} cannot be compared "
+        return Decision(False, f"the champion (version {current.version}) and {who} cannot be compared "
                                "on the same test windows")
     if loss < theirs:
         return Decision(True, "")
-    return Decision(False, f"best trial {trial}'s {key} {loss:.6f} does not beat the champion's "
+    return Decision(False, f"{who}'s {key} {loss:.6f} does not beat the champion's "
                            f"(version {current.version}) {theirs:.6f} on the same test windows")
 
 
@@ -127,13 +131,7 @@ def set_champion(client, study, registered_model_name: str, *, config: Mapping[s
         if not decision.move:
             return None, decision.reason
         try:
-            version = model_version_of(client, registered_model_name, run_id)
-            if version is None:
-                import mlflow
-
-                mlflow.register_model(uri, registered_model_name)
-                version = model_version_of(client, registered_model_name, run_id)
-            client.set_registered_model_alias(registered_model_name, ALIAS, version)
+            version = register_as_champion(client, registered_model_name, run_id, uri)
         except MlflowException as exc:
             if attempt == attempts - 1:
                 raise
@@ -144,6 +142,18 @@ def set_champion(client, study, registered_model_name: str, *, config: Mapping[s
         if study.best_trial.number == best.number:
             return str(version), ""
     return (str(version), "") if version is not None else (None, "the champion alias could not be set")
+
+
+def register_as_champion(client, registered_model_name: str, run_id: str, model_uri: str) -> str:
+    """Register ``model_uri`` (once per run: the run's lowest version) and point the alias at it."""
+    version = model_version_of(client, registered_model_name, run_id)
+    if version is None:
+        import mlflow
+
+        mlflow.register_model(model_uri, registered_model_name)
+        version = model_version_of(client, registered_model_name, run_id)
+    client.set_registered_model_alias(registered_model_name, ALIAS, version)
+    return str(version)
 
 
 def model_version_of(client, registered_model_name: str, run_id: str) -> str | None:

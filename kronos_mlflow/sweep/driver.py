@@ -32,6 +32,8 @@ from ..errors import EXIT_USAGE, UserError
 from .space import DEFAULT_SPACE, PARAMS, load_search_space, suggest
 from .study import (DuplicateTrial, default_storage, make_pruner, open_storage, open_study, optimize_distinct,
                     redact_url, repeated_trial)
+from ..child_runs import as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once
+from ..child_runs import train_command as _train_command
 from .champion import PROMOTE, best_trial_record, set_champion
 from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
@@ -74,25 +76,6 @@ def sweep_summary(study, worker) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- worker side
-
-
-TRIAL_MAX_RESTARTS = 3  # a trial that loses a worker resumes from its last epoch (as MLproject main does)
-
-
-def _train_command(nproc: int, flags: Sequence[str]) -> list[str]:
-    if nproc > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                f"--max-restarts={TRIAL_MAX_RESTARTS}", "-m", "kronos_mlflow.train", *flags]
-    return [sys.executable, "-m", "kronos_mlflow.train", *flags]
-
-
-def _flags(values: Mapping[str, Any]) -> list[str]:
-    out = []
-    for key, value in values.items():
-        if value is None:
-            continue
-        out += [f"--{key.replace('_', '-')}", str(value)]
-    return out
 
 
 class SweepWorker:
@@ -153,8 +136,6 @@ class SweepWorker:
 
         run_name = f"trial-{trial.number} lr={values['learning_rate']:.1e} wd={values['weight_decay']:.2g}"
         tags = {
-            "mlflow.parentRunId": self.parent_run_id,
-            "mlflow.runName": run_name,
             "optuna.study_name": self.study.study_name,
             "optuna.trial_number": str(trial.number),
             "optuna.trial_state": "RUNNING",
@@ -162,8 +143,7 @@ class SweepWorker:
         retried = trial.system_attrs.get("failed_trial") if hasattr(trial, "system_attrs") else None
         if retried is not None:
             tags["optuna.retry_of_trial"] = str(retried)
-        child = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
-        run_id = child.info.run_id
+        run_id = create_child(self.client, self.experiment_id, self.parent_run_id, run_name, tags)
         trial.set_user_attr("mlflow_run_id", run_id)
         save_path = os.path.join(self.args.output_dir, self.study.study_name)
         flags = self.train_flags + _flags({
@@ -174,17 +154,12 @@ class SweepWorker:
             self.folder_key: f"trial-{trial.number:04d}",
             "nproc_per_node": self.args.nproc_per_node,
         })
-        env = dict(os.environ)
-        env.update({
-            "MLFLOW_RUN_ID": run_id,
-            "MLFLOW_EXPERIMENT_ID": self.experiment_id,
-            "MLFLOW_TRACKING_URI": self.client.tracking_uri,
+        env = child_env(run_id, self.experiment_id, self.client.tracking_uri, {
             ENV_STORAGE: self.args.storage,
             ENV_STUDY: self.study.study_name,
             ENV_TRIAL_ID: str(trial._trial_id),  # Trial has no public id; the child re-opens it
             ENV_PRUNER: self.args.pruner,
         })
-        env.pop("MLFLOW_EXPERIMENT_NAME", None)
         cmd = _train_command(self.args.nproc_per_node, flags)
         print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
         proc = subprocess.run(cmd, env=env)
@@ -415,13 +390,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     ensure_sqlite_store(mlflow.get_tracking_uri())  # created once, whatever number of workers start together
     client = MlflowClient()
     experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
-    if os.environ.get("MLFLOW_EXPERIMENT_ID") and not experiment_name:
-        experiment_id = os.environ["MLFLOW_EXPERIMENT_ID"]
-    elif experiment_name:
-        exp = client.get_experiment_by_name(experiment_name)
-        experiment_id = exp.experiment_id if exp else client.create_experiment(experiment_name)
-    else:
-        experiment_id = "0"
+    experiment_id = experiment_id_of(client, experiment_name)
     # `mlflow run -e sweep` already made a run for this process: it becomes the parent.
     parent_id = os.environ.get("MLFLOW_RUN_ID")
     parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent",
@@ -438,7 +407,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
                        "promote": args.promote,
                        "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget}.items():
-        _log_param_once(client, parent_id, key, value)
+        log_param_once(client, parent_id, key, value)
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
     worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id, config)
@@ -470,7 +439,7 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
             wd = 0.0 if best.params.get("weight_decay_is_zero") else best.params.get("weight_decay")
             for key, value in (("best_learning_rate", best.params.get("learning_rate")), ("best_weight_decay", wd),
                                ("best_trial_number", best.number)):
-                _log_param_once(client, parent_id, key, value)
+                log_param_once(client, parent_id, key, value)
                 client.set_tag(parent_id, key, str(value))
             best_run = best.user_attrs.get("mlflow_run_id")
             if best_run:
@@ -506,18 +475,6 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
     else:
         client.set_tag(parent_id, "champion_unchanged", reason)
         print(f"[sweep] champion unchanged: {reason}", flush=True)
-
-
-def _log_param_once(client, run_id, key, value) -> None:
-    """Params cannot change: one already there (``mlflow run`` logs its -P values, spelled its
-    own way) stays; a different value goes to a tag of the same name instead."""
-    from ..tracking.protocol import same_param
-
-    existing = client.get_run(run_id).data.params.get(key)
-    if existing is None:
-        client.log_param(run_id, key, str(value))
-    elif not same_param(existing, str(value)):
-        client.set_tag(run_id, key, str(value))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

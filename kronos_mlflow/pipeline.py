@@ -1,0 +1,315 @@
+"""``kronos-mlflow pipeline``: tokenizer -> predictor -> evaluation as one parent MLflow run.
+
+    kronos-mlflow pipeline --epochs 2 --predictor-epochs 2          # the demo market
+    mlflow run . -e pipeline --env-manager local -P epochs=2 -P predictor_epochs=2
+    mlflow run . -e pipeline --env-manager local -P force=true      # train every step again
+
+One parent run, one child run per step, each a run of its own started the way a sweep starts
+its trials (:mod:`kronos_mlflow.child_runs`): the tokenizer (``python -m kronos_mlflow.train``),
+the predictor on that child's tokenizer (``--tokenizer runs:/<tokenizer run>/best_model``), and
+the scorecard of that predictor (``kronos-mlflow evaluate --model runs:/<predictor run>/best_model``;
+the predictor step runs with ``evaluate: off`` so the scorecard is computed once, in its own run).
+
+A step whose config digest (:func:`kronos_mlflow.digest.config_digest`) and data digest match a
+FINISHED run of the experiment is reused, not run again (``--force true`` runs it again). A step
+that fails or is stopped ends the pipeline with one line naming it; the same command again
+continues there: a stopped training step is relaunched into its own run with the same config,
+so it resumes from its ``checkpoints/last``. See docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserError
+
+STEPS = ("tokenizer", "predictor", "evaluation")
+TAG_STEP = "pipeline.step"
+#: flag -> (help, the steps it goes to and the config key it sets there)
+SHARED = ("batch_size", "accumulation_steps", "n_train_iter", "n_val_iter", "n_test_iter", "seed", "comet",
+          "pretrained_tokenizer_path")
+DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "train_time_range", "val_time_range",
+        "test_time_range")
+FLAGS: dict[str, tuple[str, dict[str, str]]] = {
+    "epochs": ("tokenizer epochs", {"tokenizer": "epochs"}),
+    "predictor_epochs": ("predictor epochs", {"predictor": "epochs"}),
+    "learning_rate": ("tokenizer peak learning rate", {"tokenizer": "tokenizer_learning_rate"}),
+    "predictor_learning_rate": ("predictor peak learning rate", {"predictor": "predictor_learning_rate"}),
+    "weight_decay": ("AdamW weight decay of both stages", {"tokenizer": "adam_weight_decay",
+                                                           "predictor": "adam_weight_decay"}),
+    "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; empty: fresh weights)",
+                                  {"predictor": "pretrained_predictor_path"}),
+    **{k: (f"config key {k}, both training steps", {"tokenizer": k, "predictor": k}) for k in SHARED},
+    **{k: (f"config key {k}, every step", {"tokenizer": k, "predictor": k, "evaluation": k}) for k in DATA},
+}
+SWITCH = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .sweep.champion import PROMOTE
+
+    parser.add_argument("--config", dest="config_file", default="", metavar="FILE.yaml",
+                        help="YAML config for every step")
+    for name, (help_text, _) in FLAGS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
+                            help=f"{help_text} (default: the config's)")
+    parser.add_argument("--nproc-per-node", default="1", help="processes per training step (torchrun when > 1)")
+    parser.add_argument("--registered-model-name", default="",
+                        help="register NAME-tokenizer and NAME-predictor; alias champion moves on a better verdict")
+    parser.add_argument("--promote", choices=PROMOTE, default="better",
+                        help="when the champion alias moves: better (the verdict against the starting weights "
+                             "is better; default) or always")
+    parser.add_argument("--force", default="false", help="true: run every step again, even when a FINISHED run "
+                        "with the same config and data exists (default false)")
+
+
+@dataclass
+class Step:
+    name: str
+    config: dict
+    command: list[str]
+    digest: str
+    data_digest: str
+    resume: bool = True  # a training step: relaunch a stopped run of the same config into that run
+    record: dict = field(default_factory=dict)
+
+
+def _overrides(args, step: str) -> dict[str, str]:
+    out = {}
+    for name, (_, targets) in FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None and step in targets:
+            out[targets[step]] = value
+    return out
+
+
+def _load(args, overrides: Mapping[str, Any]) -> dict:
+    from .config import load_config
+
+    return load_config(dict(overrides), path=args.config_file or None)
+
+
+def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
+    """The evaluation step's config digest: the model, the data and windows, the scorecard's keys."""
+    from .config import EVALUATION_KEYS
+    from .digest import digest_config
+
+    body = {"model": model, "config": digest_config(config), "scorecard": {k: config[k] for k in EVALUATION_KEYS}}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check(args) -> None:
+    """Every value, before any run is made: one UserError naming the bad one."""
+    from . import validate as checks
+    from .distributed import resolve_device
+    from .tracking.comet import check_comet
+    from .train import check_processes
+
+    text = str(args.force).strip().lower()
+    if text not in SWITCH:
+        raise UserError(f"argument --force: '{checks.shown(args.force)}' is not a switch; expected true or false")
+    args.force = SWITCH[text]
+    args.nproc_per_node = checks.integer("nproc_per_node", args.nproc_per_node, 1, 256, what="argument --nproc-per-node")
+    checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name, error=UserError)
+    for step in STEPS:
+        try:
+            config = _load(args, {**_overrides(args, step), **({} if step == "evaluation" else {"stage": step})})
+        except UserError as exc:  # the predictor's `epochs` is --predictor-epochs: say which step
+            raise UserError(f"{step} step: {exc}") from None
+        if step == "tokenizer":
+            check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
+            check_comet(config)
+
+
+def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
+    from .child_runs import as_flags, train_command
+    from .data import data_digest
+    from .digest import config_digest
+
+    overrides = {**_overrides(args, name), "stage": name, **extra}
+    config = _load(args, overrides)
+    flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
+    flags += ["--nproc-per-node", str(args.nproc_per_node)]
+    if args.force:
+        flags += ["--resume", "never"]  # result-neutral: the digest stays the same
+    return Step(name, config, train_command(args.nproc_per_node, flags),
+                config_digest(config, world_size=args.nproc_per_node), data_digest(config))
+
+
+def evaluation_step(args, model: str) -> Step:
+    from .child_runs import as_flags
+    from .data import data_digest
+
+    overrides = _overrides(args, "evaluation")
+    config = _load(args, overrides)
+    flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
+    command = [sys.executable, "-m", "kronos_mlflow.evaluation.forecast_command", "--model", model, *flags]
+    return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False)
+
+
+class StepFailed(Exception):
+    """A step's process failed or was stopped; the message names the step."""
+
+
+class Pipeline:
+    """The parent run and its steps."""
+
+    def __init__(self, args, client, experiment_id: str, parent_id: str):
+        self.args, self.client = args, client
+        self.experiment_id, self.parent_id = experiment_id, parent_id
+        self.runs: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
+        self.configs: dict[str, dict] = {}
+
+    def _search(self, query: str) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
+                                       max_results=50)
+
+    def finished_match(self, step: Step):
+        """The newest FINISHED run with this step's config and data digests, or None."""
+        runs = self._search(f"tags.config_digest = '{step.digest}' and tags.data_digest = '{step.data_digest}' "
+                            "and attributes.status = 'FINISHED'")
+        if step.resume:  # a training run counts only with its model
+            runs = [r for r in runs if r.data.tags.get("best_model_uri")]
+        return runs[0] if runs else None
+
+    def unfinished_match(self, step: Step):
+        """The newest run of this step and config that did not finish (stopped, failed), or None."""
+        runs = self._search(f"tags.config_digest = '{step.digest}' and tags.`{TAG_STEP}` = '{step.name}'")
+        runs = [r for r in runs if r.info.status != "FINISHED"]
+        return runs[0] if runs else None
+
+    def run_step(self, step: Step) -> str:
+        """The step's run id: a FINISHED match, or a run made (or continued) now."""
+        from .child_runs import child_env, create_child
+
+        self.configs[step.name] = step.config
+        match = None if self.args.force else self.finished_match(step)
+        if match is not None:
+            run_id = match.info.run_id
+            print(f"[pipeline] {step.name}: reused run {run_id} (same config and data, FINISHED)", flush=True)
+            self._mark(step.name, run_id, reused=True, seconds=0.0)
+            return run_id
+        earlier = None if (self.args.force or not step.resume) else self.unfinished_match(step)
+        if earlier is not None:
+            run_id = earlier.info.run_id
+            self.client.set_tag(run_id, "mlflow.parentRunId", self.parent_id)
+            print(f"[pipeline] {step.name}: continuing run {run_id} (it ended {earlier.info.status})", flush=True)
+        else:
+            tags = {TAG_STEP: step.name, "config_digest": step.digest, "data_digest": step.data_digest}
+            run_id = create_child(self.client, self.experiment_id, self.parent_id, f"pipeline {step.name}", tags)
+            print(f"[pipeline] {step.name}: run {run_id}", flush=True)
+        self.client.set_tag(self.parent_id, f"pipeline.{step.name}_run_id", run_id)
+        started = time.time()
+        proc = subprocess.run(step.command, env=child_env(run_id, self.experiment_id, self.client.tracking_uri))
+        run_id, run = self._continued(run_id, proc.returncode)
+        if proc.returncode != 0 or run.info.status != "FINISHED":
+            if run.info.status in ("RUNNING", "SCHEDULED"):
+                self.client.set_terminated(run_id, "FAILED")
+            self.client.set_tag(self.parent_id, "pipeline.failed_step", step.name)
+            ended = run.info.status if run.info.status != "RUNNING" else "FAILED"
+            raise StepFailed(f"step {step.name} ended {ended} (exit code {proc.returncode}, run {run_id}); "
+                             "the same command again continues from this step")
+        self._mark(step.name, run_id, reused=False, seconds=time.time() - started)
+        return run_id
+
+    def _continued(self, run_id: str, returncode: int):
+        """``(run id, run)`` of the step: training that resumed a stopped run of the same config
+        made outside the pipeline continued in that run (tag ``kronos.continued_in_run``), which
+        becomes the step's; the child made for the launch holds only its parameters and ends."""
+        run = self.client.get_run(run_id)
+        moved = run.data.tags.get("kronos.continued_in_run")
+        if not moved or moved == run_id:
+            return run_id, run
+        self.client.delete_tag(run_id, "config_digest")  # never found as this config's run
+        if run.info.status in ("RUNNING", "SCHEDULED"):
+            self.client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
+        self.client.set_tag(moved, "mlflow.parentRunId", self.parent_id)
+        self.client.set_tag(moved, TAG_STEP, self.client.get_run(run_id).data.tags.get(TAG_STEP, ""))
+        return moved, self.client.get_run(moved)
+
+    def _mark(self, name: str, run_id: str, *, reused: bool, seconds: float) -> None:
+        self.runs[name], self.seconds[name] = run_id, seconds
+        self.client.set_tag(self.parent_id, f"pipeline.{name}_run_id", run_id)
+        self.client.set_tag(self.parent_id, f"pipeline.{name}_reused", "true" if reused else "false")
+        self.client.log_metric(self.parent_id, f"{name}_seconds", seconds)
+
+    def summarize(self) -> None:
+        """The verdicts and the scorecard's skills on the parent run."""
+        from .keys import VERDICT_TAG
+
+        tokenizer = self.client.get_run(self.runs["tokenizer"])
+        predictor = self.client.get_run(self.runs["predictor"])
+        evaluation = self.client.get_run(self.runs["evaluation"])
+        tags = {"tokenizer_verdict": tokenizer.data.tags.get(VERDICT_TAG, "missing"),
+                "predictor_verdict": predictor.data.tags.get(VERDICT_TAG, "missing")}
+        tags.update({k: v for k, v in evaluation.data.tags.items() if k.startswith("verdict_vs_")})
+        for key, value in tags.items():
+            self.client.set_tag(self.parent_id, key, value)
+            if key.startswith("verdict_vs_"):  # as a stand-alone predictor run (evaluate: on) has them
+                self.client.set_tag(predictor.info.run_id, key, value)
+        for key, value in evaluation.data.metrics.items():
+            if key.startswith("skill_vs_"):
+                self.client.log_metric(self.parent_id, key, value)
+        shown = ", ".join(f"{k} {v}" for k, v in tags.items())
+        print(f"[pipeline] {shown}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from .child_runs import experiment_id_of, log_param_once
+    from .tracking.server import check_tracking_server, ensure_sqlite_store
+
+    check(args)
+    check_tracking_server(create=False)
+    ensure_sqlite_store(mlflow.get_tracking_uri())
+    client = MlflowClient()
+    base = _load(args, _overrides(args, "tokenizer"))
+    experiment_id = experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+    parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, run_name="pipeline").info.run_id
+    client.set_tag(parent_id, "pipeline.role", "parent")
+    for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
+        log_param_once(client, parent_id, key, getattr(args, key))
+    pipeline, status = Pipeline(args, client, experiment_id, parent_id), "FAILED"
+    try:
+        tokenizer = pipeline.run_step(training_step(args, "tokenizer", {}))
+        predictor = pipeline.run_step(training_step(args, "predictor", {
+            "finetuned_tokenizer_path": f"runs:/{tokenizer}/best_model", "evaluate": "off"}))
+        pipeline.run_step(evaluation_step(args, f"runs:/{predictor}/best_model"))
+        pipeline.summarize()
+        if args.registered_model_name:
+            from .pipeline_champions import move_champions
+
+            move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
+        status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C reaches the step's process too: it ends KILLED and continues next time
+        status = "KILLED"
+        raise
+    except StepFailed as exc:
+        print(f"kronos-mlflow pipeline: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        client.set_terminated(parent_id, status)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["pipeline", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""``mlflow run . -e pipeline`` end to end, on the demo market with the tiny sizes: one parent run
+and three child runs, the champion rules, reuse of FINISHED steps, ``force``, and a predictor step
+stopped by SIGTERM that the same command continues."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tiny_runs import TINY, create_sqlite_store, isolated_env, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = ("epochs", "batch_size", "n_train_iter", "n_val_iter")
+SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off"}
+STEPS = ("tokenizer", "predictor", "evaluation")
+
+
+def _workdir(root: Path) -> tuple[Path, dict[str, str]]:
+    root.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in TINY.items() if k not in SIZES}
+    write_config(root / "tiny.yaml", **config, n_layers=2, save_path=str(root / "outputs"),
+                 dataset_path=str(root / "cache"))
+    return root, isolated_env(root, create_sqlite_store(root))
+
+
+def _command(root: Path, **params) -> list[str]:
+    values = {**SMALL, "config_file": root / "tiny.yaml", **params}
+    return [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "pipeline",
+            *[a for k, v in values.items() for a in ("-P", f"{k}={v}")]]
+
+
+def _pipeline(root: Path, env: dict, **params) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    proc = subprocess.run(_command(root, **params), cwd=root, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    return proc, time.monotonic() - started
+
+
+def _runs(env: dict):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    return client, client.search_runs(["0"], order_by=["attributes.start_time ASC"])
+
+
+def _parents(runs):
+    return [r for r in runs if r.data.tags.get("pipeline.role") == "parent"]
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """The first pipeline, with a registered model name: everything trains."""
+    root, env = _workdir(tmp_path_factory.mktemp("pipeline"))
+    proc, seconds = _pipeline(root, env, registered_model_name="kr")
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return root, env, proc, seconds
+
+
+@pytest.mark.slow
+def test_one_parent_three_children_and_the_champion_rules(first):
+    root, env, proc, seconds = first
+    client, runs = _runs(env)
+    (parent,) = _parents(runs)
+    tags = parent.data.tags
+    children = {r.data.tags["pipeline.step"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert sorted(children) == sorted(STEPS)
+    for step in STEPS:
+        assert tags[f"pipeline.{step}_run_id"] == children[step].info.run_id
+        assert tags[f"pipeline.{step}_reused"] == "false" and children[step].info.status == "FINISHED"
+    tokenizer, predictor, evaluation = (children[s] for s in STEPS)
+    assert tokenizer.data.params["stage"] == "tokenizer" and predictor.data.params["stage"] == "predictor"
+    assert predictor.data.params["finetuned_tokenizer_path"] == f"runs:/{tokenizer.info.run_id}/best_model"
+    assert evaluation.data.tags["predictor_run_id"] == predictor.info.run_id
+    assert "skill_vs_persistence" in parent.data.metrics and "skill_vs_zeroshot" in parent.data.metrics
+    assert tags["verdict_vs_zeroshot"] == evaluation.data.tags["verdict_vs_zeroshot"]
+    assert tags["tokenizer_verdict"] == tokenizer.data.tags["verdict"]
+    # each alias moves only on a better verdict against the starting weights
+    from kronos_mlflow.sweep.champion import current_champion
+
+    for step, verdict in (("tokenizer", tokenizer.data.tags["verdict"]),
+                          ("predictor", evaluation.data.tags["verdict_vs_zeroshot"])):
+        champion = current_champion(client, f"kr-{step}")
+        if verdict == "better":
+            assert champion.run_id == children[step].info.run_id and tags[f"{step}_champion"] == f"kr-{step}/1"
+        else:
+            assert champion is None and "not better" in tags[f"{step}_champion_unchanged"]
+    print(f"first pipeline: {seconds:.1f} s; steps " + ", ".join(
+        f"{s} {parent.data.metrics[f'{s}_seconds']:.1f} s" for s in STEPS))
+
+
+@pytest.mark.slow
+def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(first):
+    root, env, _, _ = first
+    _, before = _runs(env)
+    proc, seconds = _pipeline(root, env, registered_model_name="kr", promote="always")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = _runs(env)
+    new = [r for r in runs if r.info.run_id not in {b.info.run_id for b in before}]
+    (parent,) = new  # no child: every step reused
+    for step in STEPS:
+        assert parent.data.tags[f"pipeline.{step}_reused"] == "true"
+        assert parent.data.metrics[f"{step}_seconds"] == 0.0
+    assert "[pipeline] tokenizer: reused run" in proc.stdout
+    from kronos_mlflow.sweep.champion import current_champion
+
+    for step in ("tokenizer", "predictor"):
+        assert current_champion(client, f"kr-{step}").run_id == parent.data.tags[f"pipeline.{step}_run_id"]
+    print(f"second identical pipeline: {seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_force_trains_every_step_again(first):
+    root, env, _, _ = first
+    _, before = _runs(env)
+    proc, _ = _pipeline(root, env, force="true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = _runs(env)
+    new = [r for r in runs if r.info.run_id not in {b.info.run_id for b in before}]
+    (parent,) = _parents(new)
+    children = [r for r in new if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["pipeline.step"] for r in children) == sorted(STEPS)
+    assert all(parent.data.tags[f"pipeline.{s}_reused"] == "false" for s in STEPS)
+    assert all(r.info.status == "FINISHED" for r in children)
+
+
+def _faults():
+    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "benchmarks" / "fault_injection.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    return faults
+
+
+def _predictor_process(faults, root_pid: int) -> int:
+    for pid in faults.descendants(root_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kronos_mlflow.train" in argv and b"predictor" in argv:
+            return pid
+    raise AssertionError("no predictor training process under the pipeline")
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_predictor_step_then_the_same_command_continues(tmp_path):
+    faults = _faults()
+    root, env = _workdir(tmp_path)
+    params = {"predictor_epochs": 4, "n_train_iter": 160}
+    with open(root / "first.log", "w") as log:
+        proc = subprocess.Popen(_command(root, **params), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        faults.wait_for_epoch(root / "outputs" / "finetune_predictor_demo", 0, proc, timeout_s=300)
+        os.kill(_predictor_process(faults, proc.pid), signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            faults.kill_tree(proc.pid)
+    output = (root / "first.log").read_text()
+    assert proc.returncode != 0
+    assert "kronos-mlflow pipeline: step predictor ended KILLED" in output, output[-3000:]
+    client, runs = _runs(env)
+    (stopped,) = [r for r in runs if r.data.tags.get("pipeline.step") == "predictor"]
+    assert stopped.info.status == "KILLED"
+
+    again, _ = _pipeline(root, env, **params)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout + again.stderr
+    assert "[pipeline] tokenizer: reused run" in said
+    assert f"[pipeline] predictor: continuing run {stopped.info.run_id}" in said
+    assert "[kronos] resuming at epoch" in said
+    client, runs = _runs(env)
+    parent = _parents(runs)[-1]
+    assert parent.data.tags["pipeline.tokenizer_reused"] == "true"
+    assert parent.data.tags["pipeline.predictor_run_id"] == stopped.info.run_id
+    run = client.get_run(stopped.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    history = client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch")
+    assert sorted({m.step for m in history}) == sorted(m.step for m in history)  # no epoch logged twice
