@@ -609,6 +609,7 @@ def test_comet_online_dead_experiment_becomes_noop(monkeypatch, caplog):
     assert logger.experiment_key == "dead0000" and logger.offline_archive is None
 
 
+@pytest.mark.slow  # a fresh interpreter importing comet_ml and mlflow
 def test_comet_logger_does_not_hijack_mlflow(tmp_path):
     """In a fresh process without COMET_DISABLE_AUTO_LOGGING, CometLogger then mlflow.start_run
     must not create a second Comet experiment (comet_ml patches mlflow when imported carelessly)."""

@@ -227,6 +227,7 @@ def test_mlflow_run_typed_again_after_the_machine_died_continues_the_training(wo
     assert launch.info.status == "FINISHED" and not launch.data.metrics
 
 
+@pytest.mark.slow  # a process group that waits for its set-up timeout
 def test_group_set_up_fails_in_bounded_time_with_one_line(tmp_path):
     """A restarted rank whose peer never arrives (the store already holds an older attempt's
     keys) gets one line naming what to set, within the set-up timeout, not a hang."""
