@@ -249,7 +249,9 @@ _SECRET_PAIRS = re.compile(r"(api|access|private|secret)[_-]?key", re.IGNORECASE
 def canonical_key(name: str, stage: str = "tokenizer") -> str:
     """Map a flag or parameter name (dashes or underscores, alias or key) onto a config key;
     ``learning_rate`` names the learning rate of ``stage``."""
-    key = name.strip().lstrip("-").replace("-", "_").lower()
+    key = name.strip().lstrip("-").replace("-", "_")
+    if key not in DEFAULTS:  # upstream's inference_T keeps its case; every other name is lower-case
+        key = key.lower()
     if key in STAGE_ALIASES and stage in STAGE_KEYS:
         return STAGE_KEYS[stage][STAGE_ALIASES[key]]
     return ALIASES.get(key, key)

@@ -94,3 +94,14 @@ def test_config_file_with_a_key_twice_is_one_line(tmp_path):
     path.write_text("epochs: 3\nbatch_size: 8\nepochs: 4\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"gives 'epochs' twice \(line 3\)"):
         load_config(path=path)
+
+
+def test_upstreams_inference_T_keeps_its_case_as_a_flag_and_a_file_key(tmp_path):
+    """``inference_T`` (upstream's name) is reached as ``--inference-T`` and as a YAML key; other
+    names are case-blind as before."""
+    from kronos_mlflow.config import load_config
+
+    (tmp_path / "c.yaml").write_text("inference_T: 0.7\n")
+    assert load_config(path=tmp_path / "c.yaml")["inference_T"] == 0.7
+    assert load_config({"inference-T": 0.8})["inference_T"] == 0.8
+    assert load_config({"INSTRUMENT": "csi100"})["instrument"] == "csi100"

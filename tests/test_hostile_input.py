@@ -619,6 +619,8 @@ CASES: list[Case] = [
          "pred_pickle", make=make_predictor_5_5),
     Case("predictor-tokenizer-is-predictor", "predictor", "`--tokenizer` naming a predictor checkpoint",
          PREDICT + BASE + ("--tokenizer", "{in}/pred_5_5"), "pred_5_5", make=make_predictor_5_5),
+    Case("predictor-inference-T", "predictor", "`--inference-T 0` (upstream's key, capital T)",
+         PREDICT + BASE + ("--inference-T", "0"), "inference_T"),
     Case("predictor-validation", "predictor", "`--predictor-validation sideways`",
          PREDICT + BASE + ("--predictor-validation", "sideways"), "sideways"),
     Case("predictor-lr-zero", "predictor", "`--learning-rate 0` (the predictor's)",
