@@ -69,6 +69,11 @@ _SPEC: dict[str, tuple[Any, str]] = {
                                   "beyond it."),
     "evaluate": ("on", "Predictor stage: score the fine-tuned pair against its zero-shot pair, persistence and (intraday) "
                        "seasonal naive on the test split's forecast origins at the end of the run: on or off."),
+    "objective": ("val_loss", "What a sweep ranks trials by: val_loss (the validation loss, minimised) or val_skill "
+                              "(each epoch's forecast skill against persistence on the validation split's origins, "
+                              "maximised; a tokenizer forecasts with pretrained_predictor_path's predictor)."),
+    "n_val_skill_windows": (500, "Most validation forecast origins objective val_skill scores each epoch (evenly "
+                                 "spaced whole dates beyond it; each costs a forecast per epoch)."),
     "eval_stride": (0, "Calendar bars between two forecast origins of the scorecard; 0 = predict_window."),
     "n_eval_windows": (2000, "Most forecast origins the scorecard scores (evenly spaced whole dates beyond it)."),
     "inference_T": (0.6, "Sampling temperature of the scorecard's forecasts (upstream's inference default)."),
@@ -208,6 +213,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "predictor_validation": ("causal", "upstream"),
     "cycle_momentum": ("on", "off"),
     "evaluate": ("on", "off"),
+    "objective": ("val_loss", "val_skill"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -216,6 +222,7 @@ _POSITIVE = (
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
     "backtest_n_symbol_hold", "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
+    "n_val_skill_windows",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop",
@@ -233,7 +240,7 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12,
         "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256,
         "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
-        "eval_stride": 10**9, "n_eval_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
+        "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
         "inference_sample_count": 10_000}
 _MIN = {"system_metrics_interval_s": 0.1}
 # Names that become one folder or file inside a parent directory.
@@ -459,6 +466,13 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
         )
+    check_models_and_objective(out)
+    return out
+
+
+def check_models_and_objective(out: Mapping[str, Any]) -> None:
+    """The checks across keys of the models a config builds and of its objective: fresh models
+    within the parameter limit; ``objective: val_skill`` with what it forecasts with and on."""
     if out["stage"] == "predictor" and not out["pretrained_predictor_path"]:
         from .model.spec import PREDICTOR_CONFIGS, count_predictor_parameters
 
@@ -469,6 +483,16 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
+    if out["objective"] == "val_skill" and out["stage"] == "tokenizer" and not out["pretrained_predictor_path"].strip():
+        raise ConfigError("objective val_skill for the tokenizer forecasts with pretrained_predictor_path's predictor "
+                          "on each epoch's tokenizer, and pretrained_predictor_path is empty; expected a predictor "
+                          "checkpoint with the tokenizer's bits (e.g. NeoQuasar/Kronos-small), or objective val_loss")
+    if out["objective"] == "val_skill" and (time_bounds(*out["val_time_range"])[1]
+                                            <= time_bounds(*out["train_time_range"])[1]):
+        raise ConfigError(f"objective val_skill forecasts the bars of val_time_range after train_time_range, and "
+                          f"val_time_range {format_time_range(out['val_time_range'])} ends before train_time_range "
+                          f"{format_time_range(out['train_time_range'])} does; expected a val_time_range that goes "
+                          "past the end of training, or objective val_loss")
     fresh_tokenizer = not out["pretrained_tokenizer_path"] and not (
         out["stage"] == "predictor" and out["finetuned_tokenizer_path"])
     if fresh_tokenizer:
@@ -481,7 +505,6 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
                 f"n_dec_layers {out['n_dec_layers']} give {n:,} parameters (about {n * 16 / 1e9:,.0f} GB to train "
                 f"with AdamW); expected at most {MAX_PARAMETERS:,}: lower them"
             )
-    return out
 
 
 def fresh_parameter_count(config: Mapping[str, Any]) -> int:

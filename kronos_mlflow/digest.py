@@ -44,6 +44,9 @@ RESULT_NEUTRAL_KEYS = frozenset({
     # the scorecard after training (docs/forecast-evaluation.md)
     "evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
     "inference_sample_count",
+    # what a run measures besides training (objective val_skill forecasts inside a forked
+    # random state: the training numbers are the same)
+    "objective", "n_val_skill_windows",
 })
 #: Keys added after runs were made, left out of the digest at their default (which is what
 #: those runs did): a run made before the key existed keeps its directory and resumes.

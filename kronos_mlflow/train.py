@@ -234,9 +234,14 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
 
     world = int(config["nproc_per_node"])
     check_start(config, world)
+    model = None
     if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
-        build_model(config)  # the checkpoints load (a predictor's: with its tokenizer, the same bits)
+        model = build_model(config)  # the checkpoints load (a predictor's: with its tokenizer, the same bits)
     prepare_data(config)
+    if config["objective"] == "val_skill":
+        from .evaluation.val_skill import preflight as check_val_skill
+
+        check_val_skill(config, model if model is not None else build_model(config))
     check_windows(config, world)
     check_resume(config, world)
     if check_tracking:

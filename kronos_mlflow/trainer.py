@@ -35,6 +35,7 @@ from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
 from .distributed import barrier, dist_sum
 from .errors import ConfigError, UserError
+from .evaluation.val_skill import BEST_VAL_SKILL, VAL_SKILL_METRIC
 from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
@@ -233,6 +234,7 @@ class Progress:
     history: list[float] = field(default_factory=list)  # validation loss of each epoch
     initial: float | None = None  # validation loss of the starting weights
     best: Validation | None = None  # the best epoch's validation: its metrics and what the plots read
+    skills: dict[int, float] = field(default_factory=dict)  # objective val_skill: each epoch's skill
 
 
 def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
@@ -255,6 +257,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
         best_val_loss=state["best_val_loss"] if state["best_val_loss"] is not None else math.inf,
         best_epoch=int(extra.get("best_epoch", -1)), history=list(extra.get("val_loss_history", [])),
         initial=extra.get("val_loss_initial"),
+        skills={int(k): float(v) for k, v in (extra.get("val_skill_history") or {}).items()},
     )
     console.print(f"resuming at epoch {progress.start_epoch}/{last_epoch} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
@@ -275,7 +278,8 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
         run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
         config={**config, "world_size": world_size},
         extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
-               "val_loss_initial": progress.initial},
+               "val_loss_initial": progress.initial,
+               **({"val_skill_history": {str(k): v for k, v in progress.skills.items()}} if progress.skills else {})},
         rng_states=rng_states,
     )
 
@@ -323,6 +327,9 @@ def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, A
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({BEST_METRIC: best_val_loss}, step=progress.best_epoch)
+    if progress.best_epoch in progress.skills:  # objective val_skill: the kept checkpoint's skill
+        result[BEST_VAL_SKILL] = progress.skills[progress.best_epoch]
+        logger.log_metrics({BEST_VAL_SKILL: result[BEST_VAL_SKILL]}, step=progress.best_epoch)
     if data.has_val and best is None and progress.best_epoch >= 0:
         # Resumed after the best epoch: its statistics are recomputed from best_model.
         best = stage.best_validation(files.layout.best_model, data.val_loader, device)
@@ -344,6 +351,24 @@ def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger:
     return heldout.as_json()
 
 
+def score_skill(skill, raw_model, epoch: int, progress: Progress, logger: ExperimentLogger,
+                console: Console) -> None:
+    """``objective: val_skill``: the epoch's weights forecast the validation origins (a
+    collective), the metrics logged at the epoch, its skill kept for the best epoch's record."""
+    from .evaluation.val_skill import line
+
+    metrics = skill.score(raw_model)
+    logger.log_metrics(metrics, step=epoch)
+    if VAL_SKILL_METRIC in metrics:
+        progress.skills[epoch] = metrics[VAL_SKILL_METRIC]
+        console.print(f"  {line(metrics)}")
+
+
+def objective_value(skill, epoch: int, progress: Progress, val_loss: float | None) -> float | None:
+    """What a sweep's pruner reads after ``epoch``: its skill (``val_skill``) or its loss."""
+    return progress.skills.get(epoch) if skill is not None else val_loss
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -357,7 +382,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     validation and its metrics, the plots and the held-out comparison.
 
     Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
-    ``should_stop(epoch, val_loss)`` (a sweep's pruner, rank 0's) runs after each validation; if
+    ``should_stop(epoch, value)`` (a sweep's pruner, rank 0's) runs after each validation with the
+    epoch's validation loss (with ``objective: val_skill``, its validation forecast skill); if
     it says stop, every rank raises :class:`TrainingPruned`. ``resume_state`` (from
     :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
     each training state so that the resumed run continues the same MLflow run and Comet
@@ -376,6 +402,12 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
                                resume_state=resume_state, last_epoch=last_epoch, stage=stage)
+    skill = None
+    if config.get("objective") == "val_skill":
+        from .evaluation.val_skill import ValSkill
+
+        skill = ValSkill(config, stage, device, rank=rank, world_size=world_size, console=console)
+        console.print(skill.describe())
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
                                    config=config, world_size=world_size, run_ids=run_ids)
     if resume_state is None:
@@ -397,10 +429,13 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
                       + (" *saved*" if val.improved else ""))
         if stage.describe(val.validation):
             console.print(f"  {stage.describe(val.validation)}")
+        if skill is not None:
+            score_skill(skill, raw_model, epoch, progress, logger, console)
         # The training state after this epoch (after best_model: a state never points at a best
         # checkpoint that is not on disk).
         save_state(epoch)
-        stop = bool(should_stop(epoch, val.loss)) if should_stop is not None else False
+        value = objective_value(skill, epoch, progress, val.loss)
+        stop = bool(should_stop(epoch, value)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
             console.print(f"pruned after epoch {epoch}")

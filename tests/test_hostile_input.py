@@ -631,6 +631,16 @@ CASES: list[Case] = [
          "forecaster"),
     Case("sweep-predictor-lr", "sweep", "`sweeps/sweep.py --stage predictor --predictor-learning-rate 1e-4`",
          SWEEP + ("--stage", "predictor", "--predictor-learning-rate", "1e-4"), "--predictor-learning-rate"),
+    # ===== sweeps on forecast skill (objective val_skill)
+    Case("sweep-objective", "sweep", "`--objective val_los`", SWEEP + ("--objective", "val_los"), "val_los"),
+    Case("sweep-val-skill-tokenizer", "sweep", "`--objective val_skill` for the tokenizer without a predictor",
+         SWEEP + ("--objective", "val_skill"), "pretrained_predictor_path is empty"),
+    Case("flag-val-skill-late-train", "flag", "`--objective val_skill` with training ending after validation",
+         PREDICT + BASE + ("--objective", "val_skill", "--train-time-range", "2011-01-01:2024-06-30"),
+         "ends before train_time_range"),
+    Case("flag-val-skill-bits", "flag", "`--objective val_skill` pairing a 4+4-bit tokenizer with a 5+5-bit predictor",
+         TRAIN + BASE + ("--objective", "val_skill", "--pretrained-predictor-path", "{in}/pred_5_5"), "5+5",
+         make=make_predictor_5_5),
     # ===== the scorecard: its config keys, kronos-mlflow evaluate
     Case("flag-n-eval-windows", "flag", "`--n-eval-windows 0`", PREDICT + BASE + ("--n-eval-windows", "0"),
          "n_eval_windows"),

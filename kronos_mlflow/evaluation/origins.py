@@ -1,4 +1,5 @@
-"""Forecast origins on the test split: where every forecaster of the scorecard forecasts from.
+"""Forecast origins on the test split: where every forecaster of the scorecard forecasts from
+(and, for a sweep on ``objective: val_skill``, the same construction on the validation split).
 
 An origin is the last observed bar of a forecast. The candidates are the calendar bars
 ``k = 0, s, 2s, ...`` of the test range's calendar (the provider's ``calendars/<freq>.txt``
@@ -36,16 +37,25 @@ def eval_stride(config: Mapping[str, Any]) -> int:
     return int(config.get("eval_stride") or 0) or int(config["predict_window"])
 
 
-def calendar_of_test_range(config: Mapping[str, Any]) -> np.ndarray:
-    """The provider's calendar bars inside ``test_time_range`` (``datetime64[s]``, ascending)."""
+SPLITS = ("test", "val")
+
+
+def calendar_of_range(config: Mapping[str, Any], split: str = "test") -> np.ndarray:
+    """The provider's calendar bars inside the split's time range (``test_time_range`` or
+    ``val_time_range``; ``datetime64[s]``, ascending)."""
     from ..config import time_bounds
     from ..data.prepare import resolve_qlib_path
 
     path = resolve_qlib_path(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
     lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     calendar = np.array(lines, dtype="datetime64[s]")
-    a, b = time_bounds(*config["test_time_range"])
+    a, b = time_bounds(*config[f"{split}_time_range"])
     return calendar[(calendar >= a) & (calendar <= b)]
+
+
+def calendar_of_test_range(config: Mapping[str, Any]) -> np.ndarray:
+    """The provider's calendar bars inside ``test_time_range``."""
+    return calendar_of_range(config, "test")
 
 
 def thin_dates(dates: np.ndarray, limit: int) -> np.ndarray:
@@ -132,16 +142,26 @@ class Origins:
         return f"{shown} origins on {dates:,} dates (stride {self.stride})"
 
 
-def forecast_origins(config: Mapping[str, Any]) -> Origins:
-    """The origins of ``config``'s test split (prepared on first use)."""
+def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
+    """The origins of ``config``'s test split (``split="val"``: of its validation split, keeping
+    only origins whose forecast bars all lie after ``train_time_range``, since the validation
+    range overlaps training to give its first windows a lookback, and at most
+    ``n_val_skill_windows`` of them), prepared on first use."""
     from ..data import QlibDataset
 
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     lookback, horizon, stride = int(config["lookback_window"]), int(config["predict_window"]), eval_stride(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an empty split is reported once, by the caller
-        ds = QlibDataset("test", config, progress=False)
-    bar_times = np.load(ds.cache_dir / "test_dates.npy", allow_pickle=False).astype("datetime64[s]")
-    calendar = calendar_of_test_range(config)
+        ds = QlibDataset(split, config, progress=False)
+    bar_times = np.load(ds.cache_dir / f"{split}_dates.npy", allow_pickle=False).astype("datetime64[s]")
+    calendar = calendar_of_range(config, split)
+    after = None
+    if split == "val":
+        from ..config import time_bounds
+
+        after = time_bounds(*config["train_time_range"])[1]
     rows, series, positions = [], [], []
     for j in range(len(ds.symbols)):
         first, end = int(ds.offsets[j]), int(ds.offsets[j + 1])
@@ -151,6 +171,8 @@ def forecast_origins(config: Mapping[str, Any]) -> Origins:
         k = np.searchsorted(calendar, bar_times[r])
         on_calendar = (k < len(calendar)) & (calendar[np.minimum(k, len(calendar) - 1)] == bar_times[r])
         keep = on_calendar & (k % stride == 0)
+        if after is not None:  # validation: nothing forecast is a bar training saw
+            keep &= bar_times[r + 1] > after
         rows.append(r[keep])
         positions.append(k[keep])
         series.append(np.full(int(keep.sum()), j, dtype=np.int64))
@@ -159,7 +181,9 @@ def forecast_origins(config: Mapping[str, Any]) -> Origins:
     pos_a = np.concatenate(positions) if positions else np.empty(0, dtype=np.int64)
     order = np.lexsort((series_a, pos_a))
     rows_a, series_a, pos_a = rows_a[order], series_a[order], pos_a[order]
-    keep = thin_dates(pos_a, int(config["n_eval_windows"]))
+    limit = config["n_eval_windows"] if split == "test" else config["n_val_skill_windows"]
+    keep = thin_dates(pos_a, int(limit))
     return Origins(rows=rows_a[keep], series=series_a[keep], positions=pos_a[keep], dates=bar_times[rows_a[keep]],
                    symbols=list(ds.symbols), x=ds.x, bar_times=bar_times, lookback=lookback, horizon=horizon,
-                   stride=stride, candidates=int(len(rows_a)), data_key=ds.cache_dir.name)
+                   stride=stride, candidates=int(len(rows_a)),
+                   data_key=ds.cache_dir.name if split == "test" else f"{ds.cache_dir.name}/{split}")

@@ -64,5 +64,10 @@ class TrainingStage:
         """The end-of-run forecast evaluation after the test verdict (a collective); None: none."""
         return None
 
+    def forecast_pair(self, raw_model, config: Mapping[str, Any], device):
+        """``(tokenizer, predictor)`` that forecast with the epoch's weights ``raw_model``
+        (``objective: val_skill``, :mod:`kronos_mlflow.evaluation.val_skill`)."""
+        raise NotImplementedError
+
     def save_start_files(self, layout) -> None:
         """What the stage writes into the run directory when the run starts (rank 0 only)."""

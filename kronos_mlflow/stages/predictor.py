@@ -131,6 +131,10 @@ class PredictorStage(TrainingStage):
         return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,
                                       console=console, step=step)
 
+    def forecast_pair(self, raw_model, config, device):
+        """The epoch's predictor with the frozen tokenizer."""
+        return self.tokenizer, _plain(raw_model)
+
     def save_start_files(self, layout) -> None:
         if not (layout.tokenizer / "model.safetensors").is_file():
             self.tokenizer.save_pretrained(layout.tokenizer)

@@ -106,6 +106,15 @@ class TokenizerStage(TrainingStage):
 
         return self.validate(KronosTokenizer.from_pretrained(best_dir, map_location=device), loader, device)
 
+    def forecast_pair(self, raw_model, config, device):
+        """The epoch's tokenizer with ``pretrained_predictor_path``'s predictor (loaded once)."""
+        partner = getattr(self, "_partner", None)
+        if partner is None:
+            from .sources import build_predictor
+
+            partner = self._partner = build_predictor(config, raw_model).to(device).eval()
+        return raw_model, partner
+
     def log_plots(self, logger, config: Mapping[str, Any], root, val_ds, stats, best_epoch):
         from ..plots import log_validation_plots
 

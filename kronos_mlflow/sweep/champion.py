@@ -2,7 +2,7 @@
 rule that moves it (docs/sweeps.md, "The champion").
 
 With ``--promote better`` (the default) the alias moves to the study's best trial (lowest
-``best_val_loss``) only when that trial's test verdict is ``better`` (its best checkpoint beat
+``best_val_loss``, or highest ``best_val_skill`` in a sweep on ``objective: val_skill``) only when that trial's test verdict is ``better`` (its best checkpoint beat
 its starting weights on the test windows by more than noise and ``verdict_min_change``) and,
 when a champion trained on the same data (tag ``data_digest``) exists, the trial's
 ``test_tokenizer_loss`` is below the champion's on the same test windows: read from the

@@ -41,13 +41,24 @@ TRAIN_PASSTHROUGH = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "n_test_iter", "qlib_data_path", "instrument",
     "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
     "seed", "accumulation_steps", "freq", "membership_gaps", "stage", "finetuned_tokenizer_path",
-    "pretrained_predictor_path",
+    "pretrained_predictor_path", "objective",
 )
 #: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
-UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": ""}
+UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "",
+                    "objective": "val_loss"}
 DEFAULT_STUDY = "kronos-lr-wd"
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
 PREDICTOR_STUDY = "kronos-predictor-lr-wd"
+#: What each objective's trial value is (a metric of the trial's run) and the study's direction.
+OBJECTIVE_METRIC = {"val_loss": "best_val_loss", "val_skill": "best_val_skill"}
+DIRECTION = {"val_loss": "minimize", "val_skill": "maximize"}
+
+
+def default_study_name(config: Mapping[str, Any]) -> str:
+    """The study of a sweep whose --study-name is left at its default: one per stage and objective
+    (``kronos-lr-wd``, ``kronos-predictor-lr-wd``, and ``...-val-skill`` for ``objective: val_skill``)."""
+    name = PREDICTOR_STUDY if config.get("stage") == "predictor" else DEFAULT_STUDY
+    return f"{name}-val-skill" if config.get("objective") == "val_skill" else name
 
 
 def sweep_output_dir(save_path: str | None) -> str:
@@ -90,6 +101,7 @@ class SweepWorker:
         self.args, self.train_flags, self.space = args, train_flags, space
         self.folder_key = stage_key(config, "save_folder")  # each trial's run folder
         self.val_metric = PREDICTOR_VAL_METRIC if config["stage"] == "predictor" else VAL_METRIC  # per epoch
+        self.value_metric = OBJECTIVE_METRIC[str(config.get("objective", "val_loss"))]  # the trial's value
         self.storage, self.study, self.client = storage, study, client
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         self.trial_epochs = 0
@@ -174,11 +186,12 @@ class SweepWorker:
         if pruned:
             self._end(run_id, "KILLED", "PRUNED")
             raise optuna.TrialPruned(f"pruned after {epochs_done} epoch(s)")
-        best = run.data.metrics.get("best_val_loss")
+        best = run.data.metrics.get(self.value_metric)
         if proc.returncode != 0 or best is None:
             self._end(run_id, "FAILED", "FAIL")
-            raise TrialFailed(f"trial {trial.number}: training exited with code {proc.returncode} "
-                              f"({shlex.join(cmd[:4])} ...)")
+            why = (f"training exited with code {proc.returncode} ({shlex.join(cmd[:4])} ...)" if proc.returncode
+                   else f"its run has no {self.value_metric}")
+            raise TrialFailed(f"trial {trial.number}: {why}")
         self._end(run_id, None, "COMPLETE")
         return float(best)
 
@@ -230,10 +243,10 @@ def _plots(study, out_dir: Path) -> list[Path]:
     return made
 
 
-def _summary_table(study) -> str:
+def _summary_table(study, value_name: str = "best_val_loss") -> str:
     import optuna
 
-    rows = [("trial", "state", "learning_rate", "weight_decay", "best_val_loss", "epochs")]
+    rows = [("trial", "state", "learning_rate", "weight_decay", value_name, "epochs")]
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         lr = t.params.get("learning_rate", 0.0)
         wd = 0.0 if t.params.get("weight_decay_is_zero") else t.params.get("weight_decay", float("nan"))
@@ -244,7 +257,7 @@ def _summary_table(study) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     try:
         best = study.best_trial
-        lines.append(f"best: trial {best.number}, best_val_loss {best.value:.6f}, params {best.params}")
+        lines.append(f"best: trial {best.number}, {value_name} {best.value:.6f}, params {best.params}")
     except ValueError:
         lines.append("best: no complete trial yet")
     del optuna
@@ -283,6 +296,9 @@ def build_parser():
                    "'sweeps' next to the config's save_path, ./outputs/sweeps)")
     p.add_argument("--max-retry", default=1, help="retries of a trial whose worker died")
     p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
+    p.add_argument("--objective", default=None, help="what ranks the trials: val_loss (best_val_loss, minimised; "
+                   "the default) or val_skill (best_val_skill: forecast skill against persistence on the validation "
+                   "split's origins, maximised; the pruner reads each epoch's val_skill_vs_persistence)")
     return p
 
 
@@ -302,6 +318,8 @@ def parse(argv: Sequence[str] | None):
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if args.objective is not None:  # a training key too: every trial records what the sweep ranks by
+        extra = [*extra, "--objective", args.objective]
     # The sweep's own flags, each with its range (MLproject passes every -P value as text).
     try:
         args.n_trials = checks.integer("n_trials", args.n_trials, 1, 1_000_000, what="argument --n-trials")
@@ -358,8 +376,8 @@ def parse(argv: Sequence[str] | None):
     check_comet(config)
     if not args.output_dir:
         args.output_dir = sweep_output_dir(config.get("save_path"))
-    if config["stage"] == "predictor" and args.study_name == DEFAULT_STUDY:
-        args.study_name = PREDICTOR_STUDY
+    if args.study_name == DEFAULT_STUDY:
+        args.study_name = default_study_name(config)
     train_flags = []
     if args.config_file:
         train_flags += ["--config", args.config_file]
@@ -383,7 +401,9 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     check_tracking_server(create=False)
     storage = open_storage(args.storage, max_retry=args.max_retry)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage, args.study_name, pruner, args.sampler_seed)
+    objective = str(config.get("objective", "val_loss"))
+    study = open_study(storage, args.study_name, pruner, args.sampler_seed, direction=DIRECTION[objective],
+                       value_name=OBJECTIVE_METRIC[objective])
 
     import mlflow
 
@@ -393,7 +413,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     experiment_id = experiment_id_of(client, experiment_name)
     # `mlflow run -e sweep` already made a run for this process: it becomes the parent.
     parent_id = os.environ.get("MLFLOW_RUN_ID")
-    parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent",
+    parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent", "sweep.objective": objective,
                    "optuna.storage": redact_url(args.storage)}
     from .dashboard import study_tags
 
@@ -405,7 +425,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
-                       "promote": args.promote,
+                       "promote": args.promote, "objective": objective,
                        "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget}.items():
         log_param_once(client, parent_id, key, value)
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
@@ -435,7 +455,7 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
         client.log_metric(parent_id, "sweep_seconds", elapsed)
         if complete:
             best = study.best_trial
-            client.log_metric(parent_id, "best_val_loss", best.value)
+            client.log_metric(parent_id, worker.value_metric, best.value)
             wd = 0.0 if best.params.get("weight_decay_is_zero") else best.params.get("weight_decay")
             for key, value in (("best_learning_rate", best.params.get("learning_rate")), ("best_weight_decay", wd),
                                ("best_trial_number", best.number)):
@@ -450,7 +470,7 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
         with tempfile.TemporaryDirectory() as tmp:
             for path in _plots(study, Path(tmp) / "plots"):
                 client.log_artifact(parent_id, str(path), "plots")
-            table = _summary_table(study)
+            table = _summary_table(study, worker.value_metric)
             (Path(tmp) / "trials.txt").write_text(table + "\n")
             client.log_artifact(parent_id, str(Path(tmp) / "trials.txt"))
         print(table, flush=True)

@@ -124,18 +124,21 @@ def redact_url(url: str) -> str:
     return redact(url)
 
 
-def open_study(storage, study_name: str, pruner, sampler_seed: int | None):
-    """Create or resume the study; refuse one that exists with another direction."""
+def open_study(storage, study_name: str, pruner, sampler_seed: int | None, *, direction: str = "minimize",
+               value_name: str = "best_val_loss"):
+    """Create or resume the study; refuse one that exists with another direction (a study of
+    the other objective: its values are another metric)."""
     import optuna
 
     names = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     existing = names.get(study_name)
-    if existing is not None and existing.direction != optuna.study.StudyDirection.MINIMIZE:
+    if existing is not None and existing.direction.name.lower() != direction:
+        verb = "minimises" if direction == "minimize" else "maximises"
         raise UserError(
             f"study '{study_name}' exists with direction {existing.direction.name.lower()}; this sweep "
-            "minimises best_val_loss: choose another --study-name"
+            f"{verb} {value_name}: choose another --study-name"
         )
-    study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+    study = optuna.create_study(study_name=study_name, storage=storage, direction=direction,
                                 pruner=pruner, load_if_exists=True)
     study.sampler_seed_used = seed_sampler(study, sampler_seed)
     return study

@@ -18,7 +18,8 @@ ENV_PRUNER = "KRONOS_OPTUNA_PRUNER"
 
 
 class TrialReporter:
-    """Reports each epoch's validation loss to the trial and asks the pruner.
+    """Reports each epoch's objective value (validation loss, or with ``objective: val_skill``
+    the validation forecast skill) to the trial and asks the pruner.
 
     Built inside the training process from the environment the sweep set; ``None`` otherwise.
     """
@@ -37,9 +38,9 @@ class TrialReporter:
         return cls(os.environ[ENV_STORAGE], os.environ[ENV_STUDY], int(os.environ[ENV_TRIAL_ID]),
                    os.environ.get(ENV_PRUNER, DEFAULT_PRUNER))
 
-    def __call__(self, epoch: int, val_loss: float | None) -> bool:
+    def __call__(self, epoch: int, value: float | None) -> bool:
         """Returns True when the trial should stop (pruned)."""
-        if val_loss is None or not math.isfinite(val_loss):
+        if value is None or not math.isfinite(value):
             return False
-        self.trial.report(val_loss, epoch)
+        self.trial.report(value, epoch)
         return self.trial.should_prune()

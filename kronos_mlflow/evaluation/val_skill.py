@@ -1,0 +1,113 @@
+"""``objective: val_skill``: each epoch's weights scored as a forecaster on the validation split.
+
+A sweep that ranks trials by token loss can pick a model that forecasts no better. With
+``objective: val_skill`` a training run, after every epoch's validation, forecasts the
+validation split's origins (:func:`~kronos_mlflow.evaluation.origins.forecast_origins` with
+``split="val"``: the scorecard's construction and ``eval_stride``, at most
+``n_val_skill_windows`` origins, default 500) with the
+epoch's weights and scores them against persistence on the same origins:
+
+- ``val_skill_vs_persistence`` = 1 - MASE(model) / MASE(persistence), with ``_ci_low`` /
+  ``_ci_high`` (the scorecard's paired bootstrap), ``val_mase_close`` and
+  ``persistence_val_mase_close``, at step = epoch;
+- ``best_val_skill``: the value of the epoch whose checkpoint is kept (``best_val_loss``'s
+  epoch: the model the run logs), at that step. A sweep maximises it, and its pruner reads
+  each epoch's ``val_skill_vs_persistence``.
+
+The forecasting pair: a predictor run's epoch predictor with its frozen tokenizer; a tokenizer
+run's epoch tokenizer with ``pretrained_predictor_path``'s predictor (required: without a
+predictor a tokenizer does not forecast: the config refuses it empty). Forecasts sample with the ``inference_*`` keys from
+the run's seed inside a forked random state, so training draws exactly what it draws with
+``objective: val_loss``: the training numbers are the same, only the records differ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from . import forecasters as fc
+from . import scores as sc
+from .origins import CLOSE, forecast_origins
+
+OBJECTIVES = ("val_loss", "val_skill")
+VAL_SKILL_METRIC = "val_skill_vs_persistence"
+BEST_VAL_SKILL = "best_val_skill"
+
+
+def val_origins(config: Mapping[str, Any]):
+    """The validation origins; none is a one-line refusal."""
+    origins = forecast_origins(config, "val")
+    if not len(origins):
+        raise UserError(f"objective val_skill: no forecast origins in val_time_range "
+                        f"{':'.join(config['val_time_range'])} after train_time_range's end (each needs "
+                        "lookback_window + predict_window bars of a series, the forecast ones after training's); "
+                        "widen val_time_range or use objective val_loss")
+    return origins
+
+
+def preflight(config: Mapping[str, Any], model) -> None:
+    """What a run on ``objective: val_skill`` would refuse at its start: no validation origins,
+    or (tokenizer stage) a ``pretrained_predictor_path`` that does not load or pair with ``model``."""
+    val_origins(config)
+    if config.get("stage", "tokenizer") == "tokenizer":
+        from ..model.forecast import check_pair
+        from ..stages.sources import build_predictor
+
+        check_pair(build_predictor(config, model), model)
+
+
+class ValSkill:
+    """The per-epoch scorer of one run (built by every rank; :meth:`score` is a collective)."""
+
+    def __init__(self, config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None):
+        self.config, self.stage, self.device = config, stage, device
+        self.rank, self.world_size, self.console = rank, world_size, console
+        self.origins = val_origins(config)
+        every = np.arange(len(self.origins))
+        self.history = self.origins.history(every)[..., CLOSE]
+        self.actual = self.origins.future(every)[..., CLOSE]
+        self.base = sc.origin_scores(fc.persistence_paths(self.origins), self.history, self.actual)["mase"]
+
+    def describe(self) -> str:
+        return (f"val_skill on {self.origins.describe()} of val_time_range {':'.join(self.config['val_time_range'])}, "
+                "forecasting bars after train_time_range")
+
+    def predictor(self, raw_model):
+        """A ``KronosPredictor`` of the epoch's weights and their partner."""
+        from ..model import KronosPredictor
+
+        tokenizer, model = self.stage.forecast_pair(raw_model, self.config, self.device)
+        return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.config["max_context"]),
+                               clip=float(self.config["clip"]))
+
+    def score(self, raw_model) -> dict[str, float]:
+        """The metrics of the module doc for ``raw_model`` (finite values only)."""
+        predictor = self.predictor(raw_model)
+        device = torch.device(self.device)
+        forked = [device] if device.type == "cuda" else []
+        progress = self.console.progress if self.console is not None else None
+        with torch.random.fork_rng(devices=forked):
+            paths = fc.kronos_paths(predictor, self.origins, self.config, rank=self.rank, world_size=self.world_size,
+                                    progress=progress, desc="val_skill")
+        mase = sc.origin_scores(paths, self.history, self.actual)["mase"]
+        value, low, high = sc.skill(mase, self.base)
+        metrics = {VAL_SKILL_METRIC: value, f"{VAL_SKILL_METRIC}_ci_low": low, f"{VAL_SKILL_METRIC}_ci_high": high,
+                   "val_mase_close": float(np.nanmean(mase)) if np.isfinite(mase).any() else math.nan,
+                   "persistence_val_mase_close": float(np.nanmean(self.base)) if np.isfinite(self.base).any()
+                   else math.nan}
+        return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+
+
+def line(metrics: Mapping[str, float]) -> str:
+    """``val_skill_vs_persistence +0.012 (95% CI -0.004 .. +0.027)`` ('' without a value)."""
+    if VAL_SKILL_METRIC not in metrics:
+        return ""
+    return (f"{VAL_SKILL_METRIC} {metrics[VAL_SKILL_METRIC]:+.4f} (95% CI "
+            f"{metrics.get(VAL_SKILL_METRIC + '_ci_low', math.nan):+.4f} .. "
+            f"{metrics.get(VAL_SKILL_METRIC + '_ci_high', math.nan):+.4f})")

@@ -1,0 +1,211 @@
+"""``objective: val_skill``: each epoch's weights forecast the validation split's origins and are
+scored against persistence; a sweep ranks its trials by that skill and prunes on it.
+
+In this process: the validation origins (their forecasts never reach into training's bars), the
+loop's records and its training numbers (the same as with ``val_loss``), the per-epoch skill
+recomputed from the saved checkpoint and hand-computed persistence errors, and the refusals.
+Through the user's command: ``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``
+with two trials.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kronos_mlflow import trainer
+from kronos_mlflow.config import model_kwargs, time_bounds
+from kronos_mlflow.console import Console
+from kronos_mlflow.errors import ConfigError, UserError
+from kronos_mlflow.layout import RunLayout
+from kronos_mlflow.model import Kronos, KronosTokenizer
+from tiny_runs import TINY, isolated_env, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
+                   "ffn_dropout_p": 0.0, "attn_dropout_p": 0.0, "resid_dropout_p": 0.0, "token_dropout_p": 0.0,
+                   "learn_te": True}
+
+
+class Recorder:
+    """A logger that keeps the metrics the loop logged, as (step, name, value)."""
+
+    def __init__(self):
+        self.rows: list[tuple[int, str, float]] = []
+
+    def log_metrics(self, metrics, step):
+        self.rows += [(step, k, float(v)) for k, v in metrics.items()]
+
+    def history(self, name):
+        return [(s, v) for s, k, v in self.rows if k == name]
+
+    def __getattr__(self, name):  # every other logger call: nothing to keep
+        return lambda *a, **k: None
+
+
+def _predictor_checkpoint(path: Path) -> Path:
+    torch.manual_seed(1)
+    Kronos(**PREDICTOR_SIZES).save_pretrained(path)
+    return path
+
+
+def _tokenizer(config):
+    torch.manual_seed(0)
+    return KronosTokenizer(**model_kwargs(config))
+
+
+def test_validation_origins_forecast_only_bars_after_training(tiny):
+    from kronos_mlflow.evaluation.origins import forecast_origins
+
+    config = tiny(n_eval_windows=10**6, n_val_skill_windows=10**6)
+    val, test = forecast_origins(config, "val"), forecast_origins(config, "test")
+    assert len(val) == val.candidates > 0
+    limited = forecast_origins({**config, "n_eval_windows": 100, "n_val_skill_windows": 200}, "val")
+    assert 0 < len(limited) <= 200 < val.candidates and limited.candidates == val.candidates
+    _, future = val.times(np.arange(len(val)))
+    train_end = time_bounds(*config["train_time_range"])[1]
+    val_start, val_end = time_bounds(*config["val_time_range"])
+    assert (future[:, 0] > train_end).all() and (future <= val_end).all()
+    past, _ = val.times(np.arange(len(val)))
+    assert (past >= val_start).all()
+    assert past[:, 0].min() <= train_end  # the lookback may read the overlap: that is what it is for
+    assert val.digest != test.digest and "/val" in val.data_key and "/val" not in test.data_key
+    with pytest.raises(ValueError, match="split 'train'"):
+        forecast_origins(config, "train")
+
+
+def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_skill(tiny, tmp_path):
+    """Same losses as ``val_loss``; ``val_skill_vs_persistence`` per epoch with its interval;
+    ``best_val_skill`` the best epoch's, equal to the skill of the saved best checkpoint with
+    the predictor, recomputed here with persistence's errors by hand; the pruner reads the skill."""
+    from kronos_mlflow.evaluation.forecasters import kronos_paths
+    from kronos_mlflow.evaluation.origins import CLOSE, forecast_origins
+    from kronos_mlflow.evaluation.scores import origin_scores
+    from kronos_mlflow.model import KronosPredictor
+
+    predictor = _predictor_checkpoint(tmp_path / "predictor")
+    base = tiny(compile="off", epochs=2, n_val_skill_windows=100, pretrained_predictor_path=str(predictor))
+    runs = {}
+    for objective in ("val_loss", "val_skill"):
+        config = {**base, "objective": objective, "save_path": str(tmp_path / objective)}
+        logger, seen = Recorder(), []
+        result = trainer.fit(_tokenizer(config), torch.device("cpu"), config, logger,
+                             trainer.RunFiles(RunLayout.of(config)), Console(False),
+                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False)
+        runs[objective] = (config, logger, result, seen)
+    (_, plain_log, plain, plain_seen), (config, log, result, seen) = runs["val_loss"], runs["val_skill"]
+    assert result["val_loss_history"] == plain["val_loss_history"]  # training drew the same numbers
+    assert log.history("train_tokenizer_loss_batch") == plain_log.history("train_tokenizer_loss_batch")
+    assert not plain_log.history("val_skill_vs_persistence") and "best_val_skill" not in plain
+
+    skills = log.history("val_skill_vs_persistence")
+    assert [s for s, _ in skills] == [0, 1]
+    assert seen == skills and plain_seen == list(enumerate(plain["val_loss_history"]))
+    for name in ("val_skill_vs_persistence_ci_low", "val_skill_vs_persistence_ci_high", "val_mase_close",
+                 "persistence_val_mase_close"):
+        assert [s for s, _ in log.history(name)] == [0, 1], name
+    for (_, low), (_, value), (_, high) in zip(log.history("val_skill_vs_persistence_ci_low"), skills,
+                                              log.history("val_skill_vs_persistence_ci_high"), strict=True):
+        assert low <= value <= high
+    best = result["best_epoch"]
+    assert result["best_val_skill"] == dict(skills)[best]
+    assert log.history("best_val_skill") == [(best, result["best_val_skill"])]
+
+    origins = forecast_origins(config, "val")
+    every = np.arange(len(origins))
+    history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
+    naive = np.abs(history[:, -1:] - actual).mean(axis=1) / np.abs(np.diff(history, axis=1)).mean(axis=1)
+    assert dict(log.history("persistence_val_mase_close"))[best] == pytest.approx(np.nanmean(naive), rel=1e-9)
+    pair = KronosPredictor(Kronos.from_pretrained(str(predictor)),
+                           KronosTokenizer.from_pretrained(RunLayout.of(config).best_model), device="cpu",
+                           max_context=config["max_context"], clip=config["clip"])
+    mase = origin_scores(kronos_paths(pair, origins, config), history, actual)["mase"]
+    both = np.isfinite(mase) & np.isfinite(naive)
+    assert result["best_val_skill"] == pytest.approx(1 - mase[both].mean() / naive[both].mean(), rel=1e-6)
+
+
+def test_val_skill_refusals_are_one_line(tiny, tmp_path):
+    from kronos_mlflow.evaluation.val_skill import preflight
+
+    with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* pretrained_predictor_path is "
+                                          "empty"):
+        tiny(objective="val_skill")
+    with pytest.raises(ConfigError, match="objective: 'val_los' is not one of val_loss, val_skill"):
+        tiny(objective="val_los")
+    torch.manual_seed(1)
+    Kronos(**{**PREDICTOR_SIZES, "s1_bits": 5}).save_pretrained(tmp_path / "five")
+    config = tiny(objective="val_skill", pretrained_predictor_path=str(tmp_path / "five"))
+    with pytest.raises(ConfigError, match="bits"):
+        preflight(config, _tokenizer(config))
+    with pytest.raises(ConfigError, match="val_time_range 2022-09-01:2024-06-30 ends before train_time_range"):
+        tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-30")
+    # a validation range past training's end by fewer bars than a forecast: no origin, refused
+    short = tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-26")
+    with pytest.raises(UserError, match="no forecast origins in val_time_range .* after train_time_range"):
+        preflight(short, None)
+
+
+@pytest.mark.slow
+def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_skill(tmp_path):
+    """``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``, two trials: each trial
+    a predictor run with its per-epoch skill, Optuna's intermediate values are those skills (the
+    pruner reads them), each trial's value is its run's ``best_val_skill``, the study maximises
+    and the parent's best is the highest."""
+    import optuna
+    from mlflow import MlflowClient
+
+    from tiny_runs import create_sqlite_store
+
+    root = tmp_path / "sweep"
+    root.mkdir()
+    sizes = {k: v for k, v in TINY.items() if k not in ("epochs", "batch_size", "n_train_iter", "n_val_iter")}
+    write_config(root / "tiny.yaml", **{**sizes, "n_layers": 2, "evaluate": "off", "n_val_skill_windows": 150},
+                 save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
+    env = isolated_env(root, create_sqlite_store(root))
+    torch.manual_seed(0)
+    KronosTokenizer(**model_kwargs(TINY)).save_pretrained(root / "tokenizer")
+    storage = f"sqlite:///{root}/optuna.db"
+    params = {"config_file": root / "tiny.yaml", "storage": storage, "epochs": 2, "batch_size": 8,
+              "n_train_iter": 64, "n_val_iter": 36, "comet": "off", "n_trials": 2, "stage": "predictor",
+              "tokenizer": root / "tokenizer", "objective": "val_skill", "sampler_seed": 3}
+    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "sweep",
+           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs(["0"])
+    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    assert parent.data.tags["optuna.study_name"] == "kronos-predictor-lr-wd-val-skill"
+    assert parent.data.tags["sweep.objective"] == "val_skill" and "best_val_loss" not in parent.data.metrics
+    study = optuna.load_study(study_name="kronos-predictor-lr-wd-val-skill", storage=storage)
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    trials = {t.user_attrs["mlflow_run_id"]: t for t in study.trials if "mlflow_run_id" in t.user_attrs}
+    assert len(trials) == 2
+    for run_id, trial in trials.items():
+        run = client.get_run(run_id)
+        assert run.data.params["objective"] == "val_skill" and run.data.params["stage"] == "predictor"
+        per_epoch = {m.step: m.value for m in client.get_metric_history(run_id, "val_skill_vs_persistence")}
+        assert trial.intermediate_values == per_epoch and len(per_epoch) >= 1
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert trial.value == run.data.metrics["best_val_skill"]
+            best_epoch = min(client.get_metric_history(run_id, "val_predictor_loss_epoch"), key=lambda m: m.value).step
+            assert trial.value == per_epoch[best_epoch]  # the skill of the checkpoint the run logs
+    complete = [t for t in trials.values() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and parent.data.metrics["best_val_skill"] == max(t.value for t in complete)
+    assert "best_val_skill" in proc.stdout  # the trials table names the value it ranks by
+
+    # the same study name with the other objective: one line, exit 2, nothing trained
+    again = [a if a != "objective=val_skill" else "objective=val_loss" for a in cmd]
+    again += ["-P", "study_name=kronos-predictor-lr-wd-val-skill"]
+    refused = subprocess.run(again, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                             timeout=600)
+    assert refused.returncode != 0
+    assert ("study 'kronos-predictor-lr-wd-val-skill' exists with direction maximize; this sweep minimises "
+            "best_val_loss") in refused.stderr
+    assert len(client.search_runs(["0"])) == len(runs) + 1  # only the refused parent run
