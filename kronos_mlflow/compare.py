@@ -7,11 +7,13 @@
     kronos-mlflow compare --json                           # everything, machine-readable
 
 Runs are read through MLflow's API (``MlflowClient.search_runs``; ``--parent`` filters on
-``tags.mlflow.parentRunId``) and sorted by ``best_val_loss`` ascending; runs without it (failed,
+``tags.mlflow.parentRunId``) and sorted by ``best_val_loss`` ascending (the trials of a sweep on
+``objective: val_skill``: by ``best_val_skill`` descending); runs without it (failed,
 still running, pruned before an epoch ended) come last, newest first. A sweep's parent run is
 not a fine-tune and is left out of an experiment listing (``--parent`` lists its trials).
 
-Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss, the test
+Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss (and
+best_val_skill when a listed run has one), the test
 verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``, a predictor
 run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_tokenizer_loss``
 (``base_test_predictor_loss``); ``change``: ``test_loss_change`` with its
@@ -198,6 +200,7 @@ class RunRow:
     epochs_planned: int | None = None
     epochs_done: int | None = None
     best_val_loss: float | None = None
+    best_val_skill: float | None = None  # objective val_skill: the best epoch's validation forecast skill
     best_epoch: int | None = None
     test_loss: float | None = None
     base_test_loss: float | None = None
@@ -322,6 +325,7 @@ def _row(run, now_ms: int) -> RunRow:
         weight_decay=_number(params.get("weight_decay", params.get("adam_weight_decay"))),
         epochs_planned=_integer(params.get("epochs")),
         best_val_loss=_number(metrics.get(BEST_METRIC)),
+        best_val_skill=_number(metrics.get("best_val_skill")),
         test_loss=_number(metrics.get(TEST_LOSS, metrics.get(PREDICTOR_TEST_LOSS))),
         base_test_loss=_number(metrics.get(BASE_TEST_LOSS, metrics.get(f"base_{PREDICTOR_TEST_LOSS}"))),
         test_loss_change=_number(metrics.get(TEST_LOSS_CHANGE)),
@@ -360,8 +364,12 @@ def _at_best_epoch(client, row: RunRow) -> None:
             setattr(row, attr, _integer(values[best_step]))
 
 
-def sort_rows(rows: list[RunRow]) -> list[RunRow]:
-    """Lowest best_val_loss first; runs without one last, newest first."""
+def sort_rows(rows: list[RunRow], by_skill: bool = False) -> list[RunRow]:
+    """Lowest best_val_loss first (``by_skill``: highest best_val_skill first, as a sweep on
+    ``objective: val_skill`` ranks its trials); runs without one last, newest first."""
+    if by_skill:
+        return sorted(rows, key=lambda r: (r.best_val_skill is None,
+                                           -r.best_val_skill if r.best_val_skill is not None else 0.0, -r.start_time))
     return sorted(rows, key=lambda r: (r.best_val_loss is None,
                                        r.best_val_loss if r.best_val_loss is not None else 0.0, -r.start_time))
 
@@ -382,7 +390,8 @@ def collect(client, experiment: str | None = None, parent: str | None = None,
             skipped += 1
             continue
         rows.append(_row(r, now_ms))
-    rows = sort_rows(rows)
+    by_skill = parent_run is not None and parent_run.data.tags.get("sweep.objective") == "val_skill"
+    rows = sort_rows(rows, by_skill)
     if top:
         rows = rows[:top]
     for row in rows:
@@ -444,8 +453,10 @@ def _s1_bits(row: RunRow) -> int | None:
 
 def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     with_trials = any(r.trial_number is not None for r in rows)
-    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
-              "verdict", "codes_s1", "codes_full", "duration", "status"]
+    with_val_skill = any(r.best_val_skill is not None for r in rows)
+    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss"] + (
+        ["best_val_skill"] if with_val_skill else []) + ["test_loss", "base_loss", "change", "verdict", "codes_s1",
+                                                         "codes_full", "duration", "status"]
     with_skills = [b for b in SKILL_BASELINES if any(b in r.skills for r in rows)]
     header += [f"skill_vs_{b}" for b in with_skills]
     header += (["trial"] if with_trials else []) + ["run_id"]
@@ -460,6 +471,7 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             "-" if r.weight_decay is None else f"{r.weight_decay:g}",
             epochs,
             "-" if r.best_val_loss is None else f"{r.best_val_loss:.6f}",
+            *(["-" if r.best_val_skill is None else f"{r.best_val_skill:+.4f}"] if with_val_skill else []),
             "-" if r.test_loss is None else f"{r.test_loss:.6f}",
             "-" if r.base_test_loss is None else f"{r.base_test_loss:.6f}",
             _change(r),
@@ -479,7 +491,7 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
 
 def format_table(rows: Sequence[RunRow]) -> str:
     header, body = table_rows(rows)
-    numeric = {"learning_rate", "weight_decay", "epochs", "best_val_loss", "test_loss", "base_loss", "change",
+    numeric = {"learning_rate", "weight_decay", "epochs", "best_val_loss", "best_val_skill", "test_loss", "base_loss", "change",
                "codes_s1", "codes_full", "duration"}
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
 

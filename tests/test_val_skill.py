@@ -200,6 +200,16 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
     assert complete and parent.data.metrics["best_val_skill"] == max(t.value for t in complete)
     assert "best_val_skill" in proc.stdout  # the trials table names the value it ranks by
 
+    # `kronos-mlflow compare --parent`: the trials ranked as the sweep ranks them, highest skill first
+    shown = subprocess.run([str(Path(sys.executable).parent / "kronos-mlflow"), "compare", "--parent",
+                            parent.info.run_id], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    header, _, *lines = shown.stdout.strip().splitlines()
+    assert "best_val_skill" in header.split()
+    ranked = sorted(complete, key=lambda t: -t.value)
+    listed = [line.split()[-1] for line in lines]
+    assert listed[:len(ranked)] == [t.user_attrs["mlflow_run_id"] for t in ranked]
+
     # the same study name with the other objective: one line, exit 2, nothing trained
     again = [a if a != "objective=val_skill" else "objective=val_loss" for a in cmd]
     again += ["-P", "study_name=kronos-predictor-lr-wd-val-skill"]
