@@ -219,3 +219,19 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
     assert ("study 'kronos-predictor-lr-wd-val-skill' exists with direction maximize; this sweep minimises "
             "best_val_loss") in refused.stderr
     assert len(client.search_runs(["0"])) == len(runs) + 1  # only the refused parent run
+
+
+def test_a_study_of_the_other_objective_is_refused_and_default_names_follow_the_objective(tmp_path):
+    from kronos_mlflow.errors import UserError as Refused
+    from kronos_mlflow.sweep.driver import default_study_name
+    from kronos_mlflow.sweep.study import make_pruner, open_storage, open_study
+
+    assert default_study_name({"stage": "tokenizer", "objective": "val_loss"}) == "kronos-lr-wd"
+    assert default_study_name({"stage": "tokenizer", "objective": "val_skill"}) == "kronos-lr-wd-val-skill"
+    assert default_study_name({"stage": "predictor", "objective": "val_skill"}) == "kronos-predictor-lr-wd-val-skill"
+    storage = open_storage(f"sqlite:///{tmp_path}/optuna.db", heartbeat=False)
+    study = open_study(storage, "s", make_pruner("none"), 0, direction="maximize", value_name="best_val_skill")
+    assert study.direction.name == "MAXIMIZE"
+    assert open_study(storage, "s", make_pruner("none"), 0, direction="maximize").direction.name == "MAXIMIZE"
+    with pytest.raises(Refused, match="study 's' exists with direction maximize; this sweep minimises best_val_loss"):
+        open_study(storage, "s", make_pruner("none"), 0)
