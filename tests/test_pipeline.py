@@ -1,10 +1,12 @@
 """``mlflow run . -e pipeline`` end to end, on the demo market with the tiny sizes: one parent run
 and three child runs, the champion rules, reuse of FINISHED steps, ``force``, and a predictor step
-stopped by SIGTERM that the same command continues."""
+stopped by SIGTERM that the same command continues. Every scenario runs in the first
+pipeline's directory and store, one after the other."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -148,26 +150,51 @@ def _predictor_process(faults, root_pid: int) -> int:
     raise AssertionError("no predictor training process under the pipeline")
 
 
+def _wait_for_first_epoch(folder: Path, earlier: set[Path], proc: subprocess.Popen, timeout_s: float) -> None:
+    """Return once a run directory under ``folder`` that is not in ``earlier`` holds the training
+    state of epoch 0 (or later); fail if ``proc`` ends first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for path in set(folder.glob("cfg-*")) - earlier:
+            try:
+                if json.loads((path / "checkpoints" / "last" / "state.json").read_text())["epoch"] >= 0:
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+        assert proc.poll() is None, f"the pipeline exited (code {proc.returncode}) before the predictor's epoch 0"
+        assert time.monotonic() < deadline, f"no predictor epoch saved within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_sigterm_in_the_predictor_step_then_the_same_command_continues(tmp_path):
+def test_sigterm_in_the_predictor_step_then_the_same_command_continues(first):
+    """In the first pipeline's directory, with more predictor epochs (a new predictor config; the
+    tokenizer step is reused): the predictor's training process SIGTERMed after its first epoch
+    ends the step KILLED and the command fails; the same command again reuses the tokenizer,
+    continues the stopped predictor run from its saved state (no epoch logged twice) and makes it
+    the new parent's predictor step."""
     faults = _faults()
-    root, env = _workdir(tmp_path)
-    params = {"predictor_epochs": 4, "n_train_iter": 160}
-    with open(root / "first.log", "w") as log:
+    root, env, _, _ = first
+    _, before = _runs(env)
+    known = {r.info.run_id for r in before}
+    folder = root / "outputs" / "finetune_predictor_demo"
+    earlier = set(folder.glob("cfg-*"))  # the finished predictor runs' directories
+    params = {"predictor_epochs": 6}  # epochs of under a second: the SIGTERM after the first lands in training
+    with open(root / "sigterm.log", "w") as log:
         proc = subprocess.Popen(_command(root, **params), cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        faults.wait_for_epoch(root / "outputs" / "finetune_predictor_demo", 0, proc, timeout_s=300)
+        _wait_for_first_epoch(folder, earlier, proc, timeout_s=300)
         os.kill(_predictor_process(faults, proc.pid), signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             faults.kill_tree(proc.pid)
-    output = (root / "first.log").read_text()
+    output = (root / "sigterm.log").read_text()
     assert proc.returncode != 0
     assert "kronos-mlflow pipeline: step predictor ended KILLED" in output, output[-3000:]
     client, runs = _runs(env)
-    (stopped,) = [r for r in runs if r.data.tags.get("pipeline.step") == "predictor"]
+    (stopped,) = [r for r in runs if r.data.tags.get("pipeline.step") == "predictor" and r.info.run_id not in known]
     assert stopped.info.status == "KILLED"
 
     again, _ = _pipeline(root, env, **params)

@@ -1,8 +1,8 @@
 """Preemption on the commands users type: a worker SIGKILLed from outside under ``mlflow run .``
 and under plain ``torchrun --max-restarts`` (no extra environment) resumes to the uninterrupted
 result in the same MLflow run; the whole ``mlflow run .`` killed and typed again continues the
-same training state. Also: joining a group whose ranks never all arrive fails in bounded time
-with one line instead of waiting forever."""
+same training state (one ``mlflow run .`` goes through both). Also: joining a group whose ranks
+never all arrive fails in bounded time with one line instead of waiting forever."""
 
 from __future__ import annotations
 
@@ -167,47 +167,30 @@ def test_plain_torchrun_with_restarts_resumes_after_a_worker_is_killed(workdir, 
 
 
 @pytest.mark.slow
-def test_mlflow_run_survives_a_killed_worker(workdir, reference):
-    """``mlflow run . -P nproc_per_node=2``: rank 0 (the one logging) SIGKILLed in the second
-    epoch; the group restarts, the MLflow run and the Comet experiment continue."""
+def test_mlflow_run_survives_a_killed_worker_and_typed_again_after_the_machine_died_continues(workdir, reference):
+    """``mlflow run . -P nproc_per_node=2`` (Comet offline): rank 0 (the one logging) SIGKILLed
+    in the second epoch; the group restarts and the MLflow run continues. Then, once that epoch
+    is saved, the whole process tree is SIGKILLed (the machine dies) and the same command is
+    typed again: training continues from the saved state in the saved MLflow run, the run the
+    second ``mlflow run`` made for itself is tagged with where the training went, and the
+    training ends like the uninterrupted one, with one Comet experiment throughout."""
     from mlflow import MlflowClient
 
     faults, client = _faults(), MlflowClient()
-    proc, log = _start(_mlflow_run_command(workdir), workdir, "mlflow-run.log")
+    cmd = _mlflow_run_command(workdir)
+    proc, log = _start(cmd, workdir, "first.log")
     try:
         faults.preempt(proc, _save_dir(workdir), rank=0, after_epoch=0)
         faults.wait_for_epoch(_save_dir(workdir), 1, proc)
-        (run,) = client.search_runs(["0"])
-        status_while_training = run.info.status
-    finally:
-        output = _finish(proc, log)
-    assert proc.returncode == 0, output[-3000:]
-    assert "[kronos] resuming at epoch 1/2" in output
-    assert status_while_training == "RUNNING"
-    (run,) = client.search_runs(["0"])
-    _assert_resumed_like_reference(client, run.info.run_id, reference)
-    assert run.data.params["max_restarts"] == "3"  # the MLproject default
-    key = run.data.tags["comet_experiment_key"]
-    archives = sorted(p.name for p in (workdir / "comet").glob("*.zip"))
-    assert archives and all(name.startswith(key) for name in archives), (key, archives)
-
-
-@pytest.mark.slow
-def test_mlflow_run_typed_again_after_the_machine_died_continues_the_training(workdir, reference):
-    """The whole process tree of ``mlflow run .`` SIGKILLed after the first epoch, then the same
-    command again: training continues from the saved state in the saved MLflow run; the run
-    the second ``mlflow run`` made for itself is tagged with where the training went."""
-    from mlflow import MlflowClient
-
-    faults, client = _faults(), MlflowClient()
-    cmd = _mlflow_run_command(workdir, comet="off")
-    proc, log = _start(cmd, workdir, "first.log")
-    try:
-        faults.wait_for_epoch(_save_dir(workdir), 0, proc)
+        (first,) = client.search_runs(["0"])
+        status_while_training = first.info.status
         tree = [proc.pid, *faults.descendants(proc.pid)]
     finally:
         faults.kill_tree(proc.pid)  # the machine dies: launcher, torchrun and workers at once
         proc.wait()
+    output = log.read_text(encoding="utf-8", errors="replace")
+    assert "[kronos] resuming at epoch 1/2" in output, output[-3000:]  # the restarted group
+    assert status_while_training == "RUNNING"
     deadline = time.monotonic() + 60
     while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -222,9 +205,14 @@ def test_mlflow_run_typed_again_after_the_machine_died_continues_the_training(wo
     runs = {r.info.run_id: r for r in client.search_runs(["0"])}
     assert len(runs) == 2 and first.info.run_id in runs
     _assert_resumed_like_reference(client, first.info.run_id, reference)
+    run = runs[first.info.run_id]
+    assert run.data.params["max_restarts"] == "3"  # the MLproject default
     (launch,) = [r for rid, r in runs.items() if rid != first.info.run_id]
     assert launch.data.tags["kronos.continued_in_run"] == first.info.run_id
     assert launch.info.status == "FINISHED" and not launch.data.metrics
+    key = run.data.tags["comet_experiment_key"]
+    archives = sorted(p.name for p in (workdir / "comet").glob("*.zip"))
+    assert archives and all(name.startswith(key) for name in archives), (key, archives)
 
 
 @pytest.mark.slow  # a process group that waits for its set-up timeout

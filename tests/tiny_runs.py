@@ -88,17 +88,48 @@ def sqlite_uri(root: Path) -> str:
     return f"sqlite:///{Path(root) / 'mlflow.db'}"
 
 
-def create_sqlite_store(root: Path) -> str:
-    """An MLflow sqlite store under ``root`` with its schema created (which costs seconds, and
-    must happen once before several processes race to migrate it); its URI."""
-    import pytest
-    from mlflow import MlflowClient
+def _migrated_store() -> Path:
+    """This process's template store: an MLflow sqlite store whose schema MLflow created (which
+    costs seconds) in a directory of its own, made on first use and removed at exit."""
+    global _TEMPLATE
+    if _TEMPLATE is None:
+        import atexit
+        import shutil
+        import tempfile
 
-    uri = sqlite_uri(root)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)  # the store (cached per process) resolves its default artifact root ./mlruns now
-        MlflowClient(uri).search_experiments()
-    return uri
+        import pytest
+        from mlflow import MlflowClient
+
+        root, pid = Path(tempfile.mkdtemp(prefix="kronos-test-store-")), os.getpid()
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(root, ignore_errors=True))  # not a fork's exit
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(root)  # the store (cached per process) resolves its default artifact root ./mlruns now
+            MlflowClient(sqlite_uri(root)).search_experiments()
+        _TEMPLATE = root
+    return _TEMPLATE
+
+
+_TEMPLATE: Path | None = None
+
+
+def create_sqlite_store(root: Path) -> str:
+    """An MLflow sqlite store under ``root`` with its schema created (which must happen once
+    before several processes race to migrate it); its URI. The store is a copy of a template
+    that MLflow created (the migration costs seconds, a copy none), with its Default
+    experiment's artifact root moved to ``root/mlruns/0``, where MLflow would have put it."""
+    import shutil
+    import sqlite3
+
+    template = _migrated_store()
+    shutil.copyfile(template / "mlflow.db", Path(root) / "mlflow.db")
+    old, new = os.path.realpath(template), os.path.realpath(root)
+    with sqlite3.connect(Path(root) / "mlflow.db") as db:
+        (location,) = db.execute("SELECT artifact_location FROM experiments WHERE experiment_id = 0").fetchone()
+        assert location.startswith(old), (location, old)  # MLflow put it under the template's cwd
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                   (new + location[len(old):],))
+    db.close()
+    return sqlite_uri(root)
 
 
 def run_dir(save_path: Path, folder: str = "finetune_tokenizer_demo") -> Path:
