@@ -256,33 +256,3 @@ def test_torchrun_predictor_resumes_a_killed_worker_to_the_same_result(tmp_path)
     assert run.data.metrics["best_val_loss"] == pytest.approx(ref.data.metrics["best_val_loss"], rel=1e-6)
     assert steps == ref_steps == list(range(len(ref_steps)))  # no step logged twice or lost
     assert run.data.metrics["test_predictor_loss"] == pytest.approx(ref.data.metrics["test_predictor_loss"], rel=1e-6)
-
-
-@pytest.mark.slow
-def test_mlflow_run_sweep_stage_predictor_runs_trials_of_the_predictor(tmp_path):
-    """``mlflow run . -e sweep -P stage=predictor`` with two trials: each trial a predictor run
-    (its own metrics, folder and study), the parent summing them up."""
-    from mlflow import MlflowClient
-
-    root, env = _workdir(tmp_path / "sweep")
-    tokenizer = tmp_path / "tokenizer"
-    _tokenizer().save_pretrained(tokenizer)
-    params = {"config_file": root / "tiny.yaml", "storage": f"sqlite:///{root}/optuna.db", "epochs": 2,
-              "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off", "n_trials": 2,
-              "stage": "predictor", "tokenizer": tokenizer}
-    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "sweep",
-           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
-    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
-    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(trials) == 2 and parent.data.tags["optuna.study_name"] == "kronos-predictor-lr-wd"
-    for run in trials:
-        assert run.data.params["stage"] == "predictor" and run.data.tags["tokenizer_uri"] == str(tokenizer)
-        assert "val_predictor_loss_epoch" in run.data.metrics and "train_tokenizer_loss_batch" not in run.data.metrics
-        assert Path(run.data.tags["run_directory"]).parent.name.startswith("trial-")
-        assert run.data.tags["optuna.trial_state"] in ("COMPLETE", "PRUNED")
-    complete = [r for r in trials if r.data.tags["optuna.trial_state"] == "COMPLETE"]
-    assert complete and parent.data.metrics["best_val_loss"] == min(r.data.metrics["best_val_loss"] for r in complete)

@@ -153,7 +153,7 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
 @pytest.mark.slow
 def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_skill(tmp_path):
     """``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``, two trials: each trial
-    a predictor run with its per-epoch skill, Optuna's intermediate values are those skills (the
+    a predictor run (its own metrics and folder, the given tokenizer) with its per-epoch skill, Optuna's intermediate values are those skills (the
     pruner reads them), each trial's value is its run's ``best_val_skill``, the study maximises
     and the parent's best is the highest."""
     import optuna
@@ -190,6 +190,11 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
     for run_id, trial in trials.items():
         run = client.get_run(run_id)
         assert run.data.params["objective"] == "val_skill" and run.data.params["stage"] == "predictor"
+        # each trial a predictor run: its own metrics and folder, the tokenizer it was given
+        assert run.data.tags["tokenizer_uri"] == str(root / "tokenizer")
+        assert "val_predictor_loss_epoch" in run.data.metrics and "train_tokenizer_loss_batch" not in run.data.metrics
+        assert Path(run.data.tags["run_directory"]).parent.name.startswith("trial-")
+        assert run.data.tags["optuna.trial_state"] == trial.state.name
         per_epoch = {m.step: m.value for m in client.get_metric_history(run_id, "val_skill_vs_persistence")}
         assert trial.intermediate_values == per_epoch and len(per_epoch) >= 1
         if trial.state == optuna.trial.TrialState.COMPLETE:
@@ -228,6 +233,7 @@ def test_a_study_of_the_other_objective_is_refused_and_default_names_follow_the_
 
     assert default_study_name({"stage": "tokenizer", "objective": "val_loss"}) == "kronos-lr-wd"
     assert default_study_name({"stage": "tokenizer", "objective": "val_skill"}) == "kronos-lr-wd-val-skill"
+    assert default_study_name({"stage": "predictor", "objective": "val_loss"}) == "kronos-predictor-lr-wd"
     assert default_study_name({"stage": "predictor", "objective": "val_skill"}) == "kronos-predictor-lr-wd-val-skill"
     storage = open_storage(f"sqlite:///{tmp_path}/optuna.db", heartbeat=False)
     study = open_study(storage, "s", make_pruner("none"), 0, direction="maximize", value_name="best_val_skill")
