@@ -490,8 +490,8 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
     if out["objective"] == "val_skill" and (time_bounds(*out["val_time_range"])[1]
                                             <= time_bounds(*out["train_time_range"])[1]):
         raise ConfigError(f"objective val_skill forecasts the bars of val_time_range after train_time_range, and "
-                          f"val_time_range {format_time_range(out['val_time_range'])} ends before train_time_range "
-                          f"{format_time_range(out['train_time_range'])} does; expected a val_time_range that goes "
+                          f"val_time_range {format_time_range(out['val_time_range'])} ends no later than train_time_range "
+                          f"{format_time_range(out['train_time_range'])}; expected a val_time_range that goes "
                           "past the end of training, or objective val_loss")
     fresh_tokenizer = not out["pretrained_tokenizer_path"] and not (
         out["stage"] == "predictor" and out["finetuned_tokenizer_path"])

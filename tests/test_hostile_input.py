@@ -637,7 +637,7 @@ CASES: list[Case] = [
          SWEEP + ("--objective", "val_skill"), "pretrained_predictor_path is empty"),
     Case("flag-val-skill-late-train", "flag", "`--objective val_skill` with training ending after validation",
          PREDICT + BASE + ("--objective", "val_skill", "--train-time-range", "2011-01-01:2024-06-30"),
-         "ends before train_time_range"),
+         "ends no later than train_time_range"),
     Case("flag-val-skill-bits", "flag", "`--objective val_skill` pairing a 4+4-bit tokenizer with a 5+5-bit predictor",
          TRAIN + BASE + ("--objective", "val_skill", "--pretrained-predictor-path", "{in}/pred_5_5"), "5+5",
          make=make_predictor_5_5),

@@ -142,7 +142,7 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
     config = tiny(objective="val_skill", pretrained_predictor_path=str(tmp_path / "five"))
     with pytest.raises(ConfigError, match="bits"):
         preflight(config, _tokenizer(config))
-    with pytest.raises(ConfigError, match="val_time_range 2022-09-01:2024-06-30 ends before train_time_range"):
+    with pytest.raises(ConfigError, match="val_time_range 2022-09-01:2024-06-30 ends no later than train_time_range"):
         tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-30")
     # a validation range past training's end by fewer bars than a forecast: no origin, refused
     short = tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-26")
