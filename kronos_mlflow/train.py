@@ -237,11 +237,15 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     model = None
     if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
         model = build_model(config)  # the checkpoints load (a predictor's: with its tokenizer, the same bits)
+    if config["objective"] == "val_skill":
+        from .evaluation.val_skill import check_partner
+
+        check_partner(config, model if model is not None else build_model(config))
     prepare_data(config)
     if config["objective"] == "val_skill":
-        from .evaluation.val_skill import preflight as check_val_skill
+        from .evaluation.val_skill import val_origins
 
-        check_val_skill(config, model if model is not None else build_model(config))
+        val_origins(config)  # some validation origin forecasts bars after training
     check_windows(config, world)
     check_resume(config, world)
     if check_tracking:

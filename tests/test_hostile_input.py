@@ -641,6 +641,12 @@ CASES: list[Case] = [
     Case("flag-val-skill-bits", "flag", "`--objective val_skill` pairing a 4+4-bit tokenizer with a 5+5-bit predictor",
          TRAIN + BASE + ("--objective", "val_skill", "--pretrained-predictor-path", "{in}/pred_5_5"), "5+5",
          make=make_predictor_5_5),
+    Case("flag-val-skill-predictor-missing", "flag", "`--objective val_skill` for the tokenizer with a "
+         "`--pretrained-predictor-path` that does not exist",
+         TRAIN + BASE + ("--objective", "val_skill", "--pretrained-predictor-path", "{in}/no_such_predictor"),
+         "no_such_predictor"),
+    Case("flag-n-val-skill-windows", "flag", "`--n-val-skill-windows 0`",
+         PREDICT + BASE + ("--n-val-skill-windows", "0"), "n_val_skill_windows"),
     # ===== the scorecard: its config keys, kronos-mlflow evaluate
     Case("flag-n-eval-windows", "flag", "`--n-eval-windows 0`", PREDICT + BASE + ("--n-eval-windows", "0"),
          "n_eval_windows"),

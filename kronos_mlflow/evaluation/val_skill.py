@@ -51,15 +51,13 @@ def val_origins(config: Mapping[str, Any]):
     return origins
 
 
-def preflight(config: Mapping[str, Any], model) -> None:
-    """What a run on ``objective: val_skill`` would refuse at its start: no validation origins,
-    or (tokenizer stage) a ``pretrained_predictor_path`` that does not load or pair with ``model``."""
-    val_origins(config)
+def check_partner(config: Mapping[str, Any], model) -> None:
+    """A tokenizer run on ``objective: val_skill``: ``pretrained_predictor_path`` loads and pairs
+    with ``model`` (one line naming it otherwise). Nothing to check for a predictor run."""
     if config.get("stage", "tokenizer") == "tokenizer":
-        from ..model.forecast import check_pair
         from ..stages.sources import build_predictor
 
-        check_pair(build_predictor(config, model), model)
+        build_predictor(config, model)  # refuses a missing checkpoint or other bits
 
 
 class ValSkill:
