@@ -35,7 +35,6 @@ from . import forecasters as fc
 from . import scores as sc
 from .origins import CLOSE, forecast_origins
 
-OBJECTIVES = ("val_loss", "val_skill")
 VAL_SKILL_METRIC = "val_skill_vs_persistence"
 BEST_VAL_SKILL = "best_val_skill"
 
