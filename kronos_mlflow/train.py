@@ -91,6 +91,79 @@ def stage_everywhere(config: Mapping[str, Any], layout, info):
     return stage_for(config, KronosTokenizer.from_pretrained(layout.tokenizer, map_location=info.device))
 
 
+class DirectoryWriter:
+    """Rank 0's claim on the run directory: its writer lock (:mod:`kronos_mlflow.runlock`),
+    taken before the training state is read, held until the process ends. A second process of
+    the same config (the same directory) is refused in one line while the first lives."""
+
+    def __init__(self, layout):
+        self.layout, self.lock = layout, None
+
+    def claim(self) -> None:
+        from .runlock import WRITER_LOCK, hold
+
+        self.lock = hold(self.layout.root / WRITER_LOCK, f"run directory {self.layout.root}",
+                         advice="wait for it to end (the same command then resumes it, or starts a new run once it "
+                                "finished), or use another save_path")
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def abandon(self) -> None:
+        """A refusal right after the claim: nothing of it stays (a run directory it created goes)."""
+        if self.lock is not None:
+            self.lock.abandon()
+            self.lock = None
+
+
+def open_run(config: Mapping[str, Any], layout, info):
+    """``(writer, resume_state, tracking)``: rank 0 claims the run directory (:class:`DirectoryWriter`)
+    and finds its training state, every rank gets that answer (or the same refusal), then the
+    run's tracking starts (:func:`start_tracking`). A refusal leaves nothing of the claim behind."""
+    from .checkpoint import find_resumable_everywhere
+
+    writer = DirectoryWriter(layout)  # rank 0: the one process that writes this run directory
+    try:
+        resume_state = find_resumable_everywhere(layout.root, config, info, first=writer.claim)
+    except UserError as exc:  # the same answer on every rank (rank 0's, broadcast)
+        writer.abandon()
+        raise same_on_every_rank(exc) from None
+    try:
+        tracking = start_tracking(config, info.rank, layout, resume_state)
+    except UserError:
+        writer.abandon()
+        raise
+    return writer, resume_state, tracking
+
+
+def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: Mapping[str, Any] | None):
+    """The run's tracking (rank 0's loggers), with its ownership (:mod:`kronos_mlflow.ownership`):
+    a resumed state's run only when that run carries the state's token, is in this command's
+    experiment and is not FINISHED; else a new run (or the one ``MLFLOW_RUN_ID`` hands over, when
+    no other training owns it), claimed with a token that ``owner.json`` and every state keep."""
+    from .ownership import Claim, token_of
+    from .tracking import build_tracking
+
+    saved = (resume_state or {}).get("run_ids") or {}
+    if rank != 0:
+        claim = None
+    elif resume_state is not None:
+        named_by = f"the training state in {resume_state['directory']}"
+        if not saved.get("mlflow_run_id"):
+            from .ownership import STATE_ADVICE, OwnershipError
+
+            raise OwnershipError(f"{named_by} names no MLflow run, so no run wrote it; nothing was written: "
+                                 f"{STATE_ADVICE}")
+        claim = Claim(token=token_of(saved), named_by=named_by, directory=layout.root)
+    else:  # a new run, or MLFLOW_RUN_ID's (kept with its token when this directory's owner.json claimed it)
+        claim = Claim(directory=layout.root)
+    return build_tracking(config, rank, run_id=saved.get("mlflow_run_id"),
+                          comet_experiment_key=saved.get("comet_experiment_key"), resume=resume_state is not None,
+                          spool_dir=layout.spool, claim=claim,
+                          mlflow_tags={"run_directory": str(layout.root.resolve())})
+
+
 def train_model(model, device, config, save_dir, logger, rank, world_size, epoch_callback=None,
                 resume_state=None, run_ids=None):
     """The seed's contract: train ``model`` and keep the best checkpoint under ``save_dir``.
@@ -213,13 +286,59 @@ def check_windows(config: Mapping[str, Any], world_size: int) -> None:
         )
 
 
-def check_resume(config: Mapping[str, Any], world_size: int) -> None:
+def check_resume(config: Mapping[str, Any], world_size: int) -> dict[str, Any] | None:
     """The ``resume`` setting can be honoured: ``must`` finds a state saved with this config, and a
-    saved state is not damaged (the same lookup the run makes at its start)."""
+    saved state is not damaged (the same lookup the run makes at its start); no other process
+    writes the run directory now. Returns the state found (None: the run starts fresh)."""
     from .checkpoint import find_resumable
     from .layout import RunLayout
+    from .runlock import WRITER_LOCK, Busy, holder
 
-    find_resumable(RunLayout.of(config, world_size).root, config, world_size=world_size, mode=config["resume"])
+    root = RunLayout.of(config, world_size).root
+    busy = holder(root / WRITER_LOCK)
+    if busy is not None:
+        raise Busy(f"run directory {root} is being written by another process ({busy}); wait for it to end, or use "
+                   "another save_path")
+    return find_resumable(root, config, world_size=world_size, mode=config["resume"])
+
+
+def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[str, Any] | None) -> None:
+    """Read only: the run the training would write may be written (:func:`start_tracking`'s rules):
+    a saved state's run carries its token, is in this command's experiment and is not FINISHED;
+    a run ``MLFLOW_RUN_ID`` hands over is not FINISHED nor another training's."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from .layout import RunLayout
+    from .ownership import STATE_ADVICE, OwnershipError, check_claimable, check_writable, read_owner, token_of
+    from .secrets import redact_uri
+    from .tracking.mlflow import command_experiment
+
+    client = MlflowClient()
+    store = redact_uri(client.tracking_uri)
+    if state is not None:
+        saved = state.get("run_ids") or {}
+        named_by = f"the training state in {state['directory']}"
+        run_id = saved.get("mlflow_run_id")
+        try:
+            run = client.get_run(run_id) if run_id else None
+        except MlflowException:
+            run = None
+        if run is None:
+            raise OwnershipError(f"{named_by} names MLflow run {run_id or '(none)'}, which is not in the tracking store "
+                                 f"{store}; nothing was written: point MLFLOW_TRACKING_URI at the store that holds it, "
+                                 f"or {STATE_ADVICE}")
+        check_writable(run, token_of(saved), what=named_by, store=store,
+                       experiment_id=command_experiment(client, str(config.get("experiment_name") or "") or None))
+        return
+    launcher = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    if launcher:
+        try:
+            run = client.get_run(launcher)
+        except MlflowException:
+            return  # check_run_target says so
+        root = RunLayout.of(config, world_size).root
+        check_claimable(run, read_owner(root) if root.is_dir() else None, source="MLFLOW_RUN_ID")
 
 
 def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
@@ -247,10 +366,11 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
 
         val_origins(config)  # some validation origin forecasts bars after training
     check_windows(config, world)
-    check_resume(config, world)
+    state = check_resume(config, world)
     if check_tracking:
         check_tracking_server()
         check_run_target(config)
+        check_ownership(config, world, state)
 
 
 def main(config: Mapping[str, Any]) -> dict:
@@ -265,11 +385,10 @@ def main(config: Mapping[str, Any]) -> dict:
     from .data import data_digest
     from .digest import config_digest
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
-    from .checkpoint import find_resumable_everywhere
     from .layout import RunLayout
     from .sweep.trial import TrialReporter
     from .tags import run_tags
-    from .tracking import Tracking, build_tracking
+    from .tracking import Tracking
     from .tracking.model_logging import log_dataset_input, record_result
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, TrainingPruned, fit, prepare_model
@@ -285,7 +404,7 @@ def main(config: Mapping[str, Any]) -> dict:
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
-    layout_root = None
+    layout_root, writer = None, None
     try:
         seed_everything(config["seed"], info.rank)
         # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
@@ -293,21 +412,13 @@ def main(config: Mapping[str, Any]) -> dict:
         layout = RunLayout(Path(broadcast_object(root)))
         layout_root = layout.root
         console = Console(info.is_main)
-        try:
-            resume_state = find_resumable_everywhere(layout.root, config, info)
-        except UserError as exc:  # the same answer on every rank (rank 0's, broadcast)
-            raise same_on_every_rank(exc) from None
-        saved_ids = (resume_state or {}).get("run_ids") or {}
-        tracking = build_tracking(config, info.rank, run_id=saved_ids.get("mlflow_run_id"),
-                                  comet_experiment_key=saved_ids.get("comet_experiment_key"),
-                                  resume=resume_state is not None, spool_dir=layout.spool)
+        writer, resume_state, tracking = open_run(config, layout, info)
         logger = tracking.logger
         logger.log_hyperparams(cfg.run_params(config))
         prepare_everywhere(config, layout, info)
         digest = data_digest(config)
         logger.set_tags({"data_digest": digest, "world_size": str(info.world_size), "device": info.device.type,
-                         "config_digest": config_digest(config, world_size=info.world_size),
-                         "run_directory": str(layout.root.resolve())})
+                         "config_digest": config_digest(config, world_size=info.world_size)})
         if tracking.mlflow is not None:
             log_dataset_input(tracking.mlflow.client, tracking.mlflow.run_id, config, digest)
 
@@ -340,6 +451,8 @@ def main(config: Mapping[str, Any]) -> dict:
         try:
             tracking.logger.finalize(status, reason)
         finally:
+            if writer is not None:
+                writer.release()
             teardown()
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -415,8 +528,9 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     except UserError as exc:
         if main_rank:
             print(f"{name}: error: {exc}", file=sys.stderr)
-            if getattr(args, "_check", False):
-                record_failure(f"{name}: error: {exc}")
+            # the launcher's run (`mlflow run`, a sweep, a pipeline) says why, unless a training
+            # already claimed it (its logger then ended it FAILED with this reason)
+            record_failure(f"{name}: error: {exc}")
         elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
             print(f"[rank {rank}] {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

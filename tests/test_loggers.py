@@ -129,7 +129,7 @@ def test_null_logger_satisfies_protocol_and_does_nothing():
 def test_other_ranks_get_a_null_logger_and_no_backends():
     tracking = build_tracking({"comet": "offline"}, rank=1)
     assert isinstance(tracking.logger, NullLogger) and tracking.mlflow is None and tracking.comet is None
-    assert tracking.run_ids() == {"mlflow_run_id": None, "comet_experiment_key": None}
+    assert tracking.run_ids() == {"mlflow_run_id": None, "comet_experiment_key": None, "owner_token": None}
     assert isinstance(build_logger({}, rank=3), NullLogger)
 
 
@@ -712,7 +712,8 @@ def test_build_logger_offline_cross_links(env, client, tmp_path):
     logger = tracking.logger
     assert isinstance(tracking.comet, CometLogger) and logger.loggers == [tracking.mlflow, tracking.comet]
     assert tracking.run_ids() == {"mlflow_run_id": tracking.mlflow.run_id,
-                                  "comet_experiment_key": tracking.comet.experiment_key}
+                                  "comet_experiment_key": tracking.comet.experiment_key,
+                                  "owner_token": tracking.mlflow.owner_token}
     logger.log_hyperparams({"epochs": 1})
     logger.log_metrics({"loss": 0.5}, 0)
     logger.finalize("success")

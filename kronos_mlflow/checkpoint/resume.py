@@ -70,13 +70,16 @@ def _changed_keys(saved: Any, now: Mapping[str, Any]) -> list[str]:
     return [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
 
 
-def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info) -> dict[str, Any] | None:
+def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info, *, first=None) -> dict[str, Any] | None:
     """:func:`find_resumable` on every rank of ``info`` (a ``DistInfo``): rank 0 looks for a
     training state (recovering ``last.old``); every rank gets its answer, or the same one-line
-    error (a rank that raised alone would leave the others waiting)."""
+    error (a rank that raised alone would leave the others waiting). ``first`` (rank 0, before
+    it looks) claims the directory: its refusal is every rank's answer too."""
     answer = None
     if info.is_main:
         try:
+            if first is not None:
+                first()
             found = find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
             answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
         except UserError as exc:

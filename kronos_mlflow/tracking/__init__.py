@@ -46,7 +46,8 @@ class Tracking:
     def run_ids(self) -> dict[str, str | None]:
         """The ids a training state keeps so that a resumed run continues the same run and experiment."""
         return {"mlflow_run_id": self.mlflow.run_id if self.mlflow else None,
-                "comet_experiment_key": self.comet.experiment_key if self.comet else None}
+                "comet_experiment_key": self.comet.experiment_key if self.comet else None,
+                "owner_token": self.mlflow.owner_token if self.mlflow else None}
 
 
 def build_tracking(
@@ -58,6 +59,7 @@ def build_tracking(
     comet_experiment_key: str | None = None,
     resume: bool = False,
     spool_dir: str | os.PathLike | None = None,
+    claim=None,
 ) -> Tracking:
     """The tracking of this process, decided once.
 
@@ -76,8 +78,10 @@ def build_tracking(
 
     Resuming (:mod:`kronos_mlflow.checkpoint`): ``run_id`` reattaches to the saved MLflow run
     (``MLFLOW_RUN_ID``, when set, names the same run under ``mlflow run``),
-    ``comet_experiment_key`` continues the saved Comet experiment, and ``resume=True`` reads the
-    steps the run already holds so that the replayed steps go to no backend twice. MLflow's
+    ``comet_experiment_key`` continues the saved Comet experiment (when the run's own
+    ``comet_experiment_key`` tag names it), and ``resume=True`` reads the steps the run already
+    holds so that the replayed steps go to no backend twice. ``claim``
+    (:class:`kronos_mlflow.ownership.Claim`) is what proves the right to write the run. MLflow's
     spool (see :class:`MLflowLogger`) goes to ``spool_dir`` (the run directory's
     ``mlflow-spool`` as the training entry point passes it; else ``$KRONOS_MLFLOW_HOME/spool``).
     """
@@ -94,9 +98,15 @@ def build_tracking(
         tags=mlflow_tags,
         run_id=run_id,
         spool_dir=spool_dir,
+        claim=claim,
     )
     if resume:
         mlflow_logger.skip_logged_steps()
+        if comet_experiment_key and mlflow_logger.run_tags.get("comet_experiment_key") != comet_experiment_key:
+            # the state's Comet experiment is continued only when the run itself names it
+            print(f"[kronos] Comet: the saved experiment key is not run {mlflow_logger.run_id}'s; a new Comet "
+                  "experiment is started", flush=True)
+            comet_experiment_key = None
     mlflow_logger.system_metrics = start_system_metrics(config, mlflow_logger.run_id, mlflow_logger.tracking_uri,
                                                         resume=mlflow_logger.attached)
     loggers: list[ExperimentLogger] = [mlflow_logger]

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UserError, short_reason
+from ..ownership import STATE_ADVICE, TAG, Claim, OwnershipError, read_owner, token_hash
 from ..secrets import redact, redact_uri, scrub_params, secret_values
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line, same_param
@@ -78,6 +79,7 @@ class MLflowLogger(OutageQueue):
         http_timeout_s: float | None = None,
         finalize_wait_s: float | None = None,
         retry_backoff_s: tuple[float, float] = (1.0, 60.0),
+        claim: Claim | None = None,
     ):
         import mlflow
         from mlflow import MlflowClient
@@ -102,18 +104,24 @@ class MLflowLogger(OutageQueue):
                           retry_backoff_s=retry_backoff_s)
 
         launcher_run_id = os.environ.get("MLFLOW_RUN_ID", "").strip() or None
-        run_id = run_id or launcher_run_id
         user_tags = {str(k): v for k, v in (tags or {}).items()}
-        if run_id:
-            run = self._attach(run_id, run_name)
+        self.owner_token: str | None = None  # this run's token (kronos_mlflow.ownership), when known
+        if claim is not None and claim.resume:  # a file names the run: it must prove it is that run's
+            if launcher_run_id and launcher_run_id != run_id:  # checked before anything is written
+                self._check_launcher_run(launcher_run_id)
+            run = self._attach(run_id, run_name, claim=claim, experiment_name=experiment_name)
+            self.attached = True
+        elif run_id or launcher_run_id:
+            run = self._attach(run_id or launcher_run_id, run_name, claim=claim)
             self.attached = True
         else:
-            run = self._create(experiment_name, run_name, user_tags)
+            run = self._create(experiment_name, run_name, user_tags, claim)
             user_tags = {}  # already on the new run
             self.attached = False
         self.run_id: str = run.info.run_id
         self.experiment_id: str = run.info.experiment_id
         self.run_name: str = run.info.run_name
+        self.run_tags: dict[str, str] = dict(run.data.tags)  # as the run was opened
         self._params: dict[str, str] = dict(run.data.params)
         self._adopt_spool()
         if user_tags:
@@ -121,6 +129,19 @@ class MLflowLogger(OutageQueue):
         if launcher_run_id and launcher_run_id != self.run_id:
             self._point_launcher_run(launcher_run_id)
         atexit.register(flush_at_exit, weakref.ref(self))
+
+    def _check_launcher_run(self, launcher_run_id: str) -> None:
+        """The run ``mlflow run`` (or a sweep) made for this launch may be tagged as continued
+        elsewhere only when it is such a bare run: never another training's."""
+        from mlflow.exceptions import MlflowException
+
+        from ..ownership import check_claimable
+
+        try:
+            run = self.client.get_run(launcher_run_id)
+        except MlflowException:
+            return  # named nowhere else: _point_launcher_run reports it and goes on
+        check_claimable(run, None, source="MLFLOW_RUN_ID")
 
     def _point_launcher_run(self, launcher_run_id: str) -> None:
         """A resumed training continues its saved run; the run ``mlflow run`` (or a sweep) made for
@@ -138,20 +159,45 @@ class MLflowLogger(OutageQueue):
 
     # ---- run resolution -------------------------------------------------------------------
 
-    def _attach(self, run_id: str, run_name: str | None):
+    def _attach(self, run_id: str, run_name: str | None, *, claim: Claim | None = None,
+                experiment_name: str | None = None):
+        """Open an existing run: the one a training state names (``claim.resume``: it must carry
+        the state's token, be in this command's experiment and not be FINISHED), or the one
+        ``MLFLOW_RUN_ID`` hands over (claimed when it carries no owner yet; see
+        :func:`kronos_mlflow.ownership.check_claimable`). Every check comes before any write."""
         from mlflow.exceptions import MlflowException
 
+        from ..ownership import check_claimable, check_writable, new_token, write_owner
+
+        source = claim.named_by if claim is not None and claim.resume else "MLFLOW_RUN_ID"
         try:
             run = self.client.get_run(run_id)
         except MlflowException as exc:
-            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+            if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                if claim is not None and claim.resume:
+                    raise OwnershipError(f"{source} names MLflow run {run_id}, which is not in the tracking store "
+                                         f"{redact_uri(self.tracking_uri)}; nothing was written: point "
+                                         f"MLFLOW_TRACKING_URI at the store that holds it, or {STATE_ADVICE}") from None
                 raise UserError(
                     f"MLflow run {run_id} (MLFLOW_RUN_ID) does not exist at {redact_uri(self.tracking_uri)}; "
                     "unset MLFLOW_RUN_ID or point MLFLOW_TRACKING_URI at the server that holds it"
                 ) from None
             raise
-        if run.info.lifecycle_stage == "deleted":
+        if run.info.lifecycle_stage == "deleted" and not (claim is not None and claim.resume):
             raise UserError(f"MLflow run {run_id} (MLFLOW_RUN_ID) is deleted; restore it or unset MLFLOW_RUN_ID")
+        token = None
+        if claim is not None and claim.resume:
+            check_writable(run, claim.token, what=source, store=redact_uri(self.tracking_uri),
+                           experiment_id=command_experiment(self.client, experiment_name))
+            token = claim.token
+        elif claim is not None:
+            owner = read_owner(claim.directory) if claim.directory is not None else None
+            token = check_claimable(run, owner, source="MLFLOW_RUN_ID") or claim.token or new_token()
+            if claim.directory is not None:  # before the tag: a restart finds the claim it made
+                write_owner(claim.directory, token, run_id, run.info.experiment_id)
+        elif TAG not in run.data.tags and run.info.status != "FINISHED":
+            token = new_token()  # a run opened by its id from Python: claimed, so its spools upload
+        self.owner_token = token
         changes: dict[str, Any] = {}
         if run.info.status != "RUNNING":  # as mlflow.start_run(run_id=...) does when resuming
             changes["status"] = "RUNNING"
@@ -162,9 +208,12 @@ class MLflowLogger(OutageQueue):
         stale = [k for k in ("stop_reason", "failure_reason") if k in run.data.tags] if changes.get("status") else []
         for key in stale:
             self.client.delete_tag(run_id, key)
+        claimed = token is not None and TAG not in run.data.tags
+        if claimed:
+            self.client.set_tag(run_id, TAG, token_hash(token))
         if changes:
             self.client.update_run(run_id, **changes)
-        if changes or stale:
+        if changes or stale or claimed:
             run = self.client.get_run(run_id)
         return run
 
@@ -204,7 +253,8 @@ class MLflowLogger(OutageQueue):
             raise UserError(f"MLflow experiment id '{experiment_id}' ({source}) is deleted; restore it or choose another")
         return experiment.experiment_id
 
-    def _create(self, experiment_name: str | None, run_name: str | None, tags: Mapping[str, Any]):
+    def _create(self, experiment_name: str | None, run_name: str | None, tags: Mapping[str, Any],
+                claim: Claim | None = None):
         if experiment_name:
             experiment_id = self._experiment_by_name(experiment_name)
         elif os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip():
@@ -222,7 +272,16 @@ class MLflowLogger(OutageQueue):
             run_tags = resolve_tags(run_tags)
         except Exception as exc:  # context providers are best effort
             log.debug("could not resolve MLflow context tags: %s", exc)
-        return self.client.create_run(experiment_id, run_name=run_name or None, tags=run_tags)
+        from ..ownership import new_token, write_owner
+
+        self.owner_token = (claim.token if claim is not None else None) or new_token()
+        if claim is not None and claim.directory is not None:  # the claim first: a restart finds its token
+            write_owner(claim.directory, self.owner_token, None, experiment_id)
+        run_tags[TAG] = token_hash(self.owner_token)  # the run is created owned: no moment without it
+        run = self.client.create_run(experiment_id, run_name=run_name or None, tags=run_tags)
+        if claim is not None and claim.directory is not None:
+            write_owner(claim.directory, self.owner_token, run.info.run_id, experiment_id)
+        return run
 
     # ---- key and value hygiene ------------------------------------------------------------
 
@@ -414,6 +473,21 @@ class MLflowLogger(OutageQueue):
             raise error
 
 
+
+
+def command_experiment(client, experiment_name: str | None) -> str:
+    """The experiment a command logs to (as :class:`MLflowLogger` picks it: ``experiment_name``,
+    ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_EXPERIMENT_ID``, the default), read only: a named
+    experiment that does not exist yet is given as ``'<name>' (not created)``."""
+    name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+    if name:
+        experiment = client.get_experiment_by_name(name)
+        return experiment.experiment_id if experiment is not None else f"'{name}' (not created)"
+    if os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip():
+        return os.environ["MLFLOW_EXPERIMENT_ID"].strip()
+    from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
+
+    return DEFAULT_EXPERIMENT_ID
 
 
 def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 
+from ..ownership import TAG as OWNER_TAG
 from ..secrets import redact
 from .protocol import FAILURE_REASON_MAX_CHARS, one_line
 
 
 def record_failure(line: str) -> bool:
-    """Tag the run of ``MLFLOW_RUN_ID`` (if set and still RUNNING) with ``failure_reason`` =
-    ``line`` and end it FAILED. Best effort: returns whether it was recorded; never raises."""
+    """Tag the run of ``MLFLOW_RUN_ID`` (if set, still RUNNING and not yet claimed by a training:
+    :mod:`kronos_mlflow.ownership`) with ``failure_reason`` = ``line`` and end it FAILED. Best
+    effort: returns whether it was recorded; never raises."""
     run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
     if not run_id:
         return False
@@ -28,8 +30,8 @@ def record_failure(line: str) -> bool:
         client = MlflowClient()
         hide_uri_printing(client.tracking_uri)
         run = client.get_run(run_id)
-        if run.info.status not in ("RUNNING", "SCHEDULED"):
-            return False
+        if run.info.status not in ("RUNNING", "SCHEDULED") or OWNER_TAG in run.data.tags:
+            return False  # ended, or a training's own run (it records its own end): not ours to end
         client.set_tag(run_id, "failure_reason", one_line(redact(line), FAILURE_REASON_MAX_CHARS))
         client.set_terminated(run_id, "FAILED")
         return True
