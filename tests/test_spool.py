@@ -27,6 +27,8 @@ from mlflow.exceptions import MlflowException, RestException
 
 from kronos_mlflow.tracking import spool
 from kronos_mlflow.errors import UserError
+from kronos_mlflow.ownership import TAG as OWNER_TAG
+from kronos_mlflow.ownership import Claim, new_token, token_hash
 from kronos_mlflow.tracking import MLflowLogger, MultiLogger, is_connection_error
 
 KEYS = ("train_tokenizer_loss_batch", "tokenizer_learning_rate")
@@ -283,13 +285,15 @@ def _db_hash(uri: str) -> str:
 def _writer_spool(tmp_path: Path, client: MlflowClient, status: str = "FINISHED") -> tuple[Path, str]:
     """A run left RUNNING on the server and the spool a logger writes for it: a metric, a tag,
     an artifact copied next to the spool, the terminal status."""
-    run = client.create_run("0", run_name="spooled")
+    token = new_token()
+    run = client.create_run("0", run_name="spooled", tags={OWNER_TAG: token_hash(token)})
     folder = tmp_path / "spool"
     copy = spool.artifacts_dir(spool.spool_path(folder, run.info.run_id)) / "0000" / "summary.json"
     copy.parent.mkdir(parents=True)
     copy.write_text('{"best_val_loss": 0.5}\n')
     path = spool.spool_path(folder, run.info.run_id)
-    spool.append_records(path, {"run_id": run.info.run_id, "experiment_id": "0", "tracking_uri": "x"}, [
+    header = {"run_id": run.info.run_id, "experiment_id": "0", "tracking_uri": "x", "owner_token": token}
+    spool.append_records(path, header, [
         {"type": "metric", "key": "best_val_loss", "value": 0.5, "step": 0, "timestamp": 5},
         {"type": "tag", "key": "late", "value": "tag"},
         {"type": "artifact", "local_path": os.path.relpath(copy, folder), "artifact_path": None},
@@ -318,21 +322,28 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(sqlite_env, tmp_path,
 
 
 def test_an_ended_run_keeps_how_it_ended(sqlite_env, tmp_path):
-    """A spool agreeing with an ended run's status adds what is missing and leaves its status and
-    end time; a spool saying another status is refused before anything is sent."""
+    """A spool agreeing with a stopped run's status adds what is missing and leaves its status and
+    end time; a spool saying another status, or naming a FINISHED run, is refused before anything
+    is sent."""
     client = MlflowClient(sqlite_env)
-    path, run_id = _writer_spool(tmp_path, client, status="FINISHED")
-    client.set_terminated(run_id, "FINISHED", end_time=999)
+    path, run_id = _writer_spool(tmp_path, client, status="KILLED")
+    client.set_terminated(run_id, "KILLED", end_time=999)
     counts = spool.upload_spool(path, client, finish="keep")
     run = client.get_run(run_id)
-    assert counts["status"] is None and counts["status_kept"] == "FINISHED"
-    assert run.info.status == "FINISHED" and run.info.end_time == 999 and run.data.metrics["best_val_loss"] == 0.5
+    assert counts["status"] is None and counts["status_kept"] == "KILLED"
+    assert run.info.status == "KILLED" and run.info.end_time == 999 and run.data.metrics["best_val_loss"] == 0.5
     other, other_id = _writer_spool(tmp_path / "b", client, status="FAILED")
     client.set_terminated(other_id, "KILLED", end_time=7)
     before = _db_hash(sqlite_env)
     with pytest.raises(UserError, match="already ended KILLED"):
         spool.upload_spool(other, client)
     assert _db_hash(sqlite_env) == before and other.is_file()
+    done, done_id = _writer_spool(tmp_path / "c", client, status="FINISHED")
+    client.set_terminated(done_id, "FINISHED", end_time=7)
+    before = _db_hash(sqlite_env)
+    with pytest.raises(UserError, match="which is FINISHED"):
+        spool.upload_spool(done, client)
+    assert _db_hash(sqlite_env) == before and done.is_file()
 
 
 def test_an_artifact_linked_outside_the_spool_is_refused(sqlite_env, tmp_path):
@@ -548,7 +559,10 @@ def test_persist_then_kill_during_outage_loses_nothing(sqlite_env, tmp_path):
         first.log_metrics(_metrics(step), step)
     first._finalized = True  # (a SIGKILL runs no finalize and no atexit)
 
-    second = MLflowLogger(run_id=first.run_id, flush_every_s=0.0, spool_dir=spool_dir)  # server back
+    # the restart resumes the run its training state names, proving it with the state's token
+    claim = Claim(token=first.owner_token, named_by="the training state")
+    second = MLflowLogger(run_id=first.run_id, experiment_name="persist", flush_every_s=0.0, spool_dir=spool_dir,
+                          claim=claim)  # server back
     assert second.spooled_metrics == 10
     multi = MultiLogger([second])
     for step in range(6, 12):  # the restarted attempt replays from its checkpoint (step 8), and a bit before

@@ -16,11 +16,13 @@ import time
 import weakref
 from typing import Any
 
+from .. import stopping
 from ..errors import UserError
 from ..secrets import redact, redact_uri
 from .protocol import one_line
 from .server import is_connection_error, mlflow_limits
-from .spool import append_records, artifacts_dir, default_spool_dir, read_spool, spool_path, upload_spool
+from .spool import (append_records, artifacts_dir, default_spool_dir, read_spool, spool_path, spoolable_tag,
+                    upload_spool)
 
 log = logging.getLogger("kronos_mlflow.tracking")
 
@@ -110,7 +112,9 @@ class OutageQueue:
         recorded and a retry scheduled). Any other error raises."""
         for attempt in range(LOCKED_RETRIES + 1):
             try:
-                with self._short_requests():
+                # a stop signal waits for the request: a torn sqlite transaction would leave the
+                # store locked for the run's own last writes ("database is locked")
+                with self._short_requests(), stopping.deferred():
                     fn(*args, **kwargs)
                 break
             except Exception as exc:
@@ -217,9 +221,12 @@ class OutageQueue:
         return str(spool_path(self._spool_dir or default_spool_dir(), self.run_id))
 
     def _spool_header(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "experiment_id": self.experiment_id,
-                "tracking_uri": redact_uri(self.tracking_uri),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        header = {"run_id": self.run_id, "experiment_id": self.experiment_id,
+                  "tracking_uri": redact_uri(self.tracking_uri),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if getattr(self, "owner_token", None):  # the proof that this spool is the run's own (kronos_mlflow.ownership)
+            header["owner_token"] = self.owner_token
+        return header
 
     def _spill(self, why: str) -> None:
         """During an outage: move the buffered metrics to the spool file (sent when the server is back)."""
@@ -246,6 +253,10 @@ class OutageQueue:
             log.warning("MLflow: %s; it is left alone (fix it, or upload it with kronos-mlflow upload-spool)", exc)
             return
         if header.get("run_id") != self.run_id:
+            return
+        if header.get("owner_token") != getattr(self, "owner_token", None):
+            log.warning("MLflow: %s names run %s but was not written by it (no matching run token); it is left "
+                        "alone", path, self.run_id)
             return
         metrics = [r for r in records if r["type"] == "metric"]
         for rec in metrics:
@@ -298,7 +309,11 @@ class OutageQueue:
         base = os.path.dirname(path)
         records: list[dict[str, Any]] = []
         records += [{"type": "param", "key": p.key, "value": p.value} for p in self._pending_params]
-        records += [{"type": "tag", "key": t.key, "value": t.value} for t in self._pending_tags]
+        unspooled = [t.key for t in self._pending_tags if not spoolable_tag(t.key)]
+        if unspooled:  # MLflow's own tags and the owner: set while the server answers, or not at all
+            log.warning("MLflow: tags %s could not be sent and are not spooled", ", ".join(unspooled[:5]))
+        records += [{"type": "tag", "key": t.key, "value": t.value} for t in self._pending_tags
+                    if spoolable_tag(t.key)]
         records += [_metric_record(m) for m in self._buffer]
         for local, artifact_path, _is_copy in self._pending_artifacts:
             local = os.path.abspath(local)

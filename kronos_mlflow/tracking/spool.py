@@ -10,12 +10,15 @@ when the logger has no save directory), and prints the command that uploads it::
 
 A spool is data, not commands: before anything is sent, each spool is checked against its run
 and refused in one line when it would touch another run (its file name, header run id and
-experiment must match the run's), read a file outside its own directory (artifacts are the
-copies its writer kept next to it, ``<run_id>.artifacts/``), or change how a run that already
-ended ended (a run still RUNNING gets the spool's status; one that ended keeps its status and
-end time, and a spool saying otherwise is refused). Every key and value is checked as MLflow
-would check it, so an upload never stops halfway. One line says what the upload will do;
-``--dry-run`` prints only that line and changes nothing.
+experiment must match the run's, and its header's ``owner_token`` must be the token whose hash
+the run carries as ``kronos.owner``: :mod:`kronos_mlflow.ownership`), write a FINISHED run, read
+a file outside its own directory (artifacts are the copies its writer kept next to it,
+``<run_id>.artifacts/``), set one of MLflow's own tags (``mlflow.*``: name, parent, note) or the
+owner tag, or change how a run that already ended ended (a run still RUNNING gets the spool's
+status; a KILLED or FAILED one keeps its status and end time, and a spool saying otherwise is
+refused). Every key and value is checked as MLflow would check it, so an upload never stops
+halfway. One line says what the upload will do; ``--dry-run`` prints only that line and changes
+nothing.
 
 Uploading is idempotent: metric ``(key, step)`` pairs already on the run are skipped, params
 already there are kept, tags are set, artifacts are uploaded again (same content), and a
@@ -26,7 +29,7 @@ they reach the spool, the tracking URI is stored without its password, and uploa
 ``MLFLOW_TRACKING_*`` environment as any MLflow client does.
 
 File format: the first line is a header ``{"type": "header", "format": "kronos-mlflow-spool",
-"version": 1, "run_id": ..., "experiment_id": ..., "tracking_uri": ...}``; then one record a
+"version": 1, "run_id": ..., "experiment_id": ..., "tracking_uri": ..., "owner_token": ...}``; then one record a
 line: ``param`` (key, value), ``tag`` (key, value), ``metric`` (key, value, step, timestamp in
 ms), ``artifact`` (local_path relative to the spool's directory, artifact_path) and at most one
 ``terminate`` (status FINISHED | FAILED | KILLED, end_time in ms). A last line cut short by a
@@ -48,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..ownership import TAG as OWNER_TAG
+from ..ownership import is_token, owns
 
 FORMAT = "kronos-mlflow-spool"
 VERSION = 1
@@ -62,6 +67,12 @@ _KEY_RE = re.compile(r"^[/\w.\- :]{1,250}$")
 _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _INT64_MAX = 2**63 - 1
+
+
+def spoolable_tag(key: str) -> bool:
+    """Tags a spool may carry: the run's own data, never MLflow's system tags (``mlflow.*``: the
+    run's name, parent, note, source) nor its owner (:mod:`kronos_mlflow.ownership`)."""
+    return not key.startswith("mlflow.") and key != OWNER_TAG
 
 
 def _check_key(key: str, kind: str, bad) -> None:
@@ -185,6 +196,8 @@ def _check_header(obj: Any, path: Path) -> dict[str, Any]:
     run_id = obj.get("run_id")
     if not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 256:
         raise SpoolError(f"spool file '{path}': the header has no run_id")
+    if "owner_token" in obj and not is_token(obj["owner_token"]):
+        raise SpoolError(f"spool file '{path}': the header's owner_token is not a run token (64 hex digits)")
     return obj
 
 
@@ -199,6 +212,9 @@ def _check_record(obj: Any, path: Path, number: int) -> dict[str, Any]:
         if not isinstance(obj.get("key"), str) or not isinstance(obj.get("value"), str):
             raise bad(f"a {kind} needs a string key and value")
         _check_key(obj["key"], kind, bad)
+        if kind == "tag" and not spoolable_tag(obj["key"]):
+            raise bad(f"tag '{obj['key'][:80]}' is not one a kronos-mlflow run spools: a spool never sets MLflow's own "
+                      f"tags (mlflow.*: name, parent, note, status) or the run's owner ({OWNER_TAG})")
         limit = _MAX_PARAM_VALUE if kind == "param" else _MAX_TAG_VALUE
         if len(obj["value"]) > limit:
             raise bad(f"{kind} '{obj['key']}' has a value of {len(obj['value']):,} characters; expected at most "
@@ -266,20 +282,10 @@ def _artifact_source(path: Path, rec: Mapping[str, Any], number: int) -> Path:
     return target
 
 
-def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
-    """Check a spool against its run and work out what uploading it would do; writes nothing.
-
-    Refused (a :class:`SpoolError`, nothing sent): a file not named ``<run_id>.jsonl`` after its
-    header's run, a header without the experiment id or naming another experiment than the
-    run's, a run that does not exist or is deleted, an artifact outside the spool's directory, a
-    terminal status other than the one a run that already ended has (a spool never changes how a
-    run ended). Returns the plan :func:`apply_upload` carries out.
-    """
-    from mlflow.entities import Metric, Param, RunTag
+def _spool_run(path: Path, header: Mapping[str, Any], client):
+    """The run a spool's header names, checked against the file's name and the header's experiment."""
     from mlflow.exceptions import MlflowException
 
-    path = Path(path)
-    header, records, ignored = read_spool(path)
     run_id = header["run_id"]
     stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else None
     if stem != run_id:
@@ -302,12 +308,49 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
         raise SpoolError(f"spool '{path}' says run {run_id} is in experiment {experiment_id}, but that run is in "
                          f"experiment {run.info.experiment_id}; the spool was not written for this run: nothing "
                          "was uploaded")
+    return run
 
+
+def _artifacts_of(path: Path, records, client, run_id: str) -> list:
+    """``(local file, artifact_path)`` of each artifact record, every one there (or already on the run)."""
     artifacts = []
     for number, rec in enumerate(records, start=2):
         if rec["type"] == "artifact":
-            artifacts.append((_artifact_source(path, rec, number), rec.get("artifact_path")))
+            local = _artifact_source(path, rec, number)
+            if not local.exists() and not _artifact_present(client, run_id, rec.get("artifact_path"), local.name):
+                # checked now, so that an upload never stops halfway (its metrics sent, then refused)
+                raise SpoolError(f"spool '{path}': artifact file '{local}' is missing and not on run {run_id}; restore "
+                                 "it or delete that line: nothing was uploaded")
+            artifacts.append((local, rec.get("artifact_path")))
+    return artifacts
 
+
+def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
+    """Check a spool against its run and work out what uploading it would do; writes nothing.
+
+    Refused (a :class:`SpoolError`, nothing sent): a file not named ``<run_id>.jsonl`` after its
+    header's run, a header without the experiment id or naming another experiment than the
+    run's, a run that does not exist or is deleted, an artifact outside the spool's directory, a
+    run that is FINISHED, a header whose ``owner_token`` the run does not carry (the run's tag
+    ``kronos.owner`` is its hash: :mod:`kronos_mlflow.ownership`), a terminal status other than
+    the one a run that already ended (KILLED, FAILED) has (a spool never changes how a run ended).
+    Returns the plan :func:`apply_upload` carries out.
+    """
+    from mlflow.entities import Metric, Param, RunTag
+
+    path = Path(path)
+    header, records, ignored = read_spool(path)
+    run_id = header["run_id"]
+    run = _spool_run(path, header, client)
+    artifacts = _artifacts_of(path, records, client, run_id)
+    if run.info.status == "FINISHED":
+        raise SpoolError(f"spool '{path}' names run {run_id}, which is FINISHED; a spool is uploaded only into a run that "
+                         "has not finished (its writer ended before the server took its last values): nothing was "
+                         "uploaded")
+    if not owns(run, header.get("owner_token")):
+        why = "holds no run token" if "owner_token" not in header else "holds a token that run does not carry"
+        raise SpoolError(f"spool '{path}' names run {run_id}, but its header {why} (tag {OWNER_TAG}); the spool was "
+                         "not written by that run: nothing was uploaded")
     terminal = [rec for rec in records if rec["type"] == "terminate"]
     status = terminal[-1]["status"] if terminal else None
     ended = run.info.status in TERMINAL_STATUSES
@@ -343,7 +386,7 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
         seen.add(pair)
         to_send.append(Metric(rec["key"], float(rec["value"]), rec["timestamp"], rec["step"]))
     return {
-        "path": path, "run_id": run_id, "experiment_id": experiment_id, "run_status": run.info.status,
+        "path": path, "run_id": run_id, "experiment_id": run.info.experiment_id, "run_status": run.info.status,
         "params": new_params, "params_present": params_present, "tags": [RunTag(k, v) for k, v in tags.items()],
         "metrics": to_send, "metrics_present": metrics_present, "artifacts": artifacts,
         "status": status if status and not ended else None, "status_kept": status if status and ended else None,
