@@ -268,20 +268,23 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
                   epoch: int, *, config: Mapping[str, Any], world_size: int,
                   run_ids: Mapping[str, Any] | None) -> None:
     """The training state after ``epoch`` (-1: before the first), written where ``files`` writes.
-    Every rank calls it: the RNG states are gathered from all of them."""
-    rng_states = checkpoint.gather_rng_states()  # a collective: every rank
-    logger.persist()  # metrics of the steps this state says are done: sent or on disk
-    best = progress.best_val_loss
-    files.save_state(
-        model=raw_model, optimizer=optimizer, scheduler=scheduler, epoch=epoch, global_step=progress.global_step,
-        best_val_loss=best if math.isfinite(best) else None,
-        run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
-        config={**config, "world_size": world_size},
-        extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
-               "val_loss_initial": progress.initial,
-               **({"val_skill_history": {str(k): v for k, v in progress.skills.items()}} if progress.skills else {})},
-        rng_states=rng_states,
-    )
+    Every rank calls it: the RNG states are gathered from all of them. A stop signal that arrives
+    meanwhile waits until the state is whole (the metrics it counts as done included), so a stop
+    at any point of the save keeps this epoch."""
+    with stopping.deferred():
+        rng_states = checkpoint.gather_rng_states()  # a collective: every rank
+        logger.persist()  # metrics of the steps this state says are done: sent or on disk
+        best = progress.best_val_loss
+        files.save_state(
+            model=raw_model, optimizer=optimizer, scheduler=scheduler, epoch=epoch, global_step=progress.global_step,
+            best_val_loss=best if math.isfinite(best) else None,
+            run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
+            config={**config, "world_size": world_size},
+            extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
+                   "val_loss_initial": progress.initial,
+                   **({"val_skill_history": {str(k): v for k, v in progress.skills.items()}} if progress.skills else {})},
+            rng_states=rng_states,
+        )
 
 
 class EpochValidation(NamedTuple):
