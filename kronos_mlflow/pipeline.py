@@ -157,6 +157,20 @@ def evaluation_step(args, model: str) -> Step:
     return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False)
 
 
+def claim_step(step: Step):
+    """The step's claim (:mod:`kronos_mlflow.runlock`): a lock file per step and config under
+    ``{save_path}/.claims/``, held while this process runs the step. A second pipeline of the
+    same config waits for it, saying so in one line."""
+    from pathlib import Path
+
+    from .runlock import hold
+
+    folder = Path(os.path.expanduser(str(step.config["save_path"]))) / ".claims"
+    return hold(folder / f"{step.name}-{step.digest[:16]}.lock", f"pipeline step {step.name}", wait=True,
+                on_wait=lambda holder: print(f"[pipeline] {step.name}: another pipeline ({holder}) runs this step "
+                                             "with the same config; waiting for it", flush=True))
+
+
 class StepFailed(Exception):
     """A step's process failed or was stopped; the message names the step."""
 
@@ -176,21 +190,45 @@ class Pipeline:
                                        max_results=50)
 
     def finished_match(self, step: Step):
-        """The newest FINISHED run with this step's config and data digests, or None."""
+        """The newest FINISHED run with this step's config and data digests that proves it can be
+        reused (:func:`kronos_mlflow.reuse.reuse_problem`: made by this project, its model or
+        scorecard there and loadable), or None. A run that matches by its tags alone is named,
+        with why it is not reused, in one line."""
+        from .reuse import reuse_problem
+
         runs = self._search(f"tags.config_digest = '{step.digest}' and tags.data_digest = '{step.data_digest}' "
                             "and attributes.status = 'FINISHED'")
-        if step.resume:  # a training run counts only with its model
-            runs = [r for r in runs if r.data.tags.get("best_model_uri")]
-        return runs[0] if runs else None
+        return self._first_with_evidence(step, runs, lambda run: reuse_problem(self.client, run, step.name), "reused")
 
     def unfinished_match(self, step: Step):
-        """The newest run of this step and config that did not finish (stopped, failed), or None."""
+        """The newest run of this step and config that did not finish (stopped, failed) and whose
+        run directory holds its own training state (:func:`kronos_mlflow.reuse.continue_problem`),
+        or None."""
+        from .reuse import continue_problem
+
         runs = self._search(f"tags.config_digest = '{step.digest}' and tags.`{TAG_STEP}` = '{step.name}'")
         runs = [r for r in runs if r.info.status != "FINISHED"]
-        return runs[0] if runs else None
+        return self._first_with_evidence(
+            step, runs, lambda run: continue_problem(self.client, run, step.config, self.args.nproc_per_node),
+            "continued")
+
+    @staticmethod
+    def _first_with_evidence(step: Step, runs, problem, what: str):
+        for run in runs:
+            why = problem(run)
+            if why is None:
+                return run
+            print(f"[pipeline] {step.name}: run {run.info.run_id} has this config but is not {what}: {why}", flush=True)
+        return None
 
     def run_step(self, step: Step) -> str:
-        """The step's run id: a FINISHED match, or a run made (or continued) now."""
+        """The step's run id: a FINISHED match, or a run made (or continued) now. The step is
+        claimed first (:func:`claim_step`): a second identical pipeline waits for this one and
+        then reuses what it finished."""
+        with claim_step(step):
+            return self._run_step(step)
+
+    def _run_step(self, step: Step) -> str:
         from .child_runs import child_env, create_child
 
         self.configs[step.name] = step.config
@@ -227,11 +265,20 @@ class Pipeline:
         """``(run id, run)`` of the step: training that resumed a stopped run of the same config
         made outside the pipeline continued in that run (tag ``kronos.continued_in_run``), which
         becomes the step's; the child made for the launch holds only its parameters and ends."""
+        from .ownership import evidence
+
         run = self.client.get_run(run_id)
         moved = run.data.tags.get("kronos.continued_in_run")
         if not moved or moved == run_id:
             return run_id, run
         self.client.delete_tag(run_id, "config_digest")  # never found as this config's run
+        why = evidence(self.client, self.client.get_run(moved))  # a tag naming a run is a claim: checked
+        if why is not None:
+            message = (f"step {run.data.tags.get(TAG_STEP, '')} continued in run {moved}, which is not provably "
+                       f"this pipeline's ({why})")
+            self.client.set_tag(run_id, "failure_reason", message)
+            self.client.set_terminated(run_id, "FAILED")
+            raise StepFailed(message)
         if run.info.status in ("RUNNING", "SCHEDULED"):
             self.client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
         self.client.set_tag(moved, "mlflow.parentRunId", self.parent_id)

@@ -215,10 +215,12 @@ def champion_store(workspace, tmp_path):
     version = client.create_model_version("tok", source=str(tmp_path / "model"), run_id=champion.info.run_id)
     client.set_registered_model_alias("tok", "champion", version.version)
 
-    def trial(verdict="better", loss=0.40, data="d1", windows="w1"):
+    def trial(verdict="better", loss=0.40, data="d1", windows="w1", model=True):
         run = client.create_run("0", tags={"verdict": verdict, "data_digest": data, "test_windows_digest": windows,
                                            "optuna.trial_number": "3"})
         client.log_metric(run.info.run_id, "test_tokenizer_loss", loss)
+        if model:  # the checkpoint where a logged model keeps it (best_model/artifacts/best_model)
+            client.log_artifacts(run.info.run_id, str(workspace[0] / "ckpt"), "best_model/artifacts/best_model")
         return client.get_run(run.info.run_id)
 
     return client, trial
@@ -236,6 +238,8 @@ def test_the_champion_moves_only_for_a_better_trial_that_beats_it(champion_store
     assert promotion(client, "tok", trial(loss=0.55, data="d2"), {}).move  # other data: the verdict decides
     assert promotion(client, "tok", trial(verdict="worse"), {}, promote="always").move
     assert promotion(client, "no-such-model", trial(), {}).move  # no champion yet
+    stays = promotion(client, "tok", trial(model=False), {}, promote="always")  # never a model that is not there
+    assert not stays.move and stays.reason.startswith("best trial 3 cannot be the champion: its logged model does not load")
 
 
 # ----------------------------------------------------------------------------- evaluate-tokenizer's bad input

@@ -278,22 +278,84 @@ def make_fifo(inp: Path, ws: Path) -> None:
     os.mkfifo(inp / "fifo.yaml")
 
 
-def finished_run_id(ws: Path) -> str:
-    """The id of the workspace store's FINISHED run (read with sqlite3: no MLflow import)."""
+def _run_named(ws: Path, name: str) -> str:
+    """The id of the workspace store's run called ``name`` (read with sqlite3: no MLflow import)."""
     import sqlite3
 
     con = sqlite3.connect(f"file:{ws / 'mlflow.db'}?mode=ro", uri=True)
     try:
-        return con.execute("SELECT run_uuid FROM runs WHERE name = 'finished'").fetchone()[0]
+        return con.execute("SELECT run_uuid FROM runs WHERE name = ?", (name,)).fetchone()[0]
     finally:
         con.close()
 
 
-def _spool(folder: Path, run_id: str, records: list[dict], experiment_id: str = "0", name: str | None = None) -> Path:
+def finished_run_id(ws: Path) -> str:
+    """The workspace store's FINISHED run, owned as a training leaves it."""
+    return _run_named(ws, "finished")
+
+
+def stopped_run_id(ws: Path) -> str:
+    """The workspace store's KILLED run, owned by a training whose files are elsewhere."""
+    return _run_named(ws, "stopped")
+
+
+def _owner_token(ws: Path) -> str:
+    """The FINISHED run's own token, from its run directory's owner.json."""
+    import json as _json
+
+    return _json.loads((run_dir(ws / "outputs") / "owner.json").read_text())["token"]
+
+
+HIJACK_VARIANTS = {  # save folder -> (run named, token held): states a colleague might hand over
+    "s_finished": ("finished", "own"), "s_forged": ("finished", "forged"), "s_none": ("finished", None),
+    "s_unknown": ("unknown", "own"),
+}
+
+
+def make_hijack_states(inp: Path, ws: Path) -> None:
+    """Training states, each in the run directory of the case's config (``--save-path
+    {in}/<variant> --epochs 3``, the digest rewritten to match), naming the workspace's FINISHED
+    run (or a run the store lacks) with its own token, a forged one or none."""
+    import json as _json
+
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.digest import config_digest
+    from kronos_mlflow.layout import RunLayout
+
+    source = run_dir(ws / "outputs") / "checkpoints" / "last"
+    for folder, (run, token) in HIJACK_VARIANTS.items():
+        config = load_config({**TINY, **DATES, "qlib_data_path": str(ws.parent.parent.parent / "market"),
+                              "dataset_path": str(ws / "cache"), "save_path": str(inp / folder), "epochs": 3})
+        target = RunLayout.of(config, 1).training_state
+        shutil.copytree(source, target)
+        state = _json.loads((target / "state.json").read_text())
+        state["config_digest"] = config_digest(config, world_size=1)
+        state["run_ids"] = {"mlflow_run_id": finished_run_id(ws) if run == "finished" else "0123456789abcdef" * 2,
+                            **({} if token is None else {"owner_token": _owner_token(ws) if token == "own" else "f" * 64})}
+        (target / "state.json").write_text(_json.dumps(state))
+
+
+_HELD: list = []  # locks this test process holds while the cases run (another live writer)
+
+
+def make_busy_directory(inp: Path, ws: Path) -> None:
+    """The run directory of the case's config, held by a live process (this one)."""
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.runlock import WRITER_LOCK, hold
+
+    config = load_config({**TINY, **DATES, "qlib_data_path": str(ws.parent.parent.parent / "market"),
+                          "dataset_path": str(ws / "cache"), "save_path": str(inp / "busy")})
+    _HELD.append(hold(RunLayout.of(config, 1).root / WRITER_LOCK, "test"))
+
+
+def _spool(folder: Path, run_id: str, records: list[dict], experiment_id: str = "0", name: str | None = None,
+           token: str | None = None) -> Path:
     import json as _json
 
     header = {"type": "header", "format": "kronos-mlflow-spool", "version": 1, "run_id": run_id,
-              "experiment_id": experiment_id, "tracking_uri": "sqlite:///elsewhere.db"}
+              "experiment_id": experiment_id, "tracking_uri": "sqlite:///elsewhere.db",
+              **({"owner_token": token} if token else {})}
     lines = [_json.dumps(header)] + [_json.dumps(r) for r in records]
     return _write(folder / (name or f"{run_id}.jsonl"), "\n".join(lines) + "\n")
 
@@ -312,6 +374,13 @@ def make_spools(inp: Path, ws: Path) -> None:
     _spool(inp / "sp_experiment", run_id, [metric], experiment_id="7")
     _spool(inp / "sp_renamed", run_id, [metric], name="from-a-colleague.jsonl")
     _spool(inp / "sp_key", run_id, [{**metric, "key": "../../x"}])
+    stopped = stopped_run_id(ws)  # a stopped run another training owns: its token is not here
+    _spool(inp / "sp_no_token", stopped, [metric])
+    _spool(inp / "sp_forged_token", stopped, [metric], token="e" * 64)
+    _spool(inp / "sp_parent", stopped, [{"type": "tag", "key": "mlflow.parentRunId", "value": run_id}], token="e" * 64)
+    _spool(inp / "sp_owner", stopped, [{"type": "tag", "key": "kronos.owner", "value": "sha256:00"}], token="e" * 64)
+    _spool(inp / "sp_rename_run", stopped, [{"type": "tag", "key": "mlflow.runName", "value": "mine now"}],
+           token="e" * 64)
 
 
 def make_all(inp: Path, ws: Path) -> None:
@@ -337,6 +406,7 @@ class Case:
 
 
 TRAIN = ("{py}", "-m", "kronos_mlflow.train", "--check")
+TRAIN_RUN = ("{py}", "-m", "kronos_mlflow.train")  # the training itself: it must refuse as --check does
 PREDICT = ("{py}", "-m", "kronos_mlflow.train_predictor", "--check")
 CLI = ("kronos-mlflow",)  # the console script
 SWEEP = ("{py}", str(ROOT / "sweeps" / "sweep.py"))
@@ -583,6 +653,48 @@ CASES: list[Case] = [
          "../../x", make=make_spools),
     Case("spool-uri-scheme", "spool", "`upload-spool --tracking-uri ftp://host/x`",
          CLI + ("upload-spool", "{in}/sp_status", "--tracking-uri", "ftp://host/x"), "ftp", make=make_spools),
+    Case("spool-no-token", "spool", "a spool naming another training's stopped run, its header without a run token",
+         CLI + ("upload-spool", "{in}/sp_no_token"), "holds no run token", make=make_spools),
+    Case("spool-forged-token", "spool", "a spool naming another training's stopped run with a token it does not carry",
+         CLI + ("upload-spool", "{in}/sp_forged_token", "--dry-run"), "a token that run does not carry",
+         make=make_spools),
+    Case("spool-parent-tag", "spool", "a spool setting `mlflow.parentRunId` (re-parenting a run)",
+         CLI + ("upload-spool", "{in}/sp_parent"), "mlflow.parentRunId", make=make_spools),
+    Case("spool-run-name-tag", "spool", "a spool setting `mlflow.runName` (renaming a run)",
+         CLI + ("upload-spool", "{in}/sp_rename_run"), "mlflow.runName", make=make_spools),
+    Case("spool-owner-tag", "spool", "a spool setting the owner tag `kronos.owner`",
+         CLI + ("upload-spool", "{in}/sp_owner"), "kronos.owner", make=make_spools),
+    # ===== run ownership: a training state, MLFLOW_RUN_ID or a live writer never hands over another run
+    Case("state-finished-run", "ownership", "a training state (with its token) naming a FINISHED run: the training "
+         "itself, not --check", TRAIN_RUN + BASE + ("--save-path", "{in}/s_finished", "--epochs", "3"), "FINISHED",
+         make=make_hijack_states),
+    Case("state-finished-run-check", "ownership", "the same state, `--check`",
+         TRAIN + BASE + ("--save-path", "{in}/s_finished", "--epochs", "3"), "FINISHED", make=make_hijack_states),
+    Case("state-other-experiment", "ownership", "a training state naming a run of another experiment than the "
+         "command's (`--experiment-name mine`)",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/s_finished", "--epochs", "3", "--experiment-name", "mine"),
+         "'mine' (not created)", make=make_hijack_states),
+    Case("state-forged-token", "ownership", "a training state naming a run with a token that run does not carry",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/s_forged", "--epochs", "3"), "a token that run does not carry",
+         make=make_hijack_states),
+    Case("state-no-token", "ownership", "a hand-made training state naming a run, with no token",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/s_none", "--epochs", "3"), "holds no run token",
+         make=make_hijack_states),
+    Case("state-unknown-run", "ownership", "a training state naming a run the tracking store lacks",
+         TRAIN + BASE + ("--save-path", "{in}/s_unknown", "--epochs", "3"), "0123456789abcdef0123456789abcdef",
+         make=make_hijack_states),
+    Case("run-id-finished", "ownership", "`MLFLOW_RUN_ID` naming a FINISHED run, for a new training",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/fresh"), "FINISHED", env={"MLFLOW_RUN_ID": "{finished}"}),
+    Case("run-id-owned", "ownership", "`MLFLOW_RUN_ID` naming a stopped run of another training",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/fresh"), "already belongs to another training",
+         env={"MLFLOW_RUN_ID": "{stopped}"}),
+    Case("run-id-owned-check", "ownership", "the same, `--check`", TRAIN + BASE + ("--save-path", "{in}/fresh"),
+         "already belongs to another training", env={"MLFLOW_RUN_ID": "{stopped}"}),
+    Case("run-directory-busy", "ownership", "the run directory of the config held by another live training",
+         TRAIN_RUN + BASE + ("--save-path", "{in}/busy"), "being written by another process",
+         make=make_busy_directory),
+    Case("run-directory-busy-check", "ownership", "the same, `--check`", TRAIN + BASE + ("--save-path", "{in}/busy"),
+         "being written by another process", make=make_busy_directory),
     # ===== the verdict: its config keys, the sweep's promote rule, kronos-mlflow evaluate-tokenizer
     Case("flag-n-test-iter", "flag", "`--n-test-iter -1`", TRAIN + BASE + ("--n-test-iter", "-1"), "n_test_iter"),
     Case("flag-verdict-min-change", "flag", "`--verdict-min-change 1.5`",
@@ -717,9 +829,15 @@ def _build_template(root: Path) -> Path:
     (save_dir / "summary.json").write_text('{"best_val_loss": 0.5}\n')
     uri = f"sqlite:///{ws / 'mlflow.db'}"
     client = MlflowClient(uri)
-    run = client.create_run("0", run_name="finished")
+    from kronos_mlflow.ownership import TAG, new_token, token_hash, write_owner
+
+    token = new_token()  # the finished run is owned, as a training leaves it; its token is in owner.json
+    run = client.create_run("0", run_name="finished", tags={TAG: token_hash(token), "run_directory": str(save_dir)})
+    write_owner(save_dir, token, run.info.run_id, "0")
     client.log_metric(run.info.run_id, "best_val_loss", 0.5)
     client.set_terminated(run.info.run_id)
+    stopped = client.create_run("0", run_name="stopped", tags={TAG: token_hash(new_token())})  # files elsewhere
+    client.set_terminated(stopped.info.run_id, "KILLED")
     client.delete_experiment(client.create_experiment("retired"))  # a name a run may not use
     (ws / "home").mkdir()
     return ws
@@ -770,8 +888,10 @@ class Result:
 
         market = str(self.ws.parent.parent.parent / "market")
         text = text.replace(str(self.ws), "<ws>").replace(str(self.inp), "<in>").replace(market, "<market>")
-        text = text.replace(finished_run_id(self.ws), "<finished-run-id>")
+        text = text.replace(finished_run_id(self.ws), "<finished-run-id>").replace(stopped_run_id(self.ws),
+                                                                                   "<stopped-run-id>")
         text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
+        text = re.sub(r"\(pid \d+ on [^,]*, since [^)]*\)", "(pid <pid> on <host>, since <time>)", text)
         return text.replace(sys.executable, "python")
 
 
@@ -799,7 +919,8 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
     if case.make:
         case.make(inp, ws)
     market = root.parent / "market"
-    fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market)}
+    fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market),
+            "finished": finished_run_id(ws), "stopped": stopped_run_id(ws)}
     env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     env.update({k: v.format(**fill) for k, v in case.env.items()})
     if case.argv[0] == "<mlproject>":
@@ -1045,8 +1166,9 @@ def render_table(results: dict[str, Result]) -> str:
         "(regenerate: `KRONOS_UPDATE_DOCS=1 python -m pytest -q tests/test_hostile_input.py -k docs`).",
         "Every case exits with code 2, prints this one line on stderr and nothing else there (no traceback),",
         "and leaves the existing checkpoints, training state, data cache and MLflow store byte-for-byte",
-        "unchanged. `<ws>` is the working directory (a finished run's outputs and an MLflow store holding a",
-        "FINISHED run), `<in>` holds the hostile files, `<market>` a small Qlib market.",
+        "unchanged. `<ws>` is the working directory (a finished run's outputs and an MLflow store holding that",
+        "FINISHED run, owned as a training leaves it, and a KILLED run another training owns), `<in>` holds",
+        "the hostile files, `<market>` a small Qlib market.",
         "Credentials (from the environment, a config file, a flag or a tracking URI) are never printed.",
         "",
         "Where each kind of value is checked:",
@@ -1065,6 +1187,9 @@ def render_table(results: dict[str, Result]) -> str:
         "- data: [Data sanity](#data-sanity-what-is-refused-what-is-dropped) below says what is refused and what",
         "  is dropped with one line per symbol;",
         "- spools are data, not commands: see `kronos-mlflow upload-spool --help` and the spool rows below;",
+        "- a training state, a spool, `MLFLOW_RUN_ID` or a run directory names a run only as a claim: the run",
+        "  must carry the file's token, be in the command's experiment and store, not be FINISHED, and no other",
+        "  live process may be writing it ([reliability](reliability.md#who-may-write-a-run));",
         "- under torchrun, rank 0 alone prints a refusal every rank reaches (workers exit 2); `python -m",
         "  kronos_mlflow.launch`, torchrun's drop-in that the MLproject runs, shows only that line, without",
         "  torchrun's own failure report (tests/test_hostile_launchers.py).",

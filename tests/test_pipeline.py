@@ -58,24 +58,47 @@ def _parents(runs):
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
-    """The first pipeline, with a registered model name: everything trains."""
+    """The first pipeline, with a registered model name, typed twice at the same moment on a fresh
+    store: every step trains once."""
     root, env = _workdir(tmp_path_factory.mktemp("pipeline"))
-    proc, seconds = _pipeline(root, env, registered_model_name="kr")
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    return root, env, proc, seconds
+    started = time.monotonic()
+    logs = [open(root / f"first-{i}.log", "w+") for i in range(2)]
+    procs = [subprocess.Popen(_command(root, registered_model_name="kr"), cwd=root, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) for log in logs]
+    codes = [proc.wait(timeout=900) for proc in procs]
+    seconds = time.monotonic() - started
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    assert codes == [0, 0], [out[-3000:] for out in outputs]
+    return root, env, outputs, seconds
 
 
 @pytest.mark.slow
-def test_one_parent_three_children_and_the_champion_rules(first):
-    root, env, proc, seconds = first
+def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_rules(first):
+    """Each step was claimed by one pipeline and trained once; the other waited for it and reused
+    it: one tokenizer, one predictor and one evaluation run, each step's metrics logged once."""
+    root, env, outputs, seconds = first
     client, runs = _runs(env)
-    (parent,) = _parents(runs)
-    tags = parent.data.tags
-    children = {r.data.tags["pipeline.step"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    assert sorted(children) == sorted(STEPS)
+    parents = _parents(runs)
+    assert len(parents) == 2
+    steps = [r for r in runs if "pipeline.step" in r.data.tags]
+    children = {r.data.tags["pipeline.step"]: r for r in steps}
+    assert len(steps) == 3 and sorted(children) == sorted(STEPS), [r.data.tags.get("pipeline.step") for r in steps]
     for step in STEPS:
-        assert tags[f"pipeline.{step}_run_id"] == children[step].info.run_id
-        assert tags[f"pipeline.{step}_reused"] == "false" and children[step].info.status == "FINISHED"
+        assert {p.data.tags[f"pipeline.{step}_run_id"] for p in parents} == {children[step].info.run_id}
+        assert sorted(p.data.tags[f"pipeline.{step}_reused"] for p in parents) == ["false", "true"]
+        assert children[step].info.status == "FINISHED"
+        trainer = next(p for p in parents if p.data.tags[f"pipeline.{step}_reused"] == "false")
+        assert children[step].data.tags["mlflow.parentRunId"] == trainer.info.run_id
+        for key in children[step].data.metrics:  # no metric point twice
+            history = [(m.step, m.timestamp) for m in client.get_metric_history(children[step].info.run_id, key)]
+            assert len({st for st, _ in history}) == len(history), (step, key)
+    assert any("another pipeline" in out and "waiting for it" in out for out in outputs), outputs[0][-2000:]
+    parent = next(p for p in parents if p.data.tags["pipeline.tokenizer_reused"] == "false")
+    tags = parent.data.tags
     tokenizer, predictor, evaluation = (children[s] for s in STEPS)
     assert tokenizer.data.params["stage"] == "tokenizer" and predictor.data.params["stage"] == "predictor"
     assert predictor.data.params["finetuned_tokenizer_path"] == f"runs:/{tokenizer.info.run_id}/best_model"
@@ -93,13 +116,20 @@ def test_one_parent_three_children_and_the_champion_rules(first):
             assert champion.run_id == children[step].info.run_id and tags[f"{step}_champion"] == f"kr-{step}/1"
         else:
             assert champion is None and "not better" in tags[f"{step}_champion_unchanged"]
-    print(f"first pipeline: {seconds:.1f} s; steps " + ", ".join(
-        f"{s} {parent.data.metrics[f'{s}_seconds']:.1f} s" for s in STEPS))
+    print(f"two pipelines at once: {seconds:.1f} s; steps " + ", ".join(
+        f"{s} {max(p.data.metrics[f'{s}_seconds'] for p in parents):.1f} s" for s in STEPS))
 
 
 @pytest.mark.slow
 def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(first):
+    """A hand-made run with the tokenizer run's tags copied (newer, FINISHED, the same digests,
+    owner tag, directory and model URI) is named and passed over: the genuine run is reused."""
     root, env, _, _ = first
+    client, before = _runs(env)
+    genuine = next(r for r in before if r.data.tags.get("pipeline.step") == "tokenizer")
+    forged = client.create_run("0", run_name="copied tags",
+                               tags={k: v for k, v in genuine.data.tags.items() if not k.startswith("mlflow.")})
+    client.set_terminated(forged.info.run_id, "FINISHED")
     _, before = _runs(env)
     proc, seconds = _pipeline(root, env, registered_model_name="kr", promote="always")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -109,6 +139,9 @@ def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(fir
     for step in STEPS:
         assert parent.data.tags[f"pipeline.{step}_reused"] == "true"
         assert parent.data.metrics[f"{step}_seconds"] == 0.0
+    assert parent.data.tags["pipeline.tokenizer_run_id"] == genuine.info.run_id
+    assert (f"[pipeline] tokenizer: run {forged.info.run_id} has this config but is not reused: run "
+            f"{forged.info.run_id}'s directory") in proc.stdout, proc.stdout[-3000:]
     assert "[pipeline] tokenizer: reused run" in proc.stdout
     from kronos_mlflow.sweep.champion import current_champion
 

@@ -53,7 +53,7 @@ def _pair_dirs(root: Path) -> tuple[Path, Path] | None:
     return None
 
 
-def resolve_model(spec: str, scratch: Path) -> tuple[Path, Path, str]:
+def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> tuple[Path, Path, str]:
     """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
     spec = str(spec or "").strip()
     if not spec:
@@ -65,7 +65,8 @@ def resolve_model(spec: str, scratch: Path) -> tuple[Path, Path, str]:
         from ..stages.sources import _source_run
 
         try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch)))
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
+                                                             tracking_uri=tracking_uri))
         except (MlflowException, OSError, ValueError) as exc:
             raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
                             f"expected {MODEL_ACCEPTED}") from None
@@ -79,15 +80,20 @@ def resolve_model(spec: str, scratch: Path) -> tuple[Path, Path, str]:
 
 
 def _run_record(run_id: str) -> tuple[dict, str]:
-    """The predictor run's params and its directory (its ``run_directory`` tag; '' when unknown)."""
+    """The predictor run's params and its directory (its ``run_directory`` tag, when that
+    directory's ``owner.json`` says it is the run's: a tag naming a directory is only a claim;
+    '' when unknown or unproven)."""
     if not run_id:
         return {}, ""
     from mlflow import MlflowClient
 
-    run = MlflowClient().get_run(run_id)
+    from ..ownership import evidence
+
+    client = MlflowClient()
+    run = client.get_run(run_id)
     # an empty MLproject parameter is recorded as its shell quoting
     params = {k: ("" if v.strip() in ("''", '""') else v) for k, v in run.data.params.items()}
-    return params, str(run.data.tags.get("run_directory", ""))
+    return params, str(run.data.tags.get("run_directory", "")) if evidence(client, run) is None else ""
 
 
 def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
@@ -140,24 +146,36 @@ def run(args: argparse.Namespace) -> int:
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"
         if run_id:
             card.tags[PREDICTOR_RUN_TAG] = run_id
-        logged = _log(args, config, card, Path(scratch) / "evaluation", console)
+        logged = _log(args, config, card, console)
     print(f"logged: MLflow run {logged}")
     return 0
 
 
-def _log(args, config, card, directory: Path, console) -> str:
+EVALUATIONS_FOLDER = "evaluations"
+
+
+def _log(args, config, card, console) -> str:
+    """The evaluation's MLflow run (``MLFLOW_RUN_ID``'s when it hands one over, else a new one),
+    claimed as this project's (:mod:`kronos_mlflow.ownership`), with a run directory of its own,
+    ``{save_path}/evaluations/<run id>/`` (``owner.json`` and the ``evaluation/`` files), which
+    is what lets a pipeline reuse it."""
     from ..config import run_params
+    from ..ownership import Claim, write_owner
     from ..tracking.mlflow import MLflowLogger
     from .scorecard import record
 
     logger = MLflowLogger(config["experiment_name"] or None,
-                          run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}")
+                          run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}",
+                          claim=Claim())
     try:
+        root = Path(os.path.expanduser(str(config["save_path"]))) / EVALUATIONS_FOLDER / logger.run_id
+        write_owner(root, logger.owner_token, logger.run_id, logger.experiment_id)
+        logger.set_tags({"run_directory": str(root.resolve())})
         logger.log_hyperparams({"model": args.model, "zeroshot_tokenizer": args.zeroshot_tokenizer,
                                 "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
-        record(card, directory, logger, step=0, console=console, config=config)
-    except BaseException:
-        logger.finalize("failed")
+        record(card, root / "evaluation", logger, step=0, console=console, config=config)
+    except BaseException as exc:
+        logger.finalize("failed", f"{type(exc).__name__}: {exc}")
         raise
     logger.finalize("success")
     return logger.run_id

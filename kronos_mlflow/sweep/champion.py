@@ -49,12 +49,18 @@ def promotion(client, registered_model_name: str, run, config: Mapping[str, Any]
               verdict_tag: str = VERDICT_TAG) -> Decision:
     """May the alias move to ``run``'s model (a trial's or a pipeline step's MLflow run)? See the
     module doc; ``verdict_tag`` is the verdict that must be ``better`` (a predictor step's:
-    ``verdict_vs_zeroshot``)."""
-    if promote == "always":
-        return Decision(True, "")
+    ``verdict_vs_zeroshot``). A model whose files are missing or do not load never moves it."""
+    from ..reuse import model_problem
+
     tags, metrics = run.data.tags, run.data.metrics
     number = tags.get("optuna.trial_number")
     who = f"best trial {number}" if number is not None else f"run {run.info.run_id}"
+    broken = model_problem(f"runs:/{run.info.run_id}/best_model", run.data.params.get("stage", "tokenizer"),
+                           client.tracking_uri)
+    if broken is not None:  # never a champion whose files are missing: checked whatever --promote says
+        return Decision(False, f"{who} cannot be the champion: {broken}")
+    if promote == "always":
+        return Decision(True, "")
     verdict, what = tags.get(verdict_tag), "test verdict" if verdict_tag == VERDICT_TAG else verdict_tag
     if verdict != "better":
         return Decision(False, f"{who}'s {what} is {verdict or 'missing'}, not better; "
