@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from .errors import EXIT_USAGE, UserError
 from .stopping import TrainingStopped, exit_code
 
+#: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
+NO_SETTINGS = {"import-csv", "compare"}
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo-data": ("kronos_mlflow.data.demo", "write the built-in synthetic demo market as a Qlib directory"),
@@ -140,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
     try:
+        if args.command not in NO_SETTINGS:
+            from .settings import check_environment
+
+            check_environment()
         return int(args._run(args) or 0)
     except UserError as exc:
         print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)

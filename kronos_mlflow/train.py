@@ -363,8 +363,10 @@ def add_arguments(parser: argparse.ArgumentParser, stage: str | None = None) -> 
 
 def run(args: argparse.Namespace) -> int:
     from . import validate
+    from .settings import check_environment
 
     try:
+        check_environment()  # KRONOS_MLFLOW_*: the same on every rank
         if getattr(args, "_max_restarts", None) is not None:
             validate.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
         config = config_from_args(args)
