@@ -75,8 +75,8 @@ class OneLineParser(argparse.ArgumentParser):
                             "in the environment instead")
                     break
             else:
-                text = unknown or text
-        line = f"{self.prog}: error: {redact(text)}"
+                text = unknown or unexpected_arguments_message(text)
+        line = f"{self.prog}: error: {redact(shorten_quoted(text))}"
         if self.silent:
             self.exit(EXIT_USAGE)
         if self.on_error is not None:
@@ -95,6 +95,27 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return names
 
 
+def shorten_quoted(text: str) -> str:
+    """Every quoted value in an argparse message cut to a readable length (argparse quotes
+    what it refuses, however long)."""
+    import re
+
+    from .validate import shown
+
+    return re.sub(r"'([^']{81,})'", lambda m: f"'{shown(m.group(1))}'", text)
+
+
+def unexpected_arguments_message(text: str) -> str:
+    """``unrecognized arguments: a b c`` (values without a flag) -> one short line."""
+    from .validate import shown
+
+    tokens = text[len("unrecognized arguments:"):].split()
+    if not tokens:
+        return text
+    more = f" (and {len(tokens) - 1} more)" if len(tokens) > 1 else ""
+    return f"unexpected argument '{shown(tokens[0])}'{more}; every value follows its flag (--key VALUE)"
+
+
 def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | None:
     """``unrecognized arguments: --epoch 3`` -> ``unknown flag --epoch (did you mean --epochs?)``."""
     import difflib
@@ -110,7 +131,9 @@ def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | No
     if close and close[0].replace("_", "-") in known:  # the dashed spelling, as --help lists it
         close = [close[0].replace("_", "-")]
     hint = f" (did you mean {close[0]}?)" if close else " (see --help for the flags)"
-    return f"unknown flag {flag}{hint}; flags are never abbreviated"
+    from .validate import shown
+
+    return f"unknown flag {shown(flag)}{hint}; flags are never abbreviated"
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -143,6 +143,16 @@ def directory(key: str, value: Any, *, error: type[UserError] = ConfigError, wha
     text = str(value).strip()
     if not text or "\0" in text:
         raise error(f"{name}: '{shown(text)}' is not a path; expected a directory path")
+    try:
+        return _directory(name, text, error, must_exist)
+    except UserError:
+        raise
+    except (OSError, ValueError) as exc:  # a name longer than the file system takes, a loop of links
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise error(f"{name}: '{shown(text)}' cannot be used as a path ({why}); expected a directory path") from None
+
+
+def _directory(name: str, text: str, error: type[UserError], must_exist: bool) -> Path:
     path = Path(os.path.expanduser(text))
     if path.exists():
         if not path.is_dir():
