@@ -95,14 +95,24 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return names
 
 
+_ARGPARSE_ECHOES = (  # argparse's own messages that quote the value they refuse, however long
+    r"^(argument [^:]+: invalid choice: )'(.*)'( \(choose from .*\))$",
+    r"^(argument [^:]+: ignored explicit argument )'(.*)'()$",
+    r"^(argument [^:]+: invalid \S+ value: )'(.*)'()$",
+)
+
+
 def shorten_quoted(text: str) -> str:
-    """Every quoted value in an argparse message cut to a readable length (argparse quotes
-    what it refuses, however long)."""
+    """The value quoted in one of argparse's own messages, cut to a readable length."""
     import re
 
     from .validate import shown
 
-    return re.sub(r"'([^']{81,})'", lambda m: f"'{shown(m.group(1))}'", text)
+    for pattern in _ARGPARSE_ECHOES:
+        match = re.match(pattern, text)
+        if match:
+            return f"{match.group(1)}'{shown(match.group(2))}'{match.group(3)}"
+    return text
 
 
 def unexpected_arguments_message(text: str) -> str:

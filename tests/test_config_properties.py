@@ -275,6 +275,7 @@ def _parse_and_validate(argv: list[str]) -> None:
 @example((["--instrument", "x" * 300], ["x" * 300]))
 # Found by this search: argparse's "unrecognized arguments" echoed every stray value whole
 @example((["--accumulation-steps", "0" * 220, "", "1" + "0" * 320], ["0" * 220]))
+@example((["--check=" + "v" * 300], ["v" * 300]))  # argparse quotes the value it ignores
 def test_any_flags_give_a_config_or_one_usage_line(case):
     argv, longs = case
     err = io.StringIO()
