@@ -532,10 +532,25 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
         for name, value in source.items():
             if canonical_key(str(name)) == "stage":
                 stage = str(value).strip()
+    if path:
+        _one_name_each(sources[0], path, stage)
     for source in sources:
         for name, value in source.items():
             merged[canonical_key(str(name), stage)] = value
     return check_paths(validate(merged))
+
+
+def _one_name_each(source: Mapping[str, Any], path, stage: str) -> None:
+    """A config file sets each key once: two names of one key (``learning_rate`` and
+    ``tokenizer_learning_rate`` for the tokenizer, ``Epochs`` and ``epochs``) are refused like a
+    key given twice."""
+    seen: dict[str, str] = {}
+    for name in source:
+        key = canonical_key(str(name), stage)
+        if key in seen:
+            raise ConfigError(f"config file '{path}' sets {checks.shown(key)} twice (as '{checks.shown(seen[key])}' "
+                              f"and '{checks.shown(name)}'); each key may appear once")
+        seen[key] = str(name)
 
 
 def check_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -60,15 +60,14 @@ class _DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
-_loader_classes: tuple[type, type] | None = None
+_loader_classes: dict[bool, type] = {}
 
 
-def _loaders():
-    """``(Loader, Resolver)``: a safe loader (libyaml's parser when PyYAML has it) whose implicit
+def _loader(libyaml: bool = True):
+    """A safe loader class (libyaml's parser when PyYAML has it and ``libyaml``) whose implicit
     types are text, int, float, bool and null only."""
-    global _loader_classes
-    if _loader_classes is not None:
-        return _loader_classes
+    if libyaml in _loader_classes:
+        return _loader_classes[libyaml]
     import yaml
     from yaml.constructor import SafeConstructor
     from yaml.resolver import BaseResolver, Resolver
@@ -81,7 +80,7 @@ def _loaders():
         PlainResolver.yaml_implicit_resolvers[first] = [(tag, regexp) for tag, regexp in resolvers
                                                         if tag not in dropped]
 
-    if getattr(yaml, "__with_libyaml__", False):
+    if libyaml and getattr(yaml, "__with_libyaml__", False):
         from yaml.cyaml import CParser
 
         class PlainLoader(CParser, SafeConstructor, PlainResolver):
@@ -89,7 +88,7 @@ def _loaders():
                 CParser.__init__(self, stream)
                 SafeConstructor.__init__(self)
                 PlainResolver.__init__(self)
-    else:  # pragma: no cover - PyYAML without libyaml
+    else:  # PyYAML without libyaml
         from yaml.composer import Composer
         from yaml.parser import Parser
         from yaml.reader import Reader
@@ -104,17 +103,16 @@ def _loaders():
                 SafeConstructor.__init__(self)
                 PlainResolver.__init__(self)
 
-    _loader_classes = (PlainLoader, PlainResolver)
-    return _loader_classes
+    _loader_classes[libyaml] = PlainLoader
+    return PlainLoader
 
 
-def _check_events(text: str) -> None:
+def _check_events(text: str, libyaml: bool = True) -> None:
     """The first pass: every event of ``text``, checked; raises :class:`_Refused` at the first
     rule broken (``yaml.YAMLError`` for text that is not YAML)."""
     import yaml
 
-    loader_cls, _ = _loaders()
-    loader = loader_cls(text)
+    loader = _loader(libyaml)(text)
     # One frame per open collection: [is_mapping, next node is a key, keys seen].
     frames: list[list[Any]] = []
     documents = nodes = 0
@@ -172,13 +170,12 @@ def _check_events(text: str) -> None:
         loader.dispose()
 
 
-def _load(text: str) -> Any:
+def _load(text: str, libyaml: bool = True) -> Any:
     """The value of ``text`` (one YAML document), refused as :func:`_check_events` says."""
     import yaml
 
-    _check_events(text)
-    loader_cls, _ = _loaders()
-    return yaml.load(text, Loader=loader_cls)  # noqa: S506 - a SafeConstructor, after the checks above
+    _check_events(text, libyaml)
+    return yaml.load(text, Loader=_loader(libyaml))  # noqa: S506 - a SafeConstructor, after the checks above
 
 
 def _read_small_text(path: Path, what: str) -> str:

@@ -219,6 +219,30 @@ def test_any_search_space_gives_a_space_or_one_line(doc):
     _answers(load_search_space, text, longs)
 
 
+def _outcome(text: str, libyaml: bool):
+    import yaml
+
+    from kronos_mlflow import yamlfile
+
+    try:
+        return "value", yamlfile._load(text, libyaml)  # noqa: SLF001 - both parsers, side by side
+    except (yamlfile._Refused, yamlfile._DuplicateKey) as exc:  # noqa: SLF001
+        return "refused", type(exc).__name__, exc.line
+    except yaml.YAMLError:
+        return "not YAML"
+
+
+@settings(max_examples=100, deadline=None)
+@given(documents())
+@example((BOMB, []))
+def test_libyaml_and_pure_python_parsers_agree(doc):
+    """PyYAML without libyaml (the pure-Python parser) refuses and reads what libyaml does."""
+    text, _ = doc
+    fast, pure = _outcome(text, True), _outcome(text, False)
+    if "not YAML" not in (fast, pure):  # the two parsers differ on a few syntax corner cases
+        assert repr(fast) == repr(pure)  # repr: nan is not equal to itself
+
+
 # ------------------------------------------------------------------------------- flags
 
 FLAGS = sorted({f"--{k.replace('_', '-')}" for k in KNOWN_KEYS} | {f"--{k}" for k in KNOWN_KEYS}

@@ -201,6 +201,7 @@ def make_yaml_traps(inp: Path) -> None:
     _write(inp / "timestamp.yaml", "backtest_time_range: [2020-13-45, 2021-01-01]\n")
     _write(inp / "two_docs.yaml", "epochs: 2\n---\nepochs: 3\n")
     _write(inp / "long_value.yaml", f'adamw_impl: "{LONG_VALUE}"\n')
+    _write(inp / "two_names.yaml", "learning_rate: 1.0e-4\ntokenizer_learning_rate: 2.0e-4\n")
     _write(inp / "space_tag.yaml", "learning_rate: !!set {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n")
     _write(inp / "space_long_key.yaml", "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n"
            + "x" * 300 + ": {low: 1, high: 2}\n")
@@ -726,6 +727,8 @@ CASES: list[Case] = [
          TRAIN + BASE + ("--config", "{in}/timestamp.yaml"), "2020-13-45"),
     Case("config-two-documents", "config file", "two YAML documents (`---`)",
          TRAIN + BASE + ("--config", "{in}/two_docs.yaml"), "second YAML document"),
+    Case("config-two-names", "config file", "`learning_rate:` and `tokenizer_learning_rate:` (one key, two names) "
+         "in one file", TRAIN + BASE + ("--config", "{in}/two_names.yaml"), "sets tokenizer_learning_rate twice"),
     Case("config-long-value", "config file", "`adamw_impl:` a 300-character value (found by the property tests)",
          TRAIN + BASE + ("--config", "{in}/long_value.yaml"), "adamw_impl"),
     Case("sweep-config-alias", "sweep", "`sweeps/sweep.py --config` the alias bomb",
