@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from .errors import EXIT_USAGE, UserError
 from .stopping import TrainingStopped, exit_code
 
+#: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
+NO_SETTINGS = {"import-csv", "compare"}
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo-data": ("kronos_mlflow.data.demo", "write the built-in synthetic demo market as a Qlib directory"),
@@ -72,8 +75,8 @@ class OneLineParser(argparse.ArgumentParser):
                             "in the environment instead")
                     break
             else:
-                text = unknown or text
-        line = f"{self.prog}: error: {redact(text)}"
+                text = unknown or unexpected_arguments_message(text)
+        line = f"{self.prog}: error: {redact(shorten_quoted(text))}"
         if self.silent:
             self.exit(EXIT_USAGE)
         if self.on_error is not None:
@@ -92,6 +95,37 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return names
 
 
+_ARGPARSE_ECHOES = (  # argparse's own messages that quote the value they refuse, however long
+    r"^(argument [^:]+: invalid choice: )'(.*)'( \(choose from .*\))$",
+    r"^(argument [^:]+: ignored explicit argument )'(.*)'()$",
+    r"^(argument [^:]+: invalid \S+ value: )'(.*)'()$",
+)
+
+
+def shorten_quoted(text: str) -> str:
+    """The value quoted in one of argparse's own messages, cut to a readable length."""
+    import re
+
+    from .validate import shown
+
+    for pattern in _ARGPARSE_ECHOES:
+        match = re.match(pattern, text)
+        if match:
+            return f"{match.group(1)}'{shown(match.group(2))}'{match.group(3)}"
+    return text
+
+
+def unexpected_arguments_message(text: str) -> str:
+    """``unrecognized arguments: a b c`` (values without a flag) -> one short line."""
+    from .validate import shown
+
+    tokens = text[len("unrecognized arguments:"):].split()
+    if not tokens:
+        return text
+    more = f" (and {len(tokens) - 1} more)" if len(tokens) > 1 else ""
+    return f"unexpected argument '{shown(tokens[0])}'{more}; every value follows its flag (--key VALUE)"
+
+
 def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | None:
     """``unrecognized arguments: --epoch 3`` -> ``unknown flag --epoch (did you mean --epochs?)``."""
     import difflib
@@ -107,7 +141,9 @@ def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | No
     if close and close[0].replace("_", "-") in known:  # the dashed spelling, as --help lists it
         close = [close[0].replace("_", "-")]
     hint = f" (did you mean {close[0]}?)" if close else " (see --help for the flags)"
-    return f"unknown flag {flag}{hint}; flags are never abbreviated"
+    from .validate import shown
+
+    return f"unknown flag {shown(flag)}{hint}; flags are never abbreviated"
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -140,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
     try:
+        if args.command not in NO_SETTINGS:
+            from .settings import check_environment
+
+            check_environment()
         return int(args._run(args) or 0)
     except UserError as exc:
         print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)

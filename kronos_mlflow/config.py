@@ -274,13 +274,13 @@ def is_secret_key(name: str) -> bool:
 def _unknown(key: str) -> ConfigError:
     if is_secret_key(key):
         return ConfigError(
-            f"config key '{key}' looks like a credential; credentials are never read from the config: "
+            f"config key '{checks.shown(key)}' looks like a credential; credentials are never read from the config: "
             "set COMET_API_KEY / MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_PASSWORD in the environment instead"
         )
     known = sorted(set(DEFAULTS) | set(ALIASES))
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown config key '{key}'{hint}; see `kronos-mlflow train --help` for the accepted keys")
+    return ConfigError(f"unknown config key '{checks.shown(key)}'{hint}; see `kronos-mlflow train --help` for the accepted keys")
 
 
 def parse_date(key: str, value: Any) -> str:
@@ -295,7 +295,7 @@ def parse_date(key: str, value: Any) -> str:
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is not None:
-        raise ConfigError(f"{key}: '{value}' is not a date; expected YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
+        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a date; expected YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
     return moment.isoformat(timespec="seconds" if moment.second else "minutes")
 
 
@@ -337,7 +337,7 @@ def parse_time_range(key: str, value: Any) -> list[str]:
     else:
         parts = []
     if len(parts) != 2:
-        raise ConfigError(f"{key}: '{value}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD "
+        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD "
                           "or an ISO 8601 interval YYYY-MM-DDTHH:MM/YYYY-MM-DDTHH:MM")
     start, end = parse_date(key, parts[0]), parse_date(key, parts[1])
     if time_bounds(start, start)[0] > time_bounds(end, end)[1]:
@@ -369,34 +369,38 @@ def _coerce(key: str, value: Any) -> Any:
             return True
         if text in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{key}: '{value}' is not a boolean; expected true or false")
+        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a boolean; expected true or false")
     if isinstance(default, int):
-        try:
-            number = float(str(value).strip()) if not isinstance(value, (int, float)) else value
-        except ValueError:
-            raise ConfigError(f"{key}: '{value}' is not an integer") from None
-        if isinstance(value, bool) or not math.isfinite(number) or number != int(number):
+        if isinstance(value, bool):
             raise ConfigError(f"{key}: '{value}' is not an integer")
+        if isinstance(value, int):  # however large: the ranges below refuse it by name
+            return int(value)
+        try:
+            number = float(str(value).strip()) if not isinstance(value, float) else value
+        except (ValueError, OverflowError):
+            raise ConfigError(f"{key}: '{checks.shown(value)}' is not an integer") from None
+        if not math.isfinite(number) or number != int(number):
+            raise ConfigError(f"{key}: '{checks.shown(value)}' is not an integer")
         return int(number)
     if isinstance(default, float):
         if isinstance(value, bool):
             raise ConfigError(f"{key}: '{value}' is not a number")
         try:
             number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
-        except ValueError:
-            raise ConfigError(f"{key}: '{value}' is not a number") from None
+        except (ValueError, OverflowError):
+            raise ConfigError(f"{key}: '{checks.shown(value)}' is not a number") from None
         if not math.isfinite(number):
-            raise ConfigError(f"{key}: '{value}' is not a finite number")
+            raise ConfigError(f"{key}: '{checks.shown(value)}' is not a finite number")
         return number
     if isinstance(default, list):
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{key}: '{value}' is not a list of names")
+            raise ConfigError(f"{key}: '{checks.shown(value)}' is not a list of names")
         return [i.strip() for i in items]
     if value is None:
         return ""
     if not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{key}: '{value}' is not a string")
+        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a string")
     return str(value)
 
 
@@ -411,10 +415,10 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         out.setdefault(key, copy.deepcopy(DEFAULTS[key]))
     for key in _POSITIVE:
         if out[key] <= 0:
-            raise ConfigError(f"{key}: {config.get(key, out[key])!r} must be greater than 0")
+            raise ConfigError(f"{key}: {checks.shown(repr(config.get(key, out[key])))} must be greater than 0")
     for key in _NON_NEGATIVE:
         if out[key] < 0:
-            raise ConfigError(f"{key}: {config.get(key, out[key])!r} must be 0 or greater")
+            raise ConfigError(f"{key}: {checks.shown(repr(config.get(key, out[key])))} must be 0 or greater")
     for key in _UNIT_OPEN:
         if not 0.0 <= out[key] < 1.0:
             raise ConfigError(f"{key}: {out[key]!r} must be in [0, 1)")
@@ -425,10 +429,10 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
     for key, limit in _MAX.items():
         if out[key] > limit:
-            raise ConfigError(f"{key}: {out[key]} is too large; expected at most {checks.limit_text(limit)}")
+            raise ConfigError(f"{key}: {checks.shown(out[key])} is too large; expected at most {checks.limit_text(limit)}")
     for key, limit in _MIN.items():
         if out[key] < limit:
-            raise ConfigError(f"{key}: {out[key]} is too small; expected at least {checks.limit_text(limit)}")
+            raise ConfigError(f"{key}: {checks.shown(out[key])} is too small; expected at least {checks.limit_text(limit)}")
     if not checks.NAME_RE.match(out["instrument"]):
         raise ConfigError(
             f"instrument: '{checks.shown(out['instrument'])}' is not a universe name; expected the name of a file "
@@ -441,7 +445,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     checks.mlflow_run_name("run_name", out["run_name"])
     for key, choices in CHOICES.items():
         if out[key] not in choices:
-            raise ConfigError(f"{key}: '{out[key]}' is not one of {', '.join(choices)}")
+            raise ConfigError(f"{key}: '{checks.shown(out[key])}' is not one of {', '.join(choices)}")
     if out["backtest_n_symbol_drop"] > out["backtest_n_symbol_hold"]:
         raise ConfigError(f"backtest_n_symbol_drop: {out['backtest_n_symbol_drop']} is more than backtest_n_symbol_hold "
                           f"{out['backtest_n_symbol_hold']}; expected 0 to backtest_n_symbol_hold")
@@ -458,9 +462,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
             f"d_model {out['d_model']} must split into n_heads {out['n_heads']} heads of even size"
         )
     if len(out["feature_list"]) != 6:
-        raise ConfigError(f"feature_list: {out['feature_list']} must name 6 features (open high low close vol amt)")
+        raise ConfigError(f"feature_list: {checks.shown(out['feature_list'])} must name 6 features (open high low close vol amt)")
     if len(out["time_feature_list"]) != 5:
-        raise ConfigError(f"time_feature_list: {out['time_feature_list']} must name 5 calendar features")
+        raise ConfigError(f"time_feature_list: {checks.shown(out['time_feature_list'])} must name 5 calendar features")
     if time_bounds(out["dataset_begin_time"], out["dataset_begin_time"])[0] > \
             time_bounds(out["dataset_end_time"], out["dataset_end_time"])[1]:
         raise ConfigError(
@@ -528,10 +532,25 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
         for name, value in source.items():
             if canonical_key(str(name)) == "stage":
                 stage = str(value).strip()
+    if path:
+        _one_name_each(sources[0], path, stage)
     for source in sources:
         for name, value in source.items():
             merged[canonical_key(str(name), stage)] = value
     return check_paths(validate(merged))
+
+
+def _one_name_each(source: Mapping[str, Any], path, stage: str) -> None:
+    """A config file sets each key once: two names of one key (``learning_rate`` and
+    ``tokenizer_learning_rate`` for the tokenizer, ``Epochs`` and ``epochs``) are refused like a
+    key given twice."""
+    seen: dict[str, str] = {}
+    for name in source:
+        key = canonical_key(str(name), stage)
+        if key in seen:
+            raise ConfigError(f"config file '{path}' sets {checks.shown(key)} twice (as '{checks.shown(seen[key])}' "
+                              f"and '{checks.shown(name)}'); each key may appear once")
+        seen[key] = str(name)
 
 
 def check_paths(config: Mapping[str, Any]) -> Mapping[str, Any]:

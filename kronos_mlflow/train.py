@@ -474,15 +474,24 @@ def add_arguments(parser: argparse.ArgumentParser, stage: str | None = None) -> 
                              f"here, 0 to {MAX_RESTARTS}; the launcher applies it")
 
 
-def run(args: argparse.Namespace) -> int:
+def config_of(args: argparse.Namespace) -> dict:
+    """What a training command reads before any work, from its parsed flags: the
+    ``KRONOS_MLFLOW_*`` settings, ``--max-restarts`` and the config (defaults, ``--config``, flags),
+    validated. A refusal is a UserError every rank of a group reaches alike."""
     from . import validate
+    from .settings import check_environment
 
     try:
+        check_environment()
         if getattr(args, "_max_restarts", None) is not None:
             validate.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
-        config = config_from_args(args)
-    except UserError as exc:  # flags and config files: every rank of a group reads the same
+        return config_from_args(args)
+    except UserError as exc:  # flags, config files and the environment: every rank reads the same
         raise same_on_every_rank(exc) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_of(args)
     if getattr(args, "_check", False):
         preflight(config)
         print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")

@@ -108,17 +108,23 @@ def seed(key: str, value: Any, *, error: type[UserError] = ConfigError, what: st
 def child_name(key: str, value: Any, parent: str, *, error: type[UserError] = ConfigError,
                what: str | None = None, max_length: int = 255) -> str:
     """A name that becomes one entry directly inside ``parent`` (a folder, a file stem): no
-    separator, not ``.`` or ``..``, not absolute, no control character, at most 255 bytes."""
+    separator, not ``.`` or ``..``, not absolute, no control character, at most 255 bytes.
+
+    The one check of every user-given name that becomes a file or folder name (the save folder
+    names, the sweep's study name); names that only identify something in MLflow or Optuna
+    (experiment, run and registered-model names) have their own checks below."""
     name = what or key
     text = str(value)
     expected = f"a single file or folder name inside {parent} (no '/', '\\', '..' or leading '.')"
-    bad = (
-        not text.strip() or text != text.strip() or "/" in text or "\\" in text or text.startswith(".")
-        or any(ord(c) < 32 or ord(c) == 127 for c in text) or os.path.isabs(text)
-        or len(text.encode("utf-8", "surrogatepass")) > max_length
-    )
-    if bad:
+    if not text.strip() or text != text.strip():
+        raise error(f"{name}: '{shown(text)}' is empty or starts or ends with a space; expected {expected}")
+    if "/" in text or "\\" in text or text.startswith(".") or os.path.isabs(text):
         raise error(f"{name}: '{shown(text)}' would not stay inside {parent}; expected {expected}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise error(f"{name}: '{shown(text)}' holds a control character; expected {expected}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_length:
+        raise error(f"{name}: '{shown(text)}' is {size:,} bytes long; expected {expected}, at most {max_length} bytes")
     return text
 
 
@@ -137,6 +143,16 @@ def directory(key: str, value: Any, *, error: type[UserError] = ConfigError, wha
     text = str(value).strip()
     if not text or "\0" in text:
         raise error(f"{name}: '{shown(text)}' is not a path; expected a directory path")
+    try:
+        return _directory(name, text, error, must_exist)
+    except UserError:
+        raise
+    except (OSError, ValueError) as exc:  # a name longer than the file system takes, a loop of links
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise error(f"{name}: '{shown(text)}' cannot be used as a path ({why}); expected a directory path") from None
+
+
+def _directory(name: str, text: str, error: type[UserError], must_exist: bool) -> Path:
     path = Path(os.path.expanduser(text))
     if path.exists():
         if not path.is_dir():

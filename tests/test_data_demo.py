@@ -189,11 +189,25 @@ def test_concurrent_generation_is_safe(isolated_home):
 
 
 def test_unwritable_home_is_a_clear_error(tmp_path, monkeypatch):
+    """A home that is a file is a malformed setting (kronos_mlflow.settings), refused before any
+    write; a home whose folder cannot be written is a DataError naming the variable."""
+    from kronos_mlflow.errors import ConfigError
+
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(blocker))
-    with pytest.raises(DataError, match="KRONOS_MLFLOW_HOME"):
+    with pytest.raises(ConfigError, match="KRONOS_MLFLOW_HOME"):
         ensure_demo_market(5, 0)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        monkeypatch.setenv("KRONOS_MLFLOW_HOME", str(locked))
+        if not os.access(locked, os.W_OK):  # root writes anyway
+            with pytest.raises(DataError, match="KRONOS_MLFLOW_HOME"):
+                ensure_demo_market(5, 0)
+    finally:
+        locked.chmod(0o700)
 
 
 def test_the_benchmark_is_an_equal_weight_index_of_csi300(small_market):

@@ -178,6 +178,33 @@ def make_configs(inp: Path, ws: Path) -> None:
     _write(inp / "spool.jsonl", b'{"type": "header", "format": "kronos-mlflow-spool", "run_id": "\xff"}\n')
     _write(inp / "nan.yaml", "clip: .nan\n")
     _write(inp / "space_high.yaml", "learning_rate: {low: 1.0e-5, high: 10.0}\nweight_decay: {low: 0.01, high: 0.2}\n")
+    make_yaml_traps(inp)
+
+
+#: 342 bytes whose aliases expand to 9**9 strings ("billion laughs"): before the event check, such
+#: a file took tens of seconds and gigabytes of memory, then printed hundreds of megabytes.
+ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+LONG_VALUE = "0" * 300  # never echoed back whole
+
+
+def make_yaml_traps(inp: Path) -> None:
+    """YAML that the reader refuses on its event stream (kronos_mlflow/yamlfile.py), and the seeds
+    tests/test_config_properties.py found."""
+    _write(inp / "bomb.yaml", ALIAS_BOMB)
+    _write(inp / "list_key.yaml", "epochs: 2\n? [a, b]\n: 1\n")
+    _write(inp / "map_key.yaml", "{a: 1}: x\n")
+    _write(inp / "tag.yaml", "run_name: !!python/object/apply:os.system [echo hi]\n")
+    _write(inp / "int_key.yaml", "epochs: 2\n1: x\n")
+    _write(inp / "deep.yaml", "feature_list: " + "[" * 40 + "]" * 40 + "\n")
+    _write(inp / "digits.yaml", "epochs: " + "9" * 5000 + "\n")
+    _write(inp / "timestamp.yaml", "backtest_time_range: [2020-13-45, 2021-01-01]\n")
+    _write(inp / "two_docs.yaml", "epochs: 2\n---\nepochs: 3\n")
+    _write(inp / "long_value.yaml", f'adamw_impl: "{LONG_VALUE}"\n')
+    _write(inp / "two_names.yaml", "learning_rate: 1.0e-4\ntokenizer_learning_rate: 2.0e-4\n")
+    _write(inp / "space_tag.yaml", "learning_rate: !!set {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n")
+    _write(inp / "space_long_key.yaml", "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n"
+           + "x" * 300 + ": {low: 1, high: 2}\n")
 
 
 def make_nan_weights(inp: Path, ws: Path) -> None:
@@ -789,6 +816,59 @@ CASES: list[Case] = [
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
     Case("demo-symbols-float", "demo data", "`kronos-mlflow demo-data --symbols 1e9`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--symbols", "1e9"), "1e9"),
+    # ===== YAML read with limits (kronos_mlflow/yamlfile.py): refused on the parser's events, never echoed
+    Case("config-alias-bomb", "config file", "a 342-byte YAML alias bomb (`*a` nine times, nine levels deep)",
+         TRAIN + BASE + ("--config", "{in}/bomb.yaml"), "alias"),
+    Case("config-alias-bomb-train", "config file", "`kronos-mlflow train --config` the alias bomb (no --check)",
+         CLI + ("train",) + BASE + ("--config", "{in}/bomb.yaml"), "alias"),
+    Case("config-list-key", "config file", "a list as a key (`? [a, b]`) via `kronos-mlflow train-predictor --check`",
+         CLI + ("train-predictor", "--check") + BASE + ("--config", "{in}/list_key.yaml"), "a list used as a key"),
+    Case("mlproject-config-map-key", "MLproject", "`-P config_file=` a file with a mapping as a key (`{a: 1}: x`)",
+         MLPROJECT + ("config_file={in}/map_key.yaml",), "a mapping used as a key"),
+    Case("pipeline-config-tag", "pipeline", "`kronos-mlflow pipeline --config` a file with `!!python/object/apply:`",
+         PIPELINE + ("--config", "{in}/tag.yaml"), "explicit tag"),
+    Case("evaluate-config-int-key", "evaluate", "`kronos-mlflow evaluate --config` a file with the key `1:`",
+         CLI + ("evaluate", "--model", "{in}/no_such_forecaster", "--config", "{in}/int_key.yaml"),
+         "a key that YAML reads as a number"),
+    Case("config-deep", "config file", "lists nested 40 deep", TRAIN + BASE + ("--config", "{in}/deep.yaml"),
+         "nested more than 10 deep"),
+    Case("config-number-digits", "config file", "`epochs:` a number of 5,000 digits (was a ValueError traceback)",
+         TRAIN + BASE + ("--config", "{in}/digits.yaml"), "5,000 characters"),
+    Case("config-timestamp", "config file", "`backtest_time_range: [2020-13-45, 2021-01-01]` (was a ValueError "
+         "traceback)",
+         TRAIN + BASE + ("--config", "{in}/timestamp.yaml"), "2020-13-45"),
+    Case("config-two-documents", "config file", "two YAML documents (`---`)",
+         TRAIN + BASE + ("--config", "{in}/two_docs.yaml"), "second YAML document"),
+    Case("config-two-names", "config file", "`learning_rate:` and `tokenizer_learning_rate:` (one key, two names) "
+         "in one file", TRAIN + BASE + ("--config", "{in}/two_names.yaml"), "sets tokenizer_learning_rate twice"),
+    Case("config-long-value", "config file", "`adamw_impl:` a 300-character value (found by the property tests)",
+         TRAIN + BASE + ("--config", "{in}/long_value.yaml"), "adamw_impl"),
+    Case("sweep-config-alias", "sweep", "`sweeps/sweep.py --config` the alias bomb",
+         SWEEP + ("--config", "{in}/bomb.yaml"), "alias"),
+    Case("sweep-space-tag", "sweep", "a search space with `!!set`", SWEEP + ("--search-space", "{in}/space_tag.yaml"),
+         "explicit tag"),
+    Case("sweep-space-long-key", "sweep", "a search space with a 300-character parameter name (found by the "
+         "property tests)", SWEEP + ("--search-space", "{in}/space_long_key.yaml"), "unknown parameter"),
+    # ===== flags (found by the property tests)
+    Case("flag-stray-long-value", "flag", "a 300-character value with no flag",
+         TRAIN + BASE + (LONG_VALUE,), "unexpected argument"),
+    Case("flag-save-path-too-long", "flag", "`--save-path` with a 300-character folder name (was an OSError traceback)",
+         TRAIN + BASE + ("--save-path", "{ws}/" + "s" * 300), "save_path"),
+    # ===== names that become folders (kronos_mlflow.validate.child_name)
+    Case("sweep-study-traversal", "sweep", "`--study-name ../../x` (trials would write OUTPUT_DIR/../../x)",
+         SWEEP + ("--output-dir", "{ws}/sweeps/out", "--study-name", "../../x"), "../../x"),
+    Case("sweep-study-absolute", "sweep", "`--study-name` an absolute path",
+         SWEEP + ("--output-dir", "{ws}/sweeps", "--study-name", "{ws}/elsewhere"), "would not stay inside --output-dir"),
+    # ===== KRONOS_MLFLOW_* settings (kronos_mlflow/settings.py): refused, not warned about
+    Case("env-http-timeout", "environment", "`KRONOS_MLFLOW_HTTP_TIMEOUT_S=ten`", TRAIN + BASE,
+         "KRONOS_MLFLOW_HTTP_TIMEOUT_S", env={"KRONOS_MLFLOW_HTTP_TIMEOUT_S": "ten"}),
+    Case("env-finalize-wait", "environment", "`KRONOS_MLFLOW_FINALIZE_WAIT_S=-5` for a sweep", SWEEP,
+         "KRONOS_MLFLOW_FINALIZE_WAIT_S", env={"KRONOS_MLFLOW_FINALIZE_WAIT_S": "-5"}),
+    Case("env-spool-dir-file", "environment", "`KRONOS_MLFLOW_SPOOL_DIR` naming a file, for `upload-spool`",
+         CLI + ("upload-spool",), "KRONOS_MLFLOW_SPOOL_DIR", env={"KRONOS_MLFLOW_SPOOL_DIR": "{in}/a_file"}),
+    Case("env-home-too-long", "environment", "`KRONOS_MLFLOW_HOME` with a 300-character folder name, for `prepare` "
+         "(was an OSError traceback)", CLI + ("prepare", "--qlib-data-path", "", "--dataset-path", "{ws}/cache"),
+         "KRONOS_MLFLOW_HOME", env={"KRONOS_MLFLOW_HOME": "{ws}/" + "h" * 300}),
 ]
 
 
@@ -1083,6 +1163,43 @@ def test_fork_agrees_with_a_real_process(workspace_root, results, tmp_path):
         assert real.changed == forked.changed == [], cid
 
 
+def test_long_values_are_never_echoed(results):
+    """The 300-character value of a config key, a stray argument or a search-space key: the line
+    shows at most its first 80 characters."""
+    for cid in ("config-long-value", "flag-stray-long-value", "sweep-space-long-key", "flag-save-path-too-long",
+                "env-home-too-long"):
+        r = results[cid]
+        assert "0" * 100 not in r.stderr and "x" * 100 not in r.stderr and "s" * 100 not in r.stderr, cid
+        assert "h" * 100 not in r.stderr, cid
+
+
+def test_alias_bomb_is_refused_at_once_in_little_memory(results, tmp_path):
+    """The alias bomb: the command refuses it in well under 2 s (the fork runner's clock), and
+    reading it grows a fresh interpreter's memory by a few megabytes, not gigabytes."""
+    import json as _json
+
+    for cid in ("config-alias-bomb", "config-alias-bomb-train", "sweep-config-alias"):
+        assert results[cid].seconds < 2.0, (cid, results[cid].seconds)
+    bomb = _write(tmp_path / "bomb.yaml", ALIAS_BOMB)
+    probe = (
+        "import json, resource, sys, time\n"
+        "from kronos_mlflow.config import load_config\n"
+        "from kronos_mlflow.errors import ConfigError\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "start = time.monotonic()\n"
+        "try:\n    load_config(path=sys.argv[1])\nexcept ConfigError as exc:\n    message = str(exc)\n"
+        "print(json.dumps({'s': time.monotonic() - start, 'grew_kb': resource.getrusage(resource.RUSAGE_SELF)"
+        ".ru_maxrss - before, 'message': message}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(bomb)], capture_output=True, text=True, timeout=60,
+                          env=tiny_runs.isolated_env(tmp_path, extra={"PYTHONPATH": str(ROOT)}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = _json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "alias" in got["message"] and "lol" not in got["message"]
+    assert got["s"] < 2.0, got
+    assert got["grew_kb"] < 30 * 1024, got  # kilobytes: under 30 MB
+
+
 def test_no_secret_written_anywhere(results):
     """The secret-bearing cases left no credential in any file of their workspace either."""
     for cid in ("config-secret", "flag-secret", "sweep-secret-flag", "tracking-uri-password", "tracking-database-down"):
@@ -1176,9 +1293,13 @@ def render_table(results: dict[str, Result]) -> str:
         "- numbers: every config key has a range (`kronos_mlflow/config.py`); the seed is 0 to 2^32-1, what",
         "  numpy's and Optuna's samplers take; `nan`, `inf` and overflowing numbers are refused everywhere a",
         "  number goes (flags, YAML, MLproject parameters, the sweep's flags and pruner options, spool records);",
-        "- names that become a file or folder (instrument, tokenizer_save_folder_name, symbols in CSV files and",
-        "  instruments files) stay inside their parent; names MLflow refuses (registered model, experiment, run)",
-        "  are refused when the config is read, not after the training;",
+        "- names that become a file or folder (instrument, tokenizer_save_folder_name, the sweep's --study-name,",
+        "  symbols in CSV files and instruments files) stay inside their parent; names MLflow refuses (registered",
+        "  model, experiment, run) are refused when the config is read, not after the training;",
+        "- YAML files (configs, search spaces) are checked on the parser's events before any value is built: no",
+        "  alias, no tag, text keys only, caps on size, values, nesting and number length; a long value is never",
+        "  echoed back whole, by any refusal;",
+        "- `KRONOS_MLFLOW_*` settings: a malformed one is refused at the start of every command that reads it;",
         "- output paths must be directories or creatable ones; tracking and storage URIs need a scheme some",
         "  store serves and, for sqlite, an existing folder;",
         "- `--check` (the MLproject's first step) refuses whatever the run would refuse at its start or end:",

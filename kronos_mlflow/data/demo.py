@@ -59,8 +59,11 @@ class DemoMarket:
 
 
 def kronos_home() -> Path:
-    """``$KRONOS_MLFLOW_HOME`` or ``~/.cache/kronos_mlflow``."""
-    return Path(os.environ.get("KRONOS_MLFLOW_HOME") or "~/.cache/kronos_mlflow").expanduser()
+    """``$KRONOS_MLFLOW_HOME`` or ``~/.cache/kronos_mlflow`` (a malformed value is refused:
+    :mod:`kronos_mlflow.settings`)."""
+    from ..settings import home
+
+    return home()
 
 
 def _business_days(start: str, end: str) -> list[str]:

@@ -322,6 +322,9 @@ def parse(argv: Sequence[str] | None):
         extra = [*extra, "--objective", args.objective]
     # The sweep's own flags, each with its range (MLproject passes every -P value as text).
     try:
+        from ..settings import check_environment
+
+        check_environment()  # KRONOS_MLFLOW_*: what every trial's training reads
         args.n_trials = checks.integer("n_trials", args.n_trials, 1, 1_000_000, what="argument --n-trials")
         args.timeout = checks.number("timeout", args.timeout, 0.0, 1e9, what="argument --timeout")
         if args.sampler_seed not in (None, ""):
@@ -335,9 +338,8 @@ def parse(argv: Sequence[str] | None):
         args.max_retry = checks.integer("max_retry", args.max_retry, 0, 100, what="argument --max-retry")
         if args.storage:
             checks.storage_url(args.storage, "argument --storage")
-        if not args.study_name.strip() or len(args.study_name) > 512 or any(ord(c) < 32 for c in args.study_name):
-            raise UserError(f"argument --study-name: '{checks.shown(args.study_name)}' is not a study name; expected "
-                            "1 to 512 characters, no control characters")
+        # The study's trials keep their checkpoints in OUTPUT_DIR/STUDY: the name is one folder there.
+        checks.child_name("study_name", args.study_name, "--output-dir", what="argument --study-name", error=UserError)
         checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name)
         checks.mlflow_experiment_name("argument --experiment-name", args.experiment_name)
         if args.output_dir:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..validate import shown
 from ..yamlfile import read_mapping
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "sweeps" / "search_space.yaml"
@@ -30,7 +31,8 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
     raw = read_mapping(path, "search space file", "must map parameter names to ranges")
     unknown = set(raw) - set(PARAMS)
     if unknown:
-        raise ConfigError(f"search space: unknown parameter '{sorted(unknown)[0]}'; expected {', '.join(PARAMS)}")
+        raise ConfigError(f"search space: unknown parameter '{shown(sorted(unknown)[0])}'; expected "
+                          f"{', '.join(PARAMS)}")
     space = {}
     for name in PARAMS:
         spec = raw.get(name)
@@ -38,7 +40,7 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
             raise ConfigError(f"search space: '{name}' needs a mapping with low and high")
         try:
             low, high = float(spec["low"]), float(spec["high"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ConfigError(f"search space: '{name}' needs numeric low and high") from None
         log = bool(spec.get("log", True))
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:

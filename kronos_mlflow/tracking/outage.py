@@ -37,12 +37,16 @@ def _metric_record(metric: Any) -> dict[str, Any]:
 
 
 def env_float(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, "").strip() or default)
-    except ValueError:
-        log.warning("%s=%r is not a number; using %s", name, os.environ.get(name), default)
-        return default
-    return value if math.isfinite(value) and value >= 0 else default
+    """A number of seconds from the environment (:mod:`kronos_mlflow.settings`), ``default`` when
+    unset; a malformed value is refused (a ``ConfigError`` naming the variable), never replaced."""
+    from .. import settings
+
+    if name in settings.SECONDS:
+        return settings.seconds(name)
+    from .. import validate
+
+    text = os.environ.get(name, "").strip()
+    return validate.number(name, text, 0.0, what=f"environment variable {name}") if text else default
 
 
 def is_store_locked(exc: BaseException) -> bool:
