@@ -175,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
+    from .tracking.project_run import record_failure
+
     try:
         if args.command not in NO_SETTINGS:
             from .settings import check_environment
@@ -182,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_environment()
         return int(args._run(args) or 0)
     except UserError as exc:
-        print(f"kronos-mlflow {args.command}: error: {exc}", file=sys.stderr)
+        line = f"kronos-mlflow {args.command}: error: {exc}"
+        print(line, file=sys.stderr)
+        record_failure(line)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
         from .stopping import stop_reason
@@ -192,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kronos-mlflow {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
+        record_failure(f"kronos-mlflow {args.command}: {type(exc).__name__}: {exc}")
+        raise
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import UserError
@@ -130,14 +131,16 @@ def _shown_uri(uri: str) -> str:
     return redact_uri(uri)
 
 
-def resolve_tracking_uri(uri: str | None) -> str:
-    """The URI to read, checked: an http(s) server must answer, a sqlite file or directory exist.
+def resolve_tracking_uri(uri: str | None, *, flag: str | None = "--tracking-uri") -> str:
+    """The URI to read, checked: an http(s) server must answer, a sqlite file or directory exist
+    (a sqlite file holding MLflow's store). ``flag``: the command's flag for it (None: it has none).
 
     Without the check, MLflow would retry an unreachable server for minutes, and would quietly
     create an empty database where none was meant to be.
     """
     import mlflow
 
+    where = f"pass {flag} or set MLFLOW_TRACKING_URI" if flag else "set MLFLOW_TRACKING_URI"
     given = (uri or "").strip()
     uri = str(given or mlflow.get_tracking_uri())
     from .tracking.server import check_uri
@@ -153,15 +156,21 @@ def resolve_tracking_uri(uri: str | None) -> str:
         path = path.split("?", 1)[0]
         if path and path != ":memory:" and not os.path.isfile(path):
             raise UserError(
-                f"no MLflow database at {path} (tracking URI {_shown_uri(uri)}); pass --tracking-uri or set "
-                "MLFLOW_TRACKING_URI to the database or server your runs were logged to"
+                f"no MLflow database at {path} (tracking URI {_shown_uri(uri)}); {where} to the database or server "
+                "your runs were logged to"
+            )
+        from .tracking.server import sqlite_store_ready
+
+        if path and path != ":memory:" and not sqlite_store_ready(Path(path)):  # MLflow would add its tables
+            raise UserError(
+                f"{path} holds no MLflow store (tracking URI {_shown_uri(uri)}); {where} to the database or server "
+                "your runs were logged to"
             )
     elif scheme in ("", "file"):
         path = urllib.parse.urlsplit(uri).path if scheme == "file" else uri
         if not os.path.isdir(path):
             raise UserError(
-                f"no MLflow run directory at {path}; pass --tracking-uri or set MLFLOW_TRACKING_URI "
-                "to where your runs were logged"
+                f"no MLflow run directory at {path}; {where} to where your runs were logged"
             )
     return uri
 

@@ -10,8 +10,11 @@ the predictor on that child's tokenizer (``--tokenizer runs:/<tokenizer run>/bes
 the scorecard of that predictor (``kronos-mlflow evaluate --model runs:/<predictor run>/best_model``;
 the predictor step runs with ``evaluate: off`` so the scorecard is computed once, in its own run).
 
-A step whose config digest (:func:`kronos_mlflow.digest.config_digest`) and data digest match a
-FINISHED run of the experiment is reused, not run again (``--force true`` runs it again). A step
+Before the parent run is made, every check a step would make at its start or its end runs
+(:func:`check`; ``--check`` runs only them): a refusal is one line naming the step, and no run,
+data cache or file is made. A step whose config digest (:func:`kronos_mlflow.digest.config_digest`)
+and data digest match a FINISHED run of the experiment is reused, not run again (``--force
+true`` runs it again). A step
 that fails or is stopped ends the pipeline with one line naming it; the same command again
 continues there: a stopped training step is relaunched into its own run with the same config,
 so it resumes from its ``checkpoints/last``. See docs/pipeline.md.
@@ -20,6 +23,7 @@ so it resumes from its ``checkpoints/last``. See docs/pipeline.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "is better; default) or always")
     parser.add_argument("--force", default="false", help="true: run every step again, even when a FINISHED run "
                         "with the same config and data exists (default false)")
+    parser.add_argument("--check", action="store_true", help="make every step's checks (what each would refuse at "
+                        "its start or end), then exit: the pipeline makes them before its first run anyway")
 
 
 @dataclass
@@ -109,11 +115,9 @@ def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
 
 
 def check(args) -> None:
-    """Every value, before any run is made: one UserError naming the bad one."""
+    """Every value, and everything a step would refuse at its start or its end, before any run
+    is made (:func:`check_steps`): one UserError naming the bad value and the step."""
     from . import validate as checks
-    from .distributed import resolve_device
-    from .tracking.comet import check_comet
-    from .train import check_processes
 
     text = str(args.force).strip().lower()
     if text not in SWITCH:
@@ -121,14 +125,66 @@ def check(args) -> None:
     args.force = SWITCH[text]
     args.nproc_per_node = checks.integer("nproc_per_node", args.nproc_per_node, 1, 256, what="argument --nproc-per-node")
     checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name, error=UserError)
+    configs = {}
     for step in STEPS:
-        try:
-            config = _load(args, {**_overrides(args, step), **({} if step == "evaluation" else {"stage": step})})
-        except UserError as exc:  # the predictor's `epochs` is --predictor-epochs: say which step
-            raise UserError(f"{step} step: {exc}") from None
-        if step == "tokenizer":
-            check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
-            check_comet(config)
+        with _step_named(step):  # the predictor's `epochs` is --predictor-epochs: say which step
+            configs[step] = _load(args, check_overrides(args, step))
+    from .preflight import check_tracking
+
+    check_tracking(configs["tokenizer"])  # the parent's experiment (experiment_name, MLFLOW_EXPERIMENT_NAME)
+    check_steps(args, configs)  # the last check: its data cache is written once every check passed
+
+
+#: What the predictor step's tokenizer is called while the checks run (its run does not exist yet).
+HANDED_OVER = "runs:/<the tokenizer step's run>/best_model"
+
+
+def check_overrides(args, step: str) -> dict[str, Any]:
+    """The overrides of ``step``'s config as the checks see it: the step's own, with the
+    process count; the predictor's tokenizer is the one the tokenizer step will hand over (the
+    checks pass it in: :func:`check_steps`)."""
+    if step == "evaluation":
+        return _overrides(args, step)
+    extra = {"finetuned_tokenizer_path": HANDED_OVER, "evaluate": "off"} if step == "predictor" else {}
+    return {**_overrides(args, step), "stage": step, "nproc_per_node": args.nproc_per_node, **extra}
+
+
+@contextlib.contextmanager
+def _step_named(step: str):
+    """``with _step_named("predictor"):`` a refusal inside names the step."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(f"{step} step: {exc}") from None
+
+
+def check_steps(args, configs: Mapping[str, dict]) -> None:
+    """What each step would refuse, before the first child run or data cache: the training
+    steps' start (paths, device, processes, speed settings, Comet), their checkpoints (kinds,
+    finite weights; the predictor on the tokenizer the first step will hand over: the same
+    bits), the forecast window against ``max_context``, the data (windows per rank, the
+    validation origins of ``objective: val_skill``), the tokenizer step's training state (unless
+    ``--force``; the predictor's run folder is named after the tokenizer step's run, which does
+    not exist yet), and the evaluation's test origins and backtest range
+    (:mod:`kronos_mlflow.preflight`)."""
+    from .preflight import DataView, check_context, check_scorecard, check_training
+    from .train import build_model, check_resume, check_start
+
+    world = args.nproc_per_node
+    with DataView() as data:
+        tokenizer = None
+        for step in ("tokenizer", "predictor"):
+            config = configs[step]
+            with _step_named(step):
+                check_start(config, world)
+                built = check_training(config, world, data, tokenizer=tokenizer)
+                if step == "tokenizer" and not args.force:  # the predictor's folder is named after its tokenizer's run
+                    check_resume(config, world)
+            if step == "tokenizer":  # what it starts from and hands over: its bits stay
+                tokenizer = built if built is not None else build_model(config)
+        with _step_named("evaluation"):
+            check_context(configs["evaluation"])
+            check_scorecard(data.config(configs["evaluation"]))
 
 
 def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
@@ -230,6 +286,7 @@ class Pipeline:
 
     def _run_step(self, step: Step) -> str:
         from .child_runs import child_env, create_child
+        from .tracking.project_run import end_failed
 
         self.configs[step.name] = step.config
         match = None if self.args.force else self.finished_match(step)
@@ -252,8 +309,9 @@ class Pipeline:
         proc = subprocess.run(step.command, env=child_env(run_id, self.experiment_id, self.client.tracking_uri))
         run_id, run = self._continued(run_id, proc.returncode)
         if proc.returncode != 0 or run.info.status != "FINISHED":
-            if run.info.status in ("RUNNING", "SCHEDULED"):
-                self.client.set_terminated(run_id, "FAILED")
+            if run.info.status in ("RUNNING", "SCHEDULED"):  # its process ended without ending it
+                end_failed(self.client, run_id, f"step {step.name}: its process exited with code {proc.returncode} "
+                           "before ending its run")
             self.client.set_tag(self.parent_id, "pipeline.failed_step", step.name)
             ended = run.info.status if run.info.status != "RUNNING" else "FAILED"
             raise StepFailed(f"step {step.name} ended {ended} (exit code {proc.returncode}, run {run_id}); "
@@ -280,7 +338,13 @@ class Pipeline:
             self.client.set_terminated(run_id, "FAILED")
             raise StepFailed(message)
         if run.info.status in ("RUNNING", "SCHEDULED"):
-            self.client.set_terminated(run_id, "FINISHED" if returncode == 0 else "FAILED")
+            if returncode == 0:
+                self.client.set_terminated(run_id, "FINISHED")
+            else:
+                from .tracking.project_run import end_failed
+
+                end_failed(self.client, run_id, f"the training it launched continued in run {moved}, whose process "
+                           f"exited with code {returncode}")
         self.client.set_tag(moved, "mlflow.parentRunId", self.parent_id)
         self.client.set_tag(moved, TAG_STEP, self.client.get_run(run_id).data.tags.get(TAG_STEP, ""))
         return moved, self.client.get_run(moved)
@@ -317,10 +381,14 @@ def run(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
     from .child_runs import experiment_id_of, log_param_once
-    from .tracking.server import check_tracking_server, ensure_sqlite_store
+    from .tracking.project_run import end_run
+    from .tracking.server import ensure_sqlite_store
 
     check(args)
-    check_tracking_server(create=False)
+    if args.check:
+        print("[pipeline] check passed: every step's config, checkpoints, data, origins and the tracking server "
+              "are usable", flush=True)
+        return 0
     ensure_sqlite_store(mlflow.get_tracking_uri())
     client = MlflowClient()
     base = _load(args, _overrides(args, "tokenizer"))
@@ -329,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
     client.set_tag(parent_id, "pipeline.role", "parent")
     for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
         log_param_once(client, parent_id, key, getattr(args, key))
-    pipeline, status = Pipeline(args, client, experiment_id, parent_id), "FAILED"
+    pipeline, status, reason = Pipeline(args, client, experiment_id, parent_id), "FAILED", None
     try:
         tokenizer = pipeline.run_step(training_step(args, "tokenizer", {}))
         predictor = pipeline.run_step(training_step(args, "predictor", {
@@ -345,10 +413,14 @@ def run(args: argparse.Namespace) -> int:
         status = "KILLED"
         raise
     except StepFailed as exc:
-        print(f"kronos-mlflow pipeline: {exc}", file=sys.stderr, flush=True)
+        reason = f"kronos-mlflow pipeline: {exc}"
+        print(reason, file=sys.stderr, flush=True)
         return 1
-    finally:
-        client.set_terminated(parent_id, status)
+    except BaseException as exc:
+        reason = f"kronos-mlflow pipeline: {type(exc).__name__}: {exc}"
+        raise
+    finally:  # FAILED with the failed step's line as its failure_reason
+        end_run(client, parent_id, status, reason or "kronos-mlflow pipeline: it stopped before every step ended")
     return 0
 
 

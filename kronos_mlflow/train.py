@@ -216,10 +216,12 @@ def check_processes(nproc: int, device) -> None:
 
 def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
     """What a run refuses before it reads any data, the same on every rank: output paths,
-    device and process count, speed settings, Comet's key."""
+    device and process count, speed settings, Comet's key, the forecast window of a run that
+    forecasts against ``max_context``."""
     from . import perf
     from .config import check_paths
     from .distributed import resolve_device
+    from .preflight import check_context, forecasts
     from .tracking.comet import check_comet
 
     check_paths(config)
@@ -228,6 +230,8 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
     check_processes(world, device)
     perf.describe(config, device, perf.run_steps(config, world))
     check_comet(config)
+    if forecasts(config):
+        check_context(config)
 
 
 def check_start_everywhere(config: Mapping[str, Any]) -> None:
@@ -344,33 +348,26 @@ def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[s
 def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
     """Check, in one process, everything a run would refuse at its start or its end, before any
     torchrun worker starts: paths, device, process count and speed settings, Comet's key, the
-    pretrained checkpoint (loads, finite weights), the data splits (prepared, so workers find
-    the cache ready; enough windows for one step per rank), the saved training state
-    (``resume``), and the tracking store (its URI, its server, the run and experiment the run
-    would use, created once when it is a fresh sqlite file)."""
+    checkpoints (load as the kind each key names, finite weights, the same bits), the forecast
+    window against ``max_context``, the data splits (enough windows for one step per rank, the
+    validation origins of ``objective: val_skill``, the scorecard's backtest range: see
+    :func:`kronos_mlflow.preflight.check_training`), the saved training state (``resume``), and
+    the tracking store (its URI, its server, the run and experiment the run would use, created
+    once when it is a fresh sqlite file). The data cache is written once all of it passed, so
+    workers find it ready; a refusal leaves none."""
+    from .preflight import DataView, check_training
     from .tracking.mlflow import check_run_target
     from .tracking.server import check_tracking_server
 
     world = int(config["nproc_per_node"])
     check_start(config, world)
-    model = None
-    if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
-        model = build_model(config)  # the checkpoints load (a predictor's: with its tokenizer, the same bits)
-    if config["objective"] == "val_skill":
-        from .evaluation.val_skill import check_partner
-
-        check_partner(config, model if model is not None else build_model(config))
-    prepare_data(config)
-    if config["objective"] == "val_skill":
-        from .evaluation.val_skill import val_origins
-
-        val_origins(config)  # some validation origin forecasts bars after training
-    check_windows(config, world)
-    state = check_resume(config, world)
-    if check_tracking:
-        check_tracking_server()
-        check_run_target(config)
-        check_ownership(config, world, state)
+    with DataView() as data:
+        check_training(config, world, data)
+        state = check_resume(config, world)
+        if check_tracking:
+            check_tracking_server()
+            check_run_target(config)
+            check_ownership(config, world, state)
 
 
 def main(config: Mapping[str, Any]) -> dict:
@@ -543,6 +540,10 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
         elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
             print(f"[rank {rank}] {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:  # a crash before the run was opened: its run says why (the traceback follows)
+        if main_rank:
+            record_failure(f"{name}: {type(exc).__name__}: {exc}")
+        raise
 
 
 if __name__ == "__main__":

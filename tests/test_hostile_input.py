@@ -179,6 +179,15 @@ def make_configs(inp: Path, ws: Path) -> None:
     _write(inp / "nan.yaml", "clip: .nan\n")
     _write(inp / "space_high.yaml", "learning_rate: {low: 1.0e-5, high: 10.0}\nweight_decay: {low: 0.01, high: 0.2}\n")
     make_yaml_traps(inp)
+    # the pipeline's config: the workspace's sizes, dates and folders (the time ranges are its flags)
+    import json as _json
+
+    values = {**TINY, "dataset_begin_time": DATES["dataset_begin_time"], "dataset_end_time": DATES["dataset_end_time"],
+              "dataset_path": str(ws / "cache"), "save_path": str(ws / "outputs")}
+    stage2 = "".join(f"{k}: {_json.dumps(v)}\n" for k, v in values.items())  # quoted: YAML reads off as false
+    _write(inp / "stage2.yaml", stage2)
+    _write(inp / "stage2_context.yaml", stage2 + "max_context: 16\n")
+    _write(inp / "stage2_backtest.yaml", stage2 + f"backtest_time_range: {NO_SIGNAL}\n")
 
 
 #: 342 bytes whose aliases expand to 9**9 strings ("billion laughs"): before the event check, such
@@ -299,6 +308,22 @@ def make_predictor_5_5(inp: Path, ws: Path) -> None:
            resid_dropout_p=0.0, token_dropout_p=0.0, learn_te=True).save_pretrained(inp / "pred_5_5")
     _write(inp / "pred_pickle" / "pytorch_model.bin", b"\x80\x04not really a pickle")
     _write(inp / "pred_pickle" / "config.json", "{}")
+
+
+def make_forecaster(inp: Path, ws: Path) -> None:
+    """A forecaster directory (the workspace's tokenizer with a 4+4-bit predictor), the same two
+    swapped, and make_predictor_5_5's checkpoints (for the zero-shot pair)."""
+    import torch
+
+    from kronos_mlflow.model import Kronos
+
+    make_predictor_5_5(inp, ws)
+    torch.manual_seed(0)
+    Kronos(s1_bits=4, s2_bits=4, n_layers=1, d_model=16, n_heads=2, ff_dim=32, ffn_dropout_p=0.0, attn_dropout_p=0.0,
+           resid_dropout_p=0.0, token_dropout_p=0.0, learn_te=True).save_pretrained(inp / "pair" / "predictor")
+    shutil.copytree(inp / "good_ckpt", inp / "pair" / "tokenizer")
+    shutil.copytree(inp / "pair" / "predictor", inp / "swapped" / "tokenizer")
+    shutil.copytree(inp / "pair" / "tokenizer", inp / "swapped" / "predictor")
 
 
 def make_fifo(inp: Path, ws: Path) -> None:
@@ -432,6 +457,12 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+#: A backtest range before the test range: no day with a signal.
+NO_SIGNAL = "2020-01-01:2020-03-01"
+#: A test range too short for one lookback_window + predict_window: no forecast origin.
+NO_ORIGIN = "2021-12-10:2021-12-31"
+UNKNOWN_RUN = "0123456789abcdef0123456789abcdef"
+
 TRAIN = ("{py}", "-m", "kronos_mlflow.train", "--check")
 TRAIN_RUN = ("{py}", "-m", "kronos_mlflow.train")  # the training itself: it must refuse as --check does
 PREDICT = ("{py}", "-m", "kronos_mlflow.train_predictor", "--check")
@@ -450,6 +481,12 @@ def _flags(values: dict) -> tuple[str, ...]:
 
 BASE = _flags({**TINY, **DATES, "qlib_data_path": "{market}", "dataset_path": "{ws}/cache",
                "save_path": "{ws}/outputs"})
+#: The stage-two doors on the workspace's market and sizes: the pipeline (sizes in its config
+#: file, the data its flags), the predictor sweep and the scorecard of a forecaster directory.
+RANGES = _flags({k: v for k, v in DATES.items() if not k.startswith("dataset_")})
+STAGE2 = PIPELINE + ("--config", "{in}/stage2.yaml") + RANGES
+SWEEP2 = SWEEP + ("--stage", "predictor") + BASE
+EVAL2 = CLI + ("evaluate", "--model", "{in}/pair") + BASE
 
 CASES: list[Case] = [
     # --- command-line flags (python -m kronos_mlflow.train --check / kronos-mlflow train --check)
@@ -811,6 +848,65 @@ CASES: list[Case] = [
          PIPELINE + ("--promote", "sometimes"), "sometimes"),
     Case("pipeline-nproc", "pipeline", "`kronos-mlflow pipeline --nproc-per-node 0`",
          PIPELINE + ("--nproc-per-node", "0"), "nproc"),
+    # ===== stage-two doors: what a step, a trial or the scorecard would refuse, before any run or cache
+    Case("pipeline-predictor-is-tokenizer", "pipeline", "`pipeline --pretrained-predictor-path` a tokenizer checkpoint",
+         STAGE2 + ("--pretrained-predictor-path", "{in}/good_ckpt"), "holds a tokenizer's config",
+         make=make_predictor_5_5),
+    Case("pipeline-tokenizer-is-predictor", "pipeline", "`pipeline --pretrained-tokenizer-path` a predictor checkpoint",
+         STAGE2 + ("--pretrained-tokenizer-path", "{in}/pred_5_5"), "holds a predictor's config",
+         make=make_predictor_5_5),
+    Case("pipeline-bits", "pipeline", "`pipeline --pretrained-predictor-path` a 5+5-bit predictor, fresh 4+4-bit "
+         "tokenizer", STAGE2 + ("--pretrained-predictor-path", "{in}/pred_5_5"), "5+5", make=make_predictor_5_5),
+    Case("pipeline-context", "pipeline", "`max_context: 16` with lookback_window 20 + predict_window 5",
+         PIPELINE + ("--config", "{in}/stage2_context.yaml") + RANGES, "max_context 16"),
+    Case("pipeline-no-origin", "pipeline", f"`pipeline --test-time-range {NO_ORIGIN}` (no forecast origin)",
+         STAGE2 + ("--test-time-range", NO_ORIGIN), NO_ORIGIN),
+    Case("pipeline-no-signal-day", "pipeline", f"`backtest_time_range: {NO_SIGNAL}` (before every signal)",
+         PIPELINE + ("--config", "{in}/stage2_backtest.yaml") + RANGES, NO_SIGNAL),
+    Case("pipeline-windows", "pipeline", "`pipeline --n-train-iter 4` with batch_size 8",
+         STAGE2 + ("--n-train-iter", "4"), "batch_size 8"),
+    Case("sweep2-tokenizer-running", "sweep", "`sweep.py --stage predictor --tokenizer runs:/<a RUNNING run>/best_model`",
+         SWEEP2 + ("--tokenizer", "runs:/{running}/best_model"), "RUNNING"),
+    Case("sweep2-tokenizer-deleted", "sweep", "`sweep.py --stage predictor --tokenizer runs:/<a deleted run>/best_model`",
+         SWEEP2 + ("--tokenizer", "runs:/{deleted}/best_model"), "deleted"),
+    Case("sweep2-tokenizer-unknown", "sweep", "`sweep.py --stage predictor --tokenizer runs:/<a run the store lacks>/...`",
+         SWEEP2 + ("--tokenizer", f"runs:/{UNKNOWN_RUN}/best_model"), UNKNOWN_RUN),
+    Case("sweep2-tokenizer-is-predictor", "sweep", "`sweep.py --stage predictor --tokenizer` a predictor checkpoint",
+         SWEEP2 + ("--tokenizer", "{in}/pred_5_5"), "holds a predictor's config", make=make_predictor_5_5),
+    Case("sweep2-predictor-is-tokenizer", "sweep", "`sweep.py --stage predictor --pretrained-predictor-path` a tokenizer",
+         SWEEP2 + ("--tokenizer", "{in}/good_ckpt", "--pretrained-predictor-path", "{in}/good_ckpt"),
+         "holds a tokenizer's config", make=make_predictor_5_5),
+    Case("sweep2-bits", "sweep", "`sweep.py --stage predictor` a 5+5-bit predictor on a 4+4-bit tokenizer",
+         SWEEP2 + ("--tokenizer", "{in}/good_ckpt", "--pretrained-predictor-path", "{in}/pred_5_5"), "5+5",
+         make=make_predictor_5_5),
+    Case("sweep2-context", "sweep", "`sweep.py --stage predictor --max-context 16` (window 20 + 5)",
+         SWEEP2 + ("--max-context", "16"), "max_context 16"),
+    Case("sweep2-val-skill-origins", "sweep", "`--objective val_skill` with a validation range holding no origin "
+         "after training", SWEEP2 + ("--objective", "val_skill", "--val-time-range", "2021-06-20:2021-07-10"),
+         "2021-06-20:2021-07-10"),
+    Case("sweep2-no-signal-day", "sweep", f"`sweep.py --stage predictor --backtest-time-range {NO_SIGNAL}`",
+         SWEEP2 + ("--backtest-time-range", NO_SIGNAL), NO_SIGNAL),
+    Case("sweep2-resume-must", "sweep", "`sweep.py --resume must` (every trial starts in a new folder)",
+         SWEEP2 + ("--resume", "must"), "must"),
+    Case("scorecard-nothing-to-score", "evaluate", f"`evaluate --test-time-range {NO_ORIGIN}` (no forecast origin)",
+         EVAL2 + ("--test-time-range", NO_ORIGIN), NO_ORIGIN, make=make_forecaster),
+    Case("scorecard-context", "evaluate", "`evaluate --max-context 16` (window 20 + 5)",
+         EVAL2 + ("--max-context", "16"), "max_context 16", make=make_forecaster),
+    Case("scorecard-no-signal-day", "evaluate", f"`evaluate --backtest-time-range {NO_SIGNAL}`",
+         EVAL2 + ("--backtest-time-range", NO_SIGNAL), NO_SIGNAL, make=make_forecaster),
+    Case("scorecard-swapped", "evaluate", "`evaluate --model` a directory whose tokenizer/ holds a predictor",
+         CLI + ("evaluate", "--model", "{in}/swapped") + BASE, "holds a predictor's config", make=make_forecaster),
+    Case("scorecard-zeroshot-kind", "evaluate", "`evaluate --zeroshot-predictor` a tokenizer checkpoint",
+         EVAL2 + ("--zeroshot-predictor", "{in}/good_ckpt"), "--zeroshot-predictor", make=make_forecaster),
+    Case("scorecard-zeroshot-bits", "evaluate", "`evaluate --zeroshot-predictor` a 5+5-bit predictor",
+         EVAL2 + ("--zeroshot-predictor", "{in}/pred_5_5"), "--zeroshot-predictor", make=make_forecaster),
+    Case("scorecard-running-run", "evaluate", "`evaluate --model runs:/<a RUNNING run>/best_model`",
+         CLI + ("evaluate", "--model", "runs:/{running}/best_model"), "RUNNING"),
+    Case("scorecard-deleted-run", "evaluate", "`evaluate --model runs:/<a deleted run>/best_model`",
+         CLI + ("evaluate", "--model", "runs:/{deleted}/best_model"), "deleted"),
+    Case("scorecard-no-store", "evaluate", "`evaluate --model runs:/<id>/best_model` against a sqlite file that does "
+         "not exist (no store is made)", CLI + ("evaluate", "--model", f"runs:/{UNKNOWN_RUN}/best_model"),
+         "no MLflow database", env={"MLFLOW_TRACKING_URI": "sqlite:///{ws}/new.db"}),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
@@ -919,6 +1015,10 @@ def _build_template(root: Path) -> Path:
     stopped = client.create_run("0", run_name="stopped", tags={TAG: token_hash(new_token())})  # files elsewhere
     client.set_terminated(stopped.info.run_id, "KILLED")
     client.delete_experiment(client.create_experiment("retired"))  # a name a run may not use
+    client.create_run("0", run_name="running")  # a run still training: its model is not final
+    deleted = client.create_run("0", run_name="deleted").info.run_id
+    client.set_terminated(deleted)
+    client.delete_run(deleted)
     (ws / "home").mkdir()
     return ws
 
@@ -970,6 +1070,8 @@ class Result:
         text = text.replace(str(self.ws), "<ws>").replace(str(self.inp), "<in>").replace(market, "<market>")
         text = text.replace(finished_run_id(self.ws), "<finished-run-id>").replace(stopped_run_id(self.ws),
                                                                                    "<stopped-run-id>")
+        for name in ("running", "deleted"):
+            text = text.replace(_run_named(self.ws, name), f"<{name}-run-id>")
         text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
         text = re.sub(r"\(pid \d+ on [^,]*, since [^)]*\)", "(pid <pid> on <host>, since <time>)", text)
         return text.replace(sys.executable, "python")
@@ -1000,7 +1102,8 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
         case.make(inp, ws)
     market = root.parent / "market"
     fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market),
-            "finished": finished_run_id(ws), "stopped": stopped_run_id(ws)}
+            "finished": finished_run_id(ws), "stopped": stopped_run_id(ws),
+            "running": _run_named(ws, "running"), "deleted": _run_named(ws, "deleted")}
     env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     env.update({k: v.format(**fill) for k, v in case.env.items()})
     if case.argv[0] == "<mlproject>":
@@ -1305,6 +1408,10 @@ def render_table(results: dict[str, Result]) -> str:
         "- `--check` (the MLproject's first step) refuses whatever the run would refuse at its start or end:",
         "  device and process count, speed settings, Comet's key for `comet: online`, the pretrained checkpoint",
         "  (finite weights), windows per rank, `resume`, the run and experiment it would log to, max_restarts;",
+        "- the stage-two doors (`kronos-mlflow pipeline`, `sweeps/sweep.py`, `kronos-mlflow evaluate`) make every",
+        "  check their steps, trials or scoring would make before their first run or data cache (the kind of",
+        "  model each path holds, bits, `runs:/` runs that are unknown, deleted or RUNNING, `max_context`, origins,",
+        "  the backtest's range): [checked before work](reliability.md#checked-before-work);",
         "- data: [Data sanity](#data-sanity-what-is-refused-what-is-dropped) below says what is refused and what",
         "  is dropped with one line per symbol;",
         "- spools are data, not commands: see `kronos-mlflow upload-spool --help` and the spool rows below;",

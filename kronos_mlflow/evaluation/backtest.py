@@ -33,7 +33,8 @@ from typing import Any
 
 from ..errors import DataError
 
-__all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "metric_prefix", "EXCHANGE", "ACCOUNT", "PNG"]
+__all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "check_signal_days", "metric_prefix", "skip_reason",
+           "EXCHANGE", "ACCOUNT", "PNG"]
 
 PNG = "backtest.png"
 #: Upstream's exchange settings (finetune/qlib_test.py).
@@ -103,11 +104,16 @@ def _signal_series(name: str, frame):
 def _time_range(config: Mapping[str, Any], signals: Mapping[str, Any], calendar) -> tuple[str, str]:
     """``backtest_time_range``, or the test range from the first signal date; cut to the
     provider's calendar, whose last day is left out (Qlib's backtest steps one day beyond)."""
+    first = min(s.index.get_level_values(0).min() for s in signals.values())
+    last = max(s.index.get_level_values(0).max() for s in signals.values())
+    return _days_with_signal(config, first, last, calendar)
+
+
+def _days_with_signal(config: Mapping[str, Any], first, last, calendar) -> tuple[str, str]:
+    """:func:`_time_range` of signals dated ``first`` .. ``last`` (``pandas.Timestamp``)."""
     import pandas as pd
 
     given = list(config.get("backtest_time_range") or [])
-    first = min(s.index.get_level_values(0).min() for s in signals.values())
-    last = max(s.index.get_level_values(0).max() for s in signals.values())
     if given:
         start, end = pd.Timestamp(given[0]), pd.Timestamp(given[1])
         key = "backtest_time_range"
@@ -117,7 +123,7 @@ def _time_range(config: Mapping[str, Any], signals: Mapping[str, Any], calendar)
         key = "test_time_range"
     end = min(end, pd.Timestamp(calendar[-2]) if len(calendar) > 1 else start - pd.Timedelta(days=1))
     days = [d for d in calendar if start <= d <= end]
-    if not days or days[0] > last:
+    if not days or days[0] > last or days[-1] < first:
         raise DataError(f"{key} {start.date()}:{end.date()} holds no trading day with a signal (signals cover "
                         f"{first.date()}:{last.date()}, the provider's calendar {calendar[0].date()}:"
                         f"{calendar[-1].date()}); choose a backtest_time_range inside both")
@@ -170,6 +176,40 @@ def _risk(returns) -> dict[str, float]:
     return {k: float(v) for k, v in table.items()}
 
 
+def skip_reason(config: Mapping[str, Any]) -> str | None:
+    """The one line that says why :func:`backtest_signals` skips the backtest of ``config``'s
+    data (intraday bars, a provider without the benchmark's series), or None when it runs."""
+    from ..data.prepare import resolve_qlib_path
+
+    benchmark = benchmark_of(config)
+    if str(config.get("freq", "day")) != "day":
+        return (f"backtest skipped: Qlib's backtest runs on daily bars, freq is {config['freq']}; run it on a "
+                "daily provider")
+    path = resolve_qlib_path(config)
+    if not (path / "features" / benchmark.lower() / "close.day.bin").is_file():
+        return (f"backtest skipped: benchmark {benchmark} has no series in '{path}' "
+                f"(features/{benchmark.lower()}/close.day.bin); set backtest_benchmark to an instrument code of "
+                "that directory")
+    return None
+
+
+def check_signal_days(config: Mapping[str, Any], dates) -> None:
+    """The backtest of signals on ``dates`` (the origins' dates) has a trading day with a signal
+    in its range, as :func:`backtest_signals` requires (the same :class:`DataError` line), read
+    from the provider's calendar file without starting Qlib. Nothing to check when it is skipped."""
+    import numpy as np
+    import pandas as pd
+
+    from ..data.prepare import resolve_qlib_path
+
+    if skip_reason(config) or not len(dates):
+        return
+    path = resolve_qlib_path(config) / "calendars" / "day.txt"
+    calendar = list(pd.DatetimeIndex([line.strip() for line in path.read_text().splitlines() if line.strip()]))
+    dates = pd.DatetimeIndex(np.asarray(dates))
+    _days_with_signal(config, dates.min(), dates.max(), calendar)
+
+
 def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir) -> BacktestResult:
     """Backtest each signal (name -> DataFrame indexed (datetime, instrument), column ``score``)
     with Qlib on the config's provider (``qlib_data_path``, or the demo market when empty) and
@@ -188,14 +228,10 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     if len(set(prefixes.values())) < len(prefixes):
         raise DataError(f"backtest signal names {sorted(signals)} give the same metric names; expected distinct names")
     benchmark = benchmark_of(config)
-    if str(config.get("freq", "day")) != "day":
-        return BacktestResult(skipped=f"backtest skipped: Qlib's backtest runs on daily bars, freq is "
-                                      f"{config['freq']}; run it on a daily provider", benchmark=benchmark)
+    skipped = skip_reason(config)
+    if skipped:
+        return BacktestResult(skipped=skipped, benchmark=benchmark)
     path = resolve_qlib_path(config)
-    if not (path / "features" / benchmark.lower() / "close.day.bin").is_file():
-        return BacktestResult(skipped=f"backtest skipped: benchmark {benchmark} has no series in '{path}' "
-                                      f"(features/{benchmark.lower()}/close.day.bin); set backtest_benchmark to an "
-                                      "instrument code of that directory", benchmark=benchmark)
     series = {name: _signal_series(name, frame) for name, frame in signals.items()}
     _init_qlib(path)
     from qlib.data import D

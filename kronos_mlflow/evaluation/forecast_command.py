@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default="", help="the zero-shot pair's tokenizer (a checkpoint directory or hub id)")
     parser.add_argument("--zeroshot-predictor", "--zeroshot_predictor", dest="zeroshot_predictor", metavar="URI",
                         default="", help="the zero-shot pair's predictor (a checkpoint directory or hub id)")
+    parser.add_argument("--check", dest="_check", action="store_true",
+                        help="check the model, the zero-shot pair, the origins and the backtest's range, then exit")
     add_config_arguments(parser)
 
 
@@ -63,10 +65,12 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
         from mlflow.exceptions import MlflowException
 
         from ..stages.sources import _source_run
+        from .sources import mlflow_store
 
+        uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
         try:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
-                                                             tracking_uri=tracking_uri))
+                                                             tracking_uri=uri))
         except (MlflowException, OSError, ValueError) as exc:
             raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
                             f"expected {MODEL_ACCEPTED}") from None
@@ -111,19 +115,19 @@ def _predictor(tokenizer, spec: str, config, device, what: str):
     from ..model import Kronos
     from .forecast_run import pair
 
-    if Path(spec).is_dir():
-        return pair(tokenizer, spec, config, device)
     try:
-        Kronos.from_pretrained(spec)
-    except UserError as exc:
+        if not Path(spec).is_dir():
+            Kronos.from_pretrained(spec)  # a hub id: its own line if it does not load
+        return pair(tokenizer, spec, config, device)
+    except UserError as exc:  # which argument it was: a checkpoint of the wrong kind, other bits
         raise UserError(f"{what}: {exc}") from None
-    return pair(tokenizer, spec, config, device)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..console import Console
     from ..distributed import resolve_device
     from ..flags import config_from_args
+    from ..preflight import check_context, check_tracking
     from .forecast_run import ZEROSHOT_TAG
     from .scorecard import score_forecasters
     from .sources import load_tokenizer
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     device = resolve_device(config["device"])
     console = Console(True)
+    check_context(config)
     with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
         tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))
         tokenizer = load_tokenizer(str(tok_dir), device, what="--model")
@@ -139,16 +144,33 @@ def run(args: argparse.Namespace) -> int:
         if z_pred:
             base_tok = load_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
             models["zeroshot"] = _predictor(base_tok, z_pred, config, device, "--zeroshot-predictor")
-        else:
+        check_tracking(config)  # where the run will be logged, before the scoring (never created here)
+        n_origins = check_origins(config)
+        if getattr(args, "_check", False):
+            print(f"[kronos] check passed: the model, {'its zero-shot pair, ' if z_pred else ''}{n_origins:,} test "
+                  "origins and the backtest's range are usable")
+            return 0
+        if not z_pred:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
         card = score_forecasters(config, models, console=console)
+        if card.reason:  # never a FINISHED run without metrics
+            raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"
         if run_id:
             card.tags[PREDICTOR_RUN_TAG] = run_id
         logged = _log(args, config, card, console)
     print(f"logged: MLflow run {logged}")
     return 0
+
+
+def check_origins(config) -> int:
+    """The test origins the scorecard will score (none: one line), and the backtest's range, read
+    without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
+    from ..preflight import DataView, check_scorecard
+
+    with DataView(quiet_splits=("train", "val", "test")) as data:  # the scorecard reads the test split only
+        return check_scorecard(data.config(config))
 
 
 EVALUATIONS_FOLDER = "evaluations"
@@ -175,7 +197,7 @@ def _log(args, config, card, console) -> str:
                                 "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
         record(card, root / "evaluation", logger, step=0, console=console, config=config)
     except BaseException as exc:
-        logger.finalize("failed", f"{type(exc).__name__}: {exc}")
+        logger.finalize("failed", f"kronos-mlflow evaluate: {type(exc).__name__}: {exc}")
         raise
     logger.finalize("success")
     return logger.run_id

@@ -30,13 +30,54 @@ def load_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, 
         raise UserError(f"{what}: {exc}") from None
 
 
+def mlflow_store(spec: str, what: str, tracking_uri: str | None = None) -> str:
+    """The tracking URI that holds the run or model ``spec`` names: an existing store (never a new
+    empty database: :func:`~kronos_mlflow.compare.resolve_tracking_uri`), with ``spec``'s run
+    usable (:func:`check_logged_run`). A refusal is one line naming ``what`` and ``spec``."""
+    from ..compare import resolve_tracking_uri
+
+    try:
+        uri = resolve_tracking_uri(tracking_uri, flag="--tracking-uri" if tracking_uri else None)
+    except UserError as exc:
+        raise UserError(f"{what} '{spec}' cannot be loaded: {exc}") from None
+    check_logged_run(spec, what, uri)
+    return uri
+
+
+def check_logged_run(spec: str, what: str, tracking_uri: str) -> None:
+    """A ``runs:/<id>/...`` URI names a run of the store that exists, is not deleted and has
+    ended (a RUNNING run's model is not final, or not there yet). Other URIs: nothing to check."""
+    if not str(spec).startswith("runs:/"):
+        return
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from ..tracking.server import hide_uri_printing
+    from ..secrets import redact_uri
+
+    run_id = spec[len("runs:/"):].split("/", 1)[0]
+    hide_uri_printing(tracking_uri)
+    try:
+        run = MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise UserError(f"{what} '{spec}': run {run_id} does not exist at {redact_uri(tracking_uri)}; "
+                            "expected the id of a run logged there") from None
+        raise UserError(f"{what} '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)})") from None
+    if run.info.lifecycle_stage == "deleted":
+        raise UserError(f"{what} '{spec}': run {run_id} is deleted; restore it (mlflow runs restore --run-id "
+                        f"{run_id}) or name another run")
+    if run.info.status in ("RUNNING", "SCHEDULED"):
+        raise UserError(f"{what} '{spec}': run {run_id} is {run.info.status}, its model not final; wait until it "
+                        "ends, or name a run that has ended")
+
+
 def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
     from mlflow.exceptions import MlflowException
 
-    from ..compare import resolve_tracking_uri
     from ..mlflow_model import load_tokenizer as load_logged
 
-    uri = resolve_tracking_uri(tracking_uri)  # an existing store: never a new empty database
+    uri = mlflow_store(spec, what, tracking_uri)  # an existing store: never a new empty database
     try:
         return load_logged(spec, map_location=str(device), tracking_uri=uri).eval()
     except UserError as exc:  # the downloaded checkpoint itself is bad

@@ -192,6 +192,11 @@ def _check_keys_and_values(config: Any, schema: Schema, origin: str, error: type
     keys = schema.keys
     unknown = [k for k in config if k not in keys]
     if unknown:
+        other = next((s for s in (TOKENIZER_SCHEMA, PREDICTOR_SCHEMA) if s is not schema and set(config) == set(s.keys)),
+                     None)
+        if other is not None:  # the other model's config: say which kind it holds
+            raise error(f"{origin} holds a {other.noun}'s config ({other.expected}), not a {schema.noun}'s; expected a "
+                        f"{schema.noun} checkpoint")
         key = str(unknown[0])
         close = difflib.get_close_matches(key, keys, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""

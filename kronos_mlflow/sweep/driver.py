@@ -188,17 +188,21 @@ class SweepWorker:
             raise optuna.TrialPruned(f"pruned after {epochs_done} epoch(s)")
         best = run.data.metrics.get(self.value_metric)
         if proc.returncode != 0 or best is None:
-            self._end(run_id, "FAILED", "FAIL")
             why = (f"training exited with code {proc.returncode} ({shlex.join(cmd[:4])} ...)" if proc.returncode
                    else f"its run has no {self.value_metric}")
+            self._end(run_id, "FAILED", "FAIL", reason=f"trial {trial.number}: {why}")
             raise TrialFailed(f"trial {trial.number}: {why}")
         self._end(run_id, None, "COMPLETE")
         return float(best)
 
-    def _end(self, run_id: str, status: str | None, state: str) -> None:
+    def _end(self, run_id: str, status: str | None, state: str, reason: str = "") -> None:
+        from ..tracking.project_run import end_failed
+
         self.client.set_tag(run_id, "optuna.trial_state", state)
         run = self.client.get_run(run_id)
-        if status and run.info.status in ("RUNNING", "SCHEDULED"):
+        if status == "FAILED" and run.info.status in ("RUNNING", "SCHEDULED"):  # its process did not end it
+            end_failed(self.client, run_id, reason or "its training process ended without ending the run")
+        elif status and run.info.status in ("RUNNING", "SCHEDULED"):
             self.client.set_terminated(run_id, status)
         elif status == "KILLED" and run.info.status != "KILLED":
             self.client.set_terminated(run_id, "KILLED")
@@ -296,6 +300,8 @@ def build_parser():
                    "'sweeps' next to the config's save_path, ./outputs/sweeps)")
     p.add_argument("--max-retry", default=1, help="retries of a trial whose worker died")
     p.add_argument("--config", dest="config_file", default="", help="YAML config for every trial")
+    p.add_argument("--check", action="store_true", help="make every check a trial would make at its start or end, "
+                   "then exit (the sweep makes them before its study is opened anyway)")
     p.add_argument("--objective", default=None, help="what ranks the trials: val_loss (best_val_loss, minimised; "
                    "the default) or val_skill (best_val_skill: forecast skill against persistence on the validation "
                    "split's origins, maximised; the pruner reads each epoch's val_skill_vs_persistence)")
@@ -389,18 +395,44 @@ def parse(argv: Sequence[str] | None):
     return args, train_flags, config
 
 
+def check_trials(args, config: Mapping[str, Any]) -> None:
+    """What every trial would refuse at its start or its end, before the study is opened or any
+    run is made: its start (paths, device, processes, speed settings, Comet), its checkpoints
+    (the tokenizer a run, a directory or a hub id names, loaded as a tokenizer; the predictor
+    as a predictor, with the same bits), the forecast window against ``max_context``, the data
+    (windows per rank, ``objective: val_skill``'s validation origins, the scorecard's backtest
+    range) without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
+    from ..preflight import DataView, check_training
+    from ..train import check_start
+
+    trial = {**config, "save_path": os.path.join(args.output_dir, args.study_name),
+             "nproc_per_node": args.nproc_per_node}
+    check_start(trial, args.nproc_per_node)
+    if trial["resume"] == "must":
+        raise UserError("resume: 'must' resumes a saved training state, and each trial trains in a folder of its own "
+                        "(trial-N) that holds none; expected resume auto or never for a sweep")
+    with DataView() as data:
+        check_training(trial, args.nproc_per_node, data)
+
+
 def run_sweep(argv: Sequence[str] | None = None) -> int:
     from mlflow import MlflowClient
 
     import optuna
 
-    from ..tracking.server import check_tracking_server, ensure_sqlite_store
+    from ..preflight import check_tracking
+    from ..tracking.server import ensure_sqlite_store
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
     args.storage = args.storage or default_storage()
     pruner = make_pruner(args.pruner)
-    check_tracking_server(create=False)
+    check_tracking({**config, "experiment_name": args.experiment_name or config.get("experiment_name") or ""})
+    check_trials(args, config)  # the last check: its data cache is written once every check passed
+    if args.check:
+        print("[sweep] check passed: the flags, the search space, every trial's config, checkpoints and data, and "
+              "the tracking server are usable", flush=True)
+        return 0
     storage = open_storage(args.storage, max_retry=args.max_retry)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     objective = str(config.get("objective", "val_loss"))
@@ -433,7 +465,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
     worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id, config)
-    status = "FAILED"
+    status, reason = "FAILED", ""
     started = time.time()
     try:
         optimize_distinct(study, worker.objective, worker, args.n_trials, args.timeout or None, (TrialFailed,))
@@ -441,12 +473,15 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except BaseException as exc:
+        reason = f"sweep: {type(exc).__name__}: {exc}"
+        raise
     finally:
-        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started, config)
+        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started, config, reason)
     return 0
 
 
-def _finish_parent(client, parent_id, study, args, worker, status, elapsed, config) -> None:
+def _finish_parent(client, parent_id, study, args, worker, status, elapsed, config, reason: str = "") -> None:
     import tempfile
 
     try:
@@ -477,7 +512,9 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
             client.log_artifact(parent_id, str(Path(tmp) / "trials.txt"))
         print(table, flush=True)
     finally:
-        client.set_terminated(parent_id, status)
+        from ..tracking.project_run import end_run
+
+        end_run(client, parent_id, status, reason or "sweep: it stopped before its trials ended")
 
 
 def _show_best_trial_test(client, parent_id: str, best_run: str) -> None:
@@ -501,12 +538,14 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..console import install_warning_format
+    from ..tracking.project_run import record_failure
 
     install_warning_format()
     try:
         return run_sweep(argv)
     except UserError as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
+        record_failure(f"sweep: error: {exc}")  # under `mlflow run -e sweep`: the parent's failure_reason
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("sweep: interrupted", file=sys.stderr)

@@ -129,7 +129,7 @@ def check_uri(uri: str, source: str | None = None, kind: str = "MLflow tracking 
     return tracking_uri(str(uri), source, kind=kind)
 
 
-def _sqlite_store_ready(db) -> bool:
+def sqlite_store_ready(db) -> bool:
     """The database holds MLflow's schema and its default experiment (what a store's first open
     writes last). Any error (missing, locked while another process migrates it) means not yet."""
     import sqlite3
@@ -156,12 +156,12 @@ def ensure_sqlite_store(uri: str) -> None:
     from ..validate import sqlite_path
 
     db = sqlite_path(str(uri))
-    if db is None or _sqlite_store_ready(db):
+    if db is None or sqlite_store_ready(db):
         return
     from ..data.provider import file_lock
 
     with file_lock(db.with_name(db.name + ".lock")):
-        if _sqlite_store_ready(db):
+        if sqlite_store_ready(db):
             return  # another process made it while we waited
         from mlflow import MlflowClient
 

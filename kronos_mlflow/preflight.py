@@ -1,0 +1,203 @@
+"""What a training step, a sweep's trial or an evaluation would refuse, checked before any work.
+
+Every door of stage two (``kronos-mlflow pipeline``, ``sweeps/sweep.py``, ``kronos-mlflow
+evaluate``) and ``--check`` of training call these functions before their first child run,
+trial or data cache, so that a check passed up front never fails later for a reason it could
+have seen (docs/reliability.md, Checked before work):
+
+- :func:`check_context`: the forecast window (``lookback_window + predict_window``) fits
+  ``max_context``, for every run that forecasts (:func:`forecasts`);
+- :func:`check_training`: what a training run with a config refuses at its start or its end:
+  its checkpoints load as the kind of model each key names and pair (the same bits), the
+  objective's partner, enough windows for one step per rank, the validation origins of
+  ``objective: val_skill``, and the end-of-run scorecard's backtest range;
+- :func:`check_scorecard`: an evaluation has test origins to score and, when it backtests, a
+  backtest day with a signal;
+- :func:`check_tracking`: the tracking store a door logs to (never created by the check);
+- :class:`DataView`: where those checks read the data splits: an existing cache where it is,
+  a missing one prepared in a scratch folder and moved into place (``publish``) only once every
+  check passed, or removed. A refusal leaves no cache behind.
+
+The checks are the steps' own functions (``build_model``, ``val_origins``,
+``forecast_origins``, the backtest's range), called on the same config, never copies of them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, UserError
+
+
+def forecasts(config: Mapping[str, Any]) -> bool:
+    """Whether a training run with ``config`` forecasts: a predictor run (its logged forecaster,
+    its scorecard) or a run on ``objective: val_skill`` (every epoch)."""
+    return config.get("stage") == "predictor" or config.get("objective") == "val_skill"
+
+
+def check_context(config: Mapping[str, Any]) -> None:
+    """``lookback_window + predict_window`` bars fit the forecasting model's ``max_context``:
+    a longer window is cut to its last ``max_context`` tokens while forecasting (the model never
+    sees the start of its lookback), and one shorter than the horizon gives a shorter forecast."""
+    lookback, horizon, limit = int(config["lookback_window"]), int(config["predict_window"]), int(config["max_context"])
+    if lookback + horizon > limit:
+        raise ConfigError(
+            f"lookback_window {lookback} + predict_window {horizon} = {lookback + horizon} bars is more than "
+            f"max_context {limit}, the longest context the forecasting model reads; expected lookback_window + "
+            "predict_window <= max_context (Kronos-small and -base read 512): shorten the windows or raise max_context")
+
+
+class DataView:
+    """Configs whose prepared splits can be read, without writing the data cache before every
+    check has passed. ``with DataView() as data:`` ... ``data.config(config)`` ... the caches
+    prepared for the checks are moved into place when the block ends without an error
+    (``publish=False``: removed either way), else removed."""
+
+    def __init__(self, *, publish: bool = True, quiet_splits: tuple[str, ...] = ("test",)):
+        self.publish_on_success = publish
+        self.quiet_splits = quiet_splits  # whose "no <split> windows" warning is not for this door to say
+        self._root: Path | None = None
+        self._scratch: dict[Path, str] = {}  # the cache's final folder -> the scratch dataset_path
+        self._warnings: list = []  # the data's warnings, said once every check passed (a refusal is one line)
+
+    def __enter__(self) -> DataView:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            if kind is None and self.publish_on_success:
+                self.publish()
+        finally:
+            self.close()
+
+    def config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` with a ``dataset_path`` that holds its prepared splits: its own when the
+        cache is complete there, else a scratch folder's, prepared now (a refusal of the data
+        is the one ``kronos-mlflow prepare`` gives)."""
+        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits
+
+        final = cache_dir_for(config)
+        if (final / MANIFEST).is_file():
+            return dict(config)
+        if final not in self._scratch:
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="kronos-check-"))
+            self._scratch[final] = str(self._root / str(len(self._scratch)))
+        ready = {**config, "dataset_path": self._scratch[final]}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DataWarning)
+            prepare_splits(ready)
+        for w in caught:
+            if issubclass(w.category, DataWarning):
+                self._warnings.append(w)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return ready
+
+    def publish(self) -> None:
+        """Move each cache prepared here to its own ``dataset_path`` (as ``prepare`` would have
+        written it: a complete cache published at once, never over a complete one), and say the
+        data's warnings (bars dropped, an empty validation split), bar the empty splits of
+        ``quiet_splits`` (an empty test split is the verdict's or the scorecard's to say)."""
+        from .data import provider as pv
+        from .data.prepare import MANIFEST
+
+        for w in self._warnings:
+            if not any(str(w.message).startswith(f"no {split} windows") for split in self.quiet_splits):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self._warnings.clear()
+
+        for final, scratch in self._scratch.items():
+            built = Path(scratch) / final.name
+            if not (built / MANIFEST).is_file():
+                continue
+
+            def move(tmp: Path, built: Path = built) -> None:
+                for entry in built.iterdir():
+                    shutil.move(str(entry), str(tmp / entry.name))
+
+            try:
+                pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
+            except OSError as exc:
+                from .errors import DataError
+
+                raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
+                                "choose a writable dataset_path") from None
+
+    def close(self) -> None:
+        self._warnings.clear()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+        self._scratch.clear()
+
+
+def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *, tokenizer=None):
+    """What a training run with ``config`` on ``world_size`` processes refuses, bar its output
+    paths, device and tracking (``check_start``, the tracking checks) and its training state:
+    the checkpoints load (a predictor run's on ``tokenizer`` when given: the tokenizer a
+    pipeline's first step will hand over, with the bits it will have), the objective's partner,
+    the forecast window against ``max_context``, the data (one optimizer step per rank, the
+    validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
+    Returns the model the run starts from when it loaded one (else None)."""
+    from .train import build_model, check_windows
+
+    if forecasts(config):
+        check_context(config)
+    model = None
+    if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
+        model = build_model(config, tokenizer)  # loads each checkpoint as its kind; the same bits
+    if config["objective"] == "val_skill":
+        from .evaluation.val_skill import check_partner
+
+        check_partner(config, model if model is not None else build_model(config))
+    ready = data.config(config)
+    if config["objective"] == "val_skill":
+        from .evaluation.val_skill import val_origins
+
+        val_origins(ready)  # some validation origin forecasts bars after training
+    if config["stage"] == "predictor" and config["evaluate"] == "on":
+        check_scorecard(ready, required=False)  # an empty test range: the run says so; its backtest must run
+    check_windows(ready, world_size)
+    return model
+
+
+def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
+    """The number of test origins the scorecard of ``config`` scores (its data must be
+    prepared: a :meth:`DataView.config`); none is a refusal when ``required`` (an evaluation
+    with nothing to score). With origins, the backtest the scorecard runs has a day with a
+    signal in its range. Reads the data, writes nothing."""
+    from .evaluation.backtest import check_signal_days
+    from .evaluation.origins import forecast_origins
+
+    origins = forecast_origins(config)
+    if not len(origins):
+        if required:
+            raise UserError(f"nothing to score: no forecast origins in test_time_range "
+                            f"{':'.join(config['test_time_range'])} (each needs lookback_window "
+                            f"{config['lookback_window']} + predict_window {config['predict_window']} bars of a series "
+                            "inside it); widen test_time_range or shorten the windows")
+        return 0
+    check_signal_days(config, origins.dates)
+    return len(origins)
+
+
+def check_tracking(config: Mapping[str, Any]) -> None:
+    """The tracking store a door logs to, never created here: its URI and server, and, when the
+    store exists, the run and experiment its runs would use (``MLFLOW_RUN_ID`` not deleted, the
+    experiment not deleted: :func:`~kronos_mlflow.tracking.mlflow.check_run_target`)."""
+    import mlflow
+
+    from .tracking.mlflow import check_run_target
+    from .tracking.server import check_tracking_server, sqlite_store_ready
+    from .validate import sqlite_path
+
+    check_tracking_server(create=False)
+    db = sqlite_path(str(mlflow.get_tracking_uri()))
+    if db is None or sqlite_store_ready(db):  # a store yet to be made holds no deleted run or experiment
+        check_run_target(config)
