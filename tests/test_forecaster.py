@@ -311,5 +311,24 @@ def test_served_forecast_equals_the_in_process_one(logged):
         last = body["message"].strip().splitlines()[-1]
         assert last.startswith("Error: timestamps of shape (3, 22) do not fit bars (3, 20, 6) and pred_len 5"), last
         assert len(last) < 300
+
+        # the predictor's own refusals answer the same way: INVALID_PARAMETER_VALUE, a 400, one line
+        swapped = x["timestamps"].copy()
+        swapped[2, [0, 1]] = swapped[2, [1, 0]]
+        longer = _windows(n=3, pred_len=600)
+        for inputs, params, start in [
+            ({**x, "timestamps": swapped}, {}, "timestamps of series 2 go back at positions 0 and 1"),
+            (longer, {"pred_len": 600}, "pred_len 600 is beyond max_context 512"),
+            (x, {"sample_count": 10**9}, "sample_count 1000000000 for 3 series (3000000000 paths of 20 + 5 bars) "
+                                         "needs about"),
+            (x, {"T": 1e-40}, "T is 1e-40; expected a temperature above 0"),
+        ]:
+            request = {"inputs": {k: v.tolist() for k, v in inputs.items()}, "params": params}
+            status, body = post_json(f"{base}/invocations", request)
+            assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE", (start, status, body)
+            last = body["message"].strip().splitlines()[-1]
+            assert last.startswith(f"Error: {start}") and len(last) < 400, last
+        status, body = post_json(f"{base}/invocations", {"inputs": {k: v.tolist() for k, v in x.items()}})
+        assert status == 200, body  # the server still answers
     finally:
         stop_process_group(proc)

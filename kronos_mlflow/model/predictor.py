@@ -344,8 +344,9 @@ def _numbers(column: pd.Series, where: str, name: str) -> pd.Series:
         return pd.to_numeric(column)
     else:
         kind = f"{pd.api.types.infer_dtype(column, skipna=True)} values" if dtype == object else f"{dtype} values"
-    raise DataError(f"{where} column {name!r} holds {kind} (dtype {dtype}); expected numbers: convert it with "
-                    f"pd.to_numeric(df[{name!r}])")
+    text = kind in ("string values", "str values") or pd.api.types.is_string_dtype(dtype)
+    hint = f" (text converts with pd.to_numeric(df[{name!r}]))" if text else ""
+    raise DataError(f"{where} column {name!r} holds {kind} (dtype {dtype}); expected numbers{hint}")
 
 
 def _instants(ts: pd.Series) -> np.ndarray:
