@@ -263,7 +263,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+    for unit, scale in (("EB", 1e18), ("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n / 1e3:.1f} kB"
