@@ -242,7 +242,9 @@ _MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256
         "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
         "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
         "inference_sample_count": 10_000}
-_MIN = {"system_metrics_interval_s": 0.1}
+# inference_T: the forecasting loop's lowest temperature (model/sampling.py T_MIN, below it logits / T
+# overflows); lookback_window: a forecast's lookback needs a spread to normalise by (model/predictor.py).
+_MIN = {"system_metrics_interval_s": 0.1, "inference_T": 1e-4, "lookback_window": 2}
 # Names that become one folder or file inside a parent directory.
 _CHILD_NAMES = {"tokenizer_save_folder_name": "save_path", "predictor_save_folder_name": "save_path"}
 # Paths that must be directories (or creatable as one); empty means "not used" where allowed.

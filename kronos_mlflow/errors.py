@@ -30,6 +30,16 @@ class DataError(UserError, ValueError):
     """A Qlib directory, CSV file or data split cannot be used."""
 
 
+class ArgumentTypeError(UserError, TypeError):
+    """An argument of the Python API is of the wrong kind: a path or hub id where a loaded model
+    is needed, the predictor and the tokenizer swapped, an array where a tensor is needed."""
+
+
+class MemoryBudgetError(ConfigError):
+    """A forecast would need more memory than its device has free (estimated before anything is
+    allocated): too many series or sample paths for one call."""
+
+
 def short_reason(exc: BaseException, limit: int = 200) -> str:
     """``Type: message`` of an exception on one line, cut to ``limit`` characters, for the
     parenthesis of a one-line user message."""

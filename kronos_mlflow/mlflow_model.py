@@ -82,11 +82,14 @@ def tokenize_windows(model, x: np.ndarray, lookback: int, clip: float) -> dict[s
 
 @contextlib.contextmanager
 def bad_input_as_invalid_parameter() -> Iterator[None]:
-    """A ``ValueError`` raised inside becomes MLflow's ``INVALID_PARAMETER_VALUE`` with the same
-    one-line message: a 400 when served, one short line (never the whole array)."""
+    """A ``ValueError`` (or the project's ``TypeError`` of a bad argument) raised inside becomes
+    MLflow's ``INVALID_PARAMETER_VALUE`` with the same one-line message: a 400 when served, one
+    short line (never the whole array)."""
+    from .errors import UserError
+
     try:
         yield
-    except ValueError as exc:
+    except (ValueError, UserError) as exc:
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 

@@ -173,3 +173,126 @@ def test_refuses_non_empty_out_unless_force(tmp_path, capsys):
     # an existing empty directory is fine without --force
     (tmp_path / "empty").mkdir()
     assert main(["import-csv", str(f), "--out", str(tmp_path / "empty")]) == 0
+
+
+# ----------------------------------------------------------------------------- epoch timestamps
+
+EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
+PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def _epoch_file(path, times, unit: str, seed: int = 1) -> tuple:
+    """A CSV of bars at ``times`` (datetime64[s]) whose time column holds epoch ``unit`` numbers,
+    as exchanges export them; returns (times, rows)."""
+    rows = _bars([str(t) for t in times], seed)
+    for r, t in zip(rows, times):
+        r["timestamps"] = int((t - EPOCH) // np.timedelta64(1, "s")) * PER_SECOND[unit]
+    write_csv(path, rows, COLS)
+    return times, rows
+
+
+def _read_back(out, freq):
+    """Every series of `all` through the project's Qlib reader (what prepare reads)."""
+    from kronos_mlflow.data.prepare import read_qlib
+
+    return {sym: (t, v) for sym, t, v in read_qlib(out, "all", "1970-01-01", "2100-01-01", 0, 0, freq=freq)}
+
+
+def _intraday(day: str, minutes: int, n: int) -> np.ndarray:
+    start = np.datetime64(f"{day}T09:30:00", "s")
+    return start + np.arange(n) * np.timedelta64(minutes * 60, "s")
+
+
+@pytest.mark.parametrize("unit, times, freq", [
+    ("s", pd.bdate_range("2024-01-02", periods=12).to_numpy().astype("datetime64[s]"), "day"),  # 1d klines, 00:00 UTC
+    ("ms", np.concatenate([_intraday("2024-06-17", 5, 10), _intraday("2024-06-18", 5, 10)]), "5min"),
+    ("us", _intraday("2024-06-17", 1, 15), "1min"),
+    ("ns", _intraday("2024-06-17", 60, 4), "60min"),
+])
+def test_epoch_timestamps_import_with_their_unit_detected(tmp_path, commands, unit, times, freq):
+    """Through `kronos-mlflow import-csv`: epoch numbers of each unit give the bars' UTC times,
+    without a pandas warning on the way; --time-unit of the same unit gives the same directory."""
+    _, rows = _epoch_file(tmp_path / "in" / "BTCUSDT.csv", times, unit)
+    proc = commands.run(["kronos-mlflow", "import-csv", str(tmp_path / "in"), "--out", str(tmp_path / "q")],
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr  # no "[kronos] warning: Could not infer format ..."
+    assert f"freq: {freq}" in proc.stdout
+    (sym, (got_times, values)), = _read_back(tmp_path / "q", freq).items()
+    assert sym.upper() == "BTCUSDT"
+    want = times.astype("datetime64[D]") if freq == "day" else times
+    np.testing.assert_array_equal(got_times, want)
+    np.testing.assert_allclose(values[:, 3], [r["close"] for r in rows], rtol=1e-6)
+    flagged = commands.run(["kronos-mlflow", "import-csv", str(tmp_path / "in"), "--out", str(tmp_path / "q2"),
+                            "--time-unit", unit], cwd=tmp_path)
+    assert flagged.returncode == 0 and flagged.stderr == "", flagged.stderr
+    for name in ("calendars", "instruments", "features/btcusdt"):
+        a, b = sorted((tmp_path / "q" / name).iterdir()), sorted((tmp_path / "q2" / name).iterdir())
+        assert [p.name for p in a] == [p.name for p in b] and all(x.read_bytes() == y.read_bytes()
+                                                                   for x, y in zip(a, b))
+
+
+def test_time_unit_reads_what_detection_refuses(tmp_path, commands):
+    """Epoch seconds of 1970 are too small to be detected; --time-unit s names them."""
+    times = pd.date_range("1970-01-05", periods=6, freq="D").to_numpy().astype("datetime64[s]")
+    _epoch_file(tmp_path / "OLD.csv", times, "s")
+    refused = commands.run(["kronos-mlflow", "import-csv", str(tmp_path / "OLD.csv"), "--out", str(tmp_path / "q")],
+                           cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "'345600'" in refused.stderr and "--time-unit" in refused.stderr and not (tmp_path / "q").exists()
+    proc = commands.run(["kronos-mlflow", "import-csv", str(tmp_path / "OLD.csv"), "--out", str(tmp_path / "q"),
+                         "--time-unit", "s"], cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    (_, (got, _)), = _read_back(tmp_path / "q", "day").items()
+    np.testing.assert_array_equal(got, times.astype("datetime64[D]"))
+
+
+@pytest.mark.parametrize("column, needles", [
+    (["1704067200", "1704153600000"], ["rows 2 and 3", "'1704153600000'", "epoch seconds and epoch milliseconds",
+                                       "mixed units"]),
+    (["15000000000", "15000086400"], ["row 2", "'15000000000'", "1971 to 2262"]),
+    (["1704067200", "2024-01-03"], ["row 2", "'1704067200'", "not a date"]),
+    (["01/02/2024", "13/02/2024"], ["row 3", "'13/02/2024'", "'01/02/2024' (%m/%d/%Y)", "one date format"]),
+    (["99999999999999999999999", "1704067200"], ["row 2", "too large"]),
+])
+def test_ambiguous_or_impossible_times_are_one_line(tmp_path, commands, column, needles):
+    rows = _bars(["2024-01-02"] * len(column), 1)
+    for r, t in zip(rows, column):
+        r["timestamps"] = t
+    write_csv(tmp_path / "X.csv", rows, COLS)
+    proc = commands.run(["kronos-mlflow", "import-csv", str(tmp_path / "X.csv"), "--out", str(tmp_path / "q")],
+                        cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("kronos-mlflow import-csv: error:") and "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+    assert not (tmp_path / "q").exists()
+
+
+def test_dates_are_parsed_in_one_explicit_format(tmp_path):
+    """ISO 8601 in any layout, or every value in the first one's format (YYYYMMDD, 01/31/2024,
+    Jan 2, 2024); never pandas' per-value guessing, which warns and can read 01/02 and 13/02 in
+    two orders."""
+    import warnings
+
+    from kronos_mlflow.data.csv_import import parse_times
+
+    cases = {
+        ("2024-01-02", "2024-01-03 09:30", "2024-01-04T10:00:00"): ["2024-01-02T00:00", "2024-01-03T09:30",
+                                                                   "2024-01-04T10:00"],
+        ("20240102", "20240103"): ["2024-01-02", "2024-01-03"],
+        ("01/02/2024", "12/02/2024"): ["2024-01-02", "2024-12-02"],
+        ("Jan 2, 2024", "Jan 3, 2024"): ["2024-01-02", "2024-01-03"],
+        ("2024-01-02 09:30:00+08:00", "2024-01-02 09:35:00+08:00"): ["2024-01-02T09:30", "2024-01-02T09:35"],
+        ("1704067200123", "1704067260123"): ["2024-01-01T00:00:00", "2024-01-01T00:01:00"],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning (pandas' "Could not infer format") fails the test
+        for raw, want in cases.items():
+            got = parse_times(pd.Series(raw), "'x.csv'", "date")
+            np.testing.assert_array_equal(got, np.array(want, dtype="datetime64[s]"), err_msg=str(raw))
+        for bad in (["not-a-date", "2024-01-02"], ["1704067200.5"]):
+            with pytest.raises(DataError, match="is not a date"):
+                parse_times(pd.Series(bad), "'x.csv'", "date")
+    with pytest.raises(DataError, match="--time-unit 'sec' is not a unit"):
+        import_csv([_good(tmp_path)], tmp_path / "q", time_unit="sec")

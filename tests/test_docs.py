@@ -298,6 +298,8 @@ def _check_python(args: list[str]) -> list[str]:
         return _check_training(args[2:])
     if args[:2] == ["-m", "kronos_mlflow.cli"]:
         return _check_kronos_mlflow(args[2:])
+    if args[:2] == ["-m", "kronos_mlflow.launch"] and args[2:]:  # torchrun's arguments, then the training's
+        return [p.replace("torchrun", "python -m kronos_mlflow.launch", 1) for p in _check_torchrun(args[2:])]
     if args and args[0] == "sweeps/sweep.py":
         return [f"sweeps/sweep.py: unknown flag {f}" for f in _unknown(args[1:], _sweep_flags())]
     if args and args[0].startswith("benchmarks/"):
@@ -411,6 +413,10 @@ def test_a_typo_in_a_shown_command_is_caught():
     assert check_command("python -m kronos_mlflow.train --epoch 3")
     assert check_command("torchrun --standalone --nproc_per_node 2 -m kronos_mlflow.train --confg my.yaml")
     assert check_command("torchrun --standlone -m kronos_mlflow.train")
+    assert check_command("python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --confg x")
+    assert check_command("python -m kronos_mlflow.launch --standlone -m kronos_mlflow.train")
+    assert not check_command("python -m kronos_mlflow.launch --standalone --nproc_per_node 4 -m kronos_mlflow.train "
+                             "--config my.yaml")
     assert check_command("mlflow run . -e sweeps -P n_trials=8")
     assert check_command("mlflow run . -e sweep -P n_trial=8")
     assert check_command("mlflow run . --env-manager lokal -P epochs=2")

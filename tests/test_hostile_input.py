@@ -165,6 +165,10 @@ def make_csvs(inp: Path, ws: Path) -> None:
            "2024-01-03T09:30:00+09:00,1,2,0.5,1.6,100\n")
     _write(inp / "zone_and_none.csv", CSV_HEADER + "2024-01-02 09:30:00+08:00,1,2,0.5,1.5,100\n"
            "2024-01-02 09:35:00,1,2,0.5,1.6,100\n")
+    _write(inp / "epoch_two_units.csv", CSV_HEADER + "1704067200,1,2,0.5,1.5,100\n1704153600000,1,2,0.5,1.6,100\n")
+    _write(inp / "epoch_no_unit.csv", CSV_HEADER + "15000000000,1,2,0.5,1.5,100\n15000086400,1,2,0.5,1.6,100\n")
+    _write(inp / "epoch_huge.csv", CSV_HEADER + "99999999999999999999999,1,2,0.5,1.5,100\n")
+    _write(inp / "two_date_orders.csv", CSV_HEADER + "01/02/2024,1,2,0.5,1.5,100\n13/02/2024,1,2,0.5,1.6,100\n")
 
 
 def make_configs(inp: Path, ws: Path) -> None:
@@ -663,6 +667,18 @@ CASES: list[Case] = [
          CLI + ("import-csv", "{in}/two_zones.csv", "--out", "{ws}/imported"), "+09:00"),
     Case("csv-zone-and-none", "CSV", "one timestamp with an offset, the next without",
          CLI + ("import-csv", "{in}/zone_and_none.csv", "--out", "{ws}/imported"), "no offset"),
+    Case("csv-epoch-two-units", "CSV", "epoch seconds then epoch milliseconds in one file",
+         CLI + ("import-csv", "{in}/epoch_two_units.csv", "--out", "{ws}/imported"), "'1704153600000'"),
+    Case("csv-epoch-no-unit", "CSV", "`15000000000` (a time from 1971 to 2262 in no unit)",
+         CLI + ("import-csv", "{in}/epoch_no_unit.csv", "--out", "{ws}/imported"), "'15000000000'"),
+    Case("csv-epoch-huge", "CSV", "a 23-digit epoch number",
+         CLI + ("import-csv", "{in}/epoch_huge.csv", "--out", "{ws}/imported"), "99999999999999999999999"),
+    Case("csv-time-unit-dates", "CSV", "`--time-unit ms` on a file of dates",
+         CLI + ("import-csv", "{in}/good.csv", "--out", "{ws}/imported", "--time-unit", "ms"), "'2024-01-02'"),
+    Case("csv-time-unit-unknown", "CSV", "`--time-unit sec`",
+         CLI + ("import-csv", "{in}/good.csv", "--out", "{ws}/imported", "--time-unit", "sec"), "'sec'"),
+    Case("csv-two-date-orders", "CSV", "`01/02/2024` then `13/02/2024` (month first, then day first)",
+         CLI + ("import-csv", "{in}/two_date_orders.csv", "--out", "{ws}/imported"), "'13/02/2024'"),
     Case("ckpt-nan-weights", "checkpoint", "every weight NaN (a diverged run's checkpoint)",
          TRAIN + BASE + ("--pretrained-tokenizer-path", "{in}/nan_ckpt"), "NaN", make=make_nan_weights),
     Case("mlproject-inf-weight", "MLproject", "`-P pretrained_tokenizer_path=` a checkpoint with one inf weight",
@@ -797,6 +813,10 @@ CASES: list[Case] = [
          PREDICT + BASE + ("--tokenizer", "{in}/pred_5_5"), "pred_5_5", make=make_predictor_5_5),
     Case("predictor-inference-T", "predictor", "`--inference-T 0` (upstream's key, capital T)",
          PREDICT + BASE + ("--inference-T", "0"), "inference_T"),
+    Case("predictor-inference-T-tiny", "predictor", "`--inference-T 1e-5` (logits / T overflows float32)",
+         PREDICT + BASE + ("--inference-T", "1e-5"), "1e-05"),
+    Case("flag-lookback-one", "flag", "`--lookback-window 1` (no spread to normalise a forecast by)",
+         TRAIN + BASE + ("--lookback-window", "1"), "lookback_window"),
     Case("predictor-validation", "predictor", "`--predictor-validation sideways`",
          PREDICT + BASE + ("--predictor-validation", "sideways"), "sideways"),
     Case("predictor-lr-zero", "predictor", "`--learning-rate 0` (the predictor's)",

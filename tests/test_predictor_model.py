@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from kronos_mlflow.errors import CheckpointError, ConfigError, DataError
+from kronos_mlflow.errors import ArgumentTypeError, CheckpointError, ConfigError, DataError, MemoryBudgetError
 from kronos_mlflow.model import (
     PREDICTOR_CONFIGS,
     Kronos,
@@ -29,6 +29,7 @@ from kronos_mlflow.model import (
     top_k_top_p_filtering,
 )
 from kronos_mlflow.model.decoding import IncrementalDecoder, cross_keys, s2_logits_last
+from kronos_mlflow.model.forecast import ForecastWarning
 
 TINY = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 32, "n_heads": 2, "ff_dim": 48,
         "ffn_dropout_p": 0.2, "attn_dropout_p": 0.1, "resid_dropout_p": 0.2, "token_dropout_p": 0.1, "learn_te": True}
@@ -544,8 +545,40 @@ def _bad_nan(df):
     return df
 
 
+def _repeat_third(xt):
+    xt = xt.copy()
+    xt[3] = xt[2]
+    return xt
+
+
 PREDICT_ERRORS = {
     "NaN": (lambda df, xt, yt: (_bad_nan(df), xt, yt, 5), DataError, "'high'"),
+    "duplicate column": (lambda df, xt, yt: (pd.concat([df, df[["close"]]], axis=1), xt, yt, 5), DataError,
+                         "'close' more than once"),
+    "capitalised column": (lambda df, xt, yt: (df.rename(columns={"close": "Close"}), xt, yt, 5), DataError,
+                           "it has 'Close'"),
+    "text column": (lambda df, xt, yt: (df.assign(close=df["close"].astype(str)), xt, yt, 5), DataError,
+                    "pd.to_numeric(df['close'])"),
+    "boolean column": (lambda df, xt, yt: (df.assign(volume=df["volume"] > 2000), xt, yt, 5), DataError, "booleans"),
+    "nullable NA": (lambda df, xt, yt: (df.assign(volume=pd.array([1.0] * 39 + [None], dtype="Float64")), xt, yt, 5),
+                    DataError, "'volume' holds 1 NaN"),
+    "beyond float32": (lambda df, xt, yt: (df.assign(amount=1e39), xt, yt, 5), DataError, "'amount'"),
+    "spread overflows": (lambda df, xt, yt: (df.assign(amount=np.linspace(-3e38, 3e38, 40)), xt, yt, 5), DataError,
+                         "too far apart"),
+    "one row": (lambda df, xt, yt: (df[:1], xt[:1], yt, 5), DataError, "at least 2 bars"),
+    "unsorted x_timestamp": (lambda df, xt, yt: (df, xt[::-1].reset_index(drop=True), yt, 5), DataError,
+                             "increasing order"),
+    "repeated x_timestamp": (lambda df, xt, yt: (df, _repeat_third(xt), yt, 5), DataError, "repeats"),
+    "y_timestamp inside the lookback": (lambda df, xt, yt: (df, xt, xt[-5:].reset_index(drop=True), 5), DataError,
+                                        "not after x_timestamp's last bar"),
+    "epoch numbers as timestamps": (lambda df, xt, yt: (df, pd.Series(np.arange(40) * 900), yt, 5), DataError,
+                                    "holds numbers"),
+    "text timestamps": (lambda df, xt, yt: (df, pd.Series(["09:30"] * 40), yt, 5), DataError, "'09:30'"),
+    "x_timestamp not a sequence": (lambda df, xt, yt: (df, 1704067200, yt, 5), DataError, "is a int"),
+    "zone on one side": (lambda df, xt, yt: (df, xt.dt.tz_localize("Asia/Shanghai"), yt, 5), DataError,
+                         "time zone Asia/Shanghai"),
+    "pred_len beyond max_context": (lambda df, xt, yt: (df, xt, _times(40, 513)[1], 513), ConfigError,
+                                    "pred_len 513 is beyond max_context 512"),
     "inf": (lambda df, xt, yt: (df.assign(volume=np.inf), xt, yt, 5), DataError, "'volume'"),
     "no close": (lambda df, xt, yt: (df.drop(columns=["close"]), xt, yt, 5), DataError, "'close'"),
     "short x_timestamp": (lambda df, xt, yt: (df, xt[:-1], yt, 5), DataError, "x_timestamp"),
@@ -573,3 +606,131 @@ def test_mismatched_tokenizer_and_batch_lengths_are_refused():
         predictor.predict_batch([_frame(), _frame(30)], [xt, xt[:30]], [yt, yt], 5, verbose=False)
     with pytest.raises(DataError, match=r"df_list\[1\] column 'low'"):
         predictor.predict_batch([_frame(), _frame().assign(low=np.nan)], [xt, xt], [yt, yt], 5, verbose=False)
+
+
+SAMPLING_ERRORS = {
+    "T below the range": ({"T": 1e-40}, ConfigError, "T is 1e-40"),  # logits / T overflowed: a RuntimeError before
+    "T above the range": ({"T": 1e7}, ConfigError, "T is 10000000.0"),
+    "T nan": ({"T": float("nan")}, ConfigError, "T is nan"),
+    "top_p 0": ({"top_p": 0.0}, ConfigError, "top_p is 0.0"),
+    "top_k negative": ({"top_k": -1}, ConfigError, "top_k is -1"),
+    "top_k fractional": ({"top_k": 2.5}, ConfigError, "top_k is 2.5"),
+    "sample_count 0": ({"sample_count": 0}, ConfigError, "sample_count is 0"),
+    "sample_count beyond memory": ({"sample_count": 10**12}, MemoryBudgetError, "sample_count 1000000000000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAMPLING_ERRORS))
+def test_bad_sampling_settings_are_one_line_naming_them(case):
+    kwargs, kind, needle = SAMPLING_ERRORS[case]
+    predictor = KronosPredictor(tiny_model(), tiny_tokenizer(), device="cpu")
+    df, (xt, yt) = _frame(), _times()
+    for call in (lambda: predictor.predict(df, xt, yt, 5, verbose=False, **kwargs),
+                 lambda: predictor.predict_paths([df], [xt], [yt], 5, **kwargs)):
+        with pytest.raises(kind) as info:
+            call()
+        assert isinstance(info.value, ValueError) and needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_numpy_scalars_are_the_same_settings():
+    predictor = KronosPredictor(tiny_model(), tiny_tokenizer(), device=np.str_("cpu"), max_context=np.int64(512),
+                                clip=np.float32(5))
+    df, (xt, yt) = _frame(), _times()
+    torch.manual_seed(3)
+    a = predictor.predict(df, xt, yt, np.int64(5), T=np.float32(0.75), top_p=np.float64(0.9),
+                          sample_count=np.int32(2), verbose=False)
+    torch.manual_seed(3)
+    b = predictor.predict(df, xt, yt, 5, T=float(np.float32(0.75)), top_p=0.9, sample_count=2, verbose=False)
+    pd.testing.assert_frame_equal(a, b)
+
+
+CONSTRUCTOR_ERRORS = {
+    "hub id as model": (lambda m, t: ("NeoQuasar/Kronos-small", t), {}, ArgumentTypeError,
+                        "Kronos.from_pretrained('NeoQuasar/Kronos-small')"),
+    "path as tokenizer": (lambda m, t: (m, os.path.join("models", "Kronos-Tokenizer-base")), {}, ArgumentTypeError,
+                          "KronosTokenizer.from_pretrained('models/Kronos-Tokenizer-base')"),
+    "swapped": (lambda m, t: (t, m), {}, ArgumentTypeError, "swapped"),
+    "not a model": (lambda m, t: ({"d_model": 32}, t), {}, ArgumentTypeError, "builtins.dict"),
+    "half weights": (lambda m, t: (m.half(), t), {}, ArgumentTypeError, "float16 weights"),
+    "cuda:7": (lambda m, t: (m, t), {"device": "cuda:7"}, ConfigError, "'cuda:7'"),
+    "tpu": (lambda m, t: (m, t), {"device": "tpu"}, ConfigError, "'tpu' is not a device"),
+    "meta": (lambda m, t: (m, t), {"device": "meta"}, ConfigError, "not meta"),
+    "max_context text": (lambda m, t: (m, t), {"max_context": "512"}, ConfigError, "max_context is '512'"),
+    "clip 0": (lambda m, t: (m, t), {"clip": 0}, ConfigError, "clip is 0"),
+    "cross_rope": (lambda m, t: (m, t), {"cross_rope": "sideways"}, ConfigError, "'sideways'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONSTRUCTOR_ERRORS))
+def test_bad_models_and_settings_are_refused_by_name(case):
+    make, kwargs, kind, needle = CONSTRUCTOR_ERRORS[case]
+    if case == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    with pytest.raises(kind) as info:
+        KronosPredictor(*make(tiny_model(), tiny_tokenizer()), **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert isinstance(info.value, TypeError if kind is ArgumentTypeError else ValueError)
+
+
+def test_the_array_level_loop_refuses_what_it_cannot_read():
+    model, tokenizer = tiny_model(), tiny_tokenizer()
+    x, xs, ys = _inputs(2, 12, 4)
+    cases = [((x.numpy(), xs, ys, 512, 4), ArgumentTypeError, "torch.from_numpy"),
+             ((x.double(), xs, ys, 512, 4), ArgumentTypeError, "float64 tensor"),
+             ((x[..., :5], xs, ys, 512, 4), DataError, "reads 6 features"),
+             ((x, xs[:, :-1], ys, 512, 4), DataError, "x_stamp of shape (2, 11, 5)"),
+             ((x, xs, ys, 512, 3), DataError, "y_stamp of shape (2, 4, 5)"),
+             ((x, xs, ys.index_fill(2, torch.tensor([1]), 24.0), 512, 4), DataError, "hour 24"),
+             ((x, xs.index_fill(2, torch.tensor([0]), 0.5), ys, 512, 4), DataError, "minute 0.5"),
+             ((x.index_fill(1, torch.tensor([3]), float("nan")), xs, ys, 512, 4), DataError, "NaN"),
+             ((x, xs, ys, 3, 4), ConfigError, "beyond max_context 3")]
+    for args, kind, needle in cases:
+        with pytest.raises(kind) as info:
+            generate_tokens(tokenizer, model, *args, top_k=1)
+        assert needle in str(info.value), (needle, str(info.value))
+        with pytest.raises(kind):
+            auto_regressive_inference(tokenizer, model, *args, top_k=1)
+
+
+def test_a_lookback_beyond_max_context_keeps_upstreams_numbers_and_warns_once_naming_the_lengths():
+    predictor = KronosPredictor(tiny_model(), tiny_tokenizer(), device="cpu", max_context=16)
+    df, (xt, yt) = _frame(30), _times(30, 5)
+    with pytest.warns(ForecastWarning) as caught:
+        torch.manual_seed(0)
+        got = predictor.predict_batch([df, df * 1.5], [xt, xt], [yt, yt], 5, top_k=1, verbose=False)
+    assert len(caught) == 1, [str(w.message) for w in caught]  # one batch, one warning
+    message = str(caught[0].message)
+    assert "30 bars" in message and "max_context is 16" in message and caught[0].filename == __file__
+    x = df.to_numpy(dtype=np.float32)
+    mean, std = x.mean(0), x.std(0)
+    z = np.clip((x - mean) / (std + 1e-5), -5, 5)
+    stamp = lambda t: np.stack([t.dt.minute, t.dt.hour, t.dt.day_of_week, t.dt.day, t.dt.month], -1)[None]  # noqa: E731
+    torch.manual_seed(0)
+    with pytest.warns(ForecastWarning):
+        ref = auto_regressive_inference(predictor.tokenizer, predictor.model, torch.tensor(z[None]),
+                                        torch.tensor(stamp(xt), dtype=torch.float32),
+                                        torch.tensor(stamp(yt), dtype=torch.float32), 16, 5, top_k=1, sample_count=1,
+                                        use_cache=False)
+    np.testing.assert_allclose(got[0].to_numpy(), ref[0, -5:] * (std + 1e-5) + mean, rtol=1e-6)
+    assert got[0].shape == (5, 6) and list(got[0].index) == list(yt)
+
+
+def test_the_memory_estimate_refuses_before_anything_is_allocated(monkeypatch):
+    """With little memory free, a forecast that needs more is refused, naming both sizes; the
+    estimate grows with the paths and is above the token paths alone."""
+    from kronos_mlflow.model import forecast
+
+    model, tokenizer = tiny_model(), tiny_tokenizer()
+    small = forecast.forecast_bytes(model, tokenizer, 2, 40, 5, 4, 512)
+    large = forecast.forecast_bytes(model, tokenizer, 2, 40, 5, 400, 512)
+    assert 2 * 45 * 4 * 16 < small < large and large >= 90 * small
+    monkeypatch.setattr(forecast, "available_bytes", lambda device: small * 10)
+    predictor = KronosPredictor(model, tokenizer, device="cpu")
+    df, (xt, yt) = _frame(), _times()
+    monkeypatch.setattr(forecast.IncrementalDecoder, "__init__", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(MemoryBudgetError) as info:
+        predictor.predict_paths([df, df], [xt, xt], [yt, yt], 5, sample_count=400)
+    assert "sample_count 400 for 2 series (800 paths of 40 + 5 bars)" in str(info.value)
+    fit = int(str(info.value).split("a sample_count of ")[1].split()[0])
+    assert forecast.forecast_bytes(model, tokenizer, 2, 40, 5, fit, 512) <= small * 10
+    assert forecast.forecast_bytes(model, tokenizer, 2, 40, 5, fit + 1, 512) > small * 10

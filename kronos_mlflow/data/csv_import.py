@@ -8,6 +8,12 @@ Accepted columns (names case-insensitive): a date column named ``timestamps`` (u
 ``finetune_csv`` format), ``date`` or ``datetime``; ``open, high, low, close, volume``; optional
 ``amount`` (missing: ``mean(open, high, low, close) * volume`` as upstream computes it); optional
 ``symbol`` (otherwise the file name without ``.csv`` is the symbol). Other columns are ignored.
+The time column holds dates and times (ISO 8601 in any layout, such as ``2024-01-31`` or
+``2024-01-31 09:30:00``, or every value in the first value's format: ``20240131``,
+``01/31/2024``), or epoch timestamps as exchanges export them: whole seconds, milliseconds,
+microseconds or nanoseconds since 1970-01-01 UTC, the unit detected from their size (the one in
+which they fall between 1971 and 2262) or given with ``--time-unit s|ms|us|ns``; numbers of two
+units in one file, or in none, are refused. Epoch times are UTC clock times.
 One row per symbol and bar, sorted by time (duplicated or unsorted timestamps are refused). The
 frequency is inferred: ``day`` when no symbol has two rows on one date, otherwise the spacing of
 bars within a day (1, 5, 15, 30 or 60 minutes; a missing bar is fine, a spacing that is not a
@@ -61,7 +67,7 @@ def _expand(files: Iterable) -> list[Path]:
     return out
 
 
-def _read_one(path: Path):
+def _read_one(path: Path, time_unit: str | None = None):
     """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array})."""
     import pandas as pd
 
@@ -83,20 +89,7 @@ def _read_one(path: Path):
 
     raw_dates = df[date_col].astype(str).str.strip()
     _check_one_zone(path, raw_dates)
-    dates = pd.to_datetime(raw_dates, errors="coerce")
-    if dates.isna().any():
-        try:
-            dates = pd.to_datetime(raw_dates, errors="coerce", format="mixed")
-        except (ValueError, TypeError):
-            pass
-    bad = dates.isna().to_numpy()
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"'{path}' row {i + 2}: '{raw_dates.iloc[i]}' in column {date_col} is not a date; "
-                        "expected dates such as 2024-01-31")
-    if getattr(dates.dt, "tz", None) is not None:
-        dates = dates.dt.tz_localize(None)
-    days = dates.to_numpy().astype("datetime64[s]")
+    days = parse_times(raw_dates, f"'{path}'", date_col, time_unit)
 
     values: dict[str, np.ndarray] = {}
     for col in PRICE_COLUMNS + (("amount",) if "amount" in df.columns else ()):
@@ -157,6 +150,134 @@ def _check_one_zone(path: Path, raw_dates) -> None:
         raise DataError(f"'{path}' rows 2 and {i + 2}: timestamps '{raw_dates.iloc[0]}' and '{raw_dates.iloc[i]}' "
                         f"are in different time zones ({a}, {b}); expected one UTC offset (or none) for the whole "
                         "file: convert the timestamps to the exchange's local time")
+
+
+# Epoch timestamps, as exchanges export them: whole seconds, milliseconds, microseconds or
+# nanoseconds since 1970-01-01 UTC.
+TIME_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}  # per second
+UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+_EXAMPLE_S = 1704067200  # 2024-01-01 00:00:00 UTC
+# Without --time-unit the unit is the one in which the number is a time from 1971 to 2262;
+# those ranges do not overlap (seconds end at 9.2e9, milliseconds start at 3.2e10), and no
+# YYYYMMDD date (at most 29991231) reaches 1971 in seconds (31536000).
+_AUTO_FIRST_S = 31_536_000  # 1971-01-01 00:00:00 UTC
+_FIRST_S, _LAST_S = -9_223_372_036, 9_223_372_036  # pandas' first and last datetimes (1677, 2262), in seconds
+_INTEGER = r"[+-]?\d+"
+
+
+def check_time_unit(time_unit: str | None) -> None:
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise DataError(f"--time-unit {time_unit!r} is not a unit; expected {', '.join(TIME_UNITS)} (epoch seconds, "
+                        "milliseconds, microseconds or nanoseconds), or no --time-unit to detect it")
+
+
+def parse_times(raw, where: str, column: str, time_unit: str | None = None) -> np.ndarray:
+    """The time column ``raw`` (a Series of stripped strings) as ``datetime64[s]``, never through
+    pandas' per-value guessing (and its "Could not infer format" warning):
+
+    - whole numbers: epoch times in ``time_unit``, or without it in the unit their magnitude
+      says (one unit for the whole file), unless every value is an eight-digit YYYYMMDD date;
+    - text: ISO 8601 dates and times (any layout), else every value in the format of the first.
+
+    Offsets are dropped (bars keep their local clock time, see ``_check_one_zone``); epoch times
+    are UTC. The first value that is none of these is a one-line ``DataError`` naming its row."""
+    check_time_unit(time_unit)
+    text = raw.to_numpy(dtype=object)
+    integer = raw.str.fullmatch(_INTEGER).to_numpy(dtype=bool)
+    if time_unit is not None:
+        per, name = TIME_UNITS[time_unit], UNIT_NAMES[time_unit]
+        if not integer.all():
+            i = int(np.flatnonzero(~integer)[0])
+            raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is not a whole number of {name}; "
+                            f"--time-unit {time_unit} expects epoch {name} such as {_EXAMPLE_S * per}")
+        numbers = _int64(text, where, column, f"epoch {name} (--time-unit {time_unit})",
+                         f"epoch {name} such as {_EXAMPLE_S * per}")
+        outside = (numbers < _FIRST_S * per) | (numbers > _LAST_S * per)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is outside the times pandas holds "
+                            f"(1677 to 2262) as epoch {name} (--time-unit {time_unit}); expected epoch {name} such "
+                            f"as {_EXAMPLE_S * per}")
+        return numbers.astype(f"datetime64[{time_unit}]").astype("datetime64[s]")
+    if len(text) and integer.all():
+        if all(len(t) == 8 and t.isdigit() for t in text):
+            import pandas as pd
+
+            days = pd.to_datetime(raw, format="%Y%m%d", errors="coerce")
+            if not pd.isna(days.iloc[0]):  # a YYYYMMDD file: every value must be one
+                return _as_seconds(days, text, where, column, "%Y%m%d")
+        return _epoch_times(text, where, column)
+    return _text_times(raw, text, integer, where, column)
+
+
+def _int64(text, where: str, column: str, what: str, expected: str) -> np.ndarray:
+    numbers = [int(t) for t in text]
+    big = next((i for i, n in enumerate(numbers) if not -(2**63) < n < 2**63), None)
+    if big is not None:
+        raise DataError(f"{where} row {big + 2}: '{text[big]}' in column {column} is too large for {what}; "
+                        f"expected {expected}")
+    return np.array(numbers, dtype=np.int64)
+
+
+def _epoch_times(text, where: str, column: str) -> np.ndarray:
+    """Whole numbers in the one unit (s, ms, us, ns) where each is a time from 1971 to 2262."""
+    numbers = _int64(text, where, column, "an epoch time",
+                     f"dates such as 2024-01-31 or epoch seconds such as {_EXAMPLE_S}")
+    units = list(TIME_UNITS)
+    unit = np.full(len(numbers), -1)
+    for k, per in enumerate(TIME_UNITS.values()):
+        unit[(numbers >= _AUTO_FIRST_S * per) & (numbers <= _LAST_S * per)] = k
+    if (unit < 0).any():
+        i = int(np.flatnonzero(unit < 0)[0])
+        raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is neither a time from 1971 to 2262 in "
+                        "epoch seconds, milliseconds, microseconds or nanoseconds nor a YYYYMMDD date; expected "
+                        f"dates such as 2024-01-31 or epoch seconds such as {_EXAMPLE_S} (--time-unit s|ms|us|ns "
+                        "names the unit)")
+    if (unit != unit[0]).any():
+        i = int(np.flatnonzero(unit != unit[0])[0])
+        a, b = UNIT_NAMES[units[unit[0]]], UNIT_NAMES[units[unit[i]]]
+        raise DataError(f"{where} rows 2 and {i + 2}: '{text[0]}' and '{text[i]}' in column {column} are epoch {a} "
+                        f"and epoch {b} by their sizes: mixed units; expected one unit for the whole file "
+                        "(--time-unit s|ms|us|ns names it)")
+    return numbers.astype(f"datetime64[{units[unit[0]]}]").astype("datetime64[s]")
+
+
+def _text_times(raw, text, integer, where: str, column: str) -> np.ndarray:
+    import pandas as pd
+
+    try:
+        from pandas.tseries.api import guess_datetime_format
+    except ImportError:  # pandas < 2.2
+        from pandas._libs.tslibs.parsing import guess_datetime_format
+
+    iso = pd.to_datetime(raw, format="ISO8601", errors="coerce")
+    if not iso.isna().any():
+        return _as_seconds(iso, text, where, column, "ISO 8601")
+    fmt = guess_datetime_format(text[0]) if not integer[0] else None
+    dates = iso if fmt is None else pd.to_datetime(raw, format=fmt, errors="coerce")
+    neither = (iso.isna() & dates.isna()).to_numpy()
+    if neither.any():
+        i = int(np.flatnonzero(neither)[0])
+        if fmt is None or i == 0 or not pd.isna(iso.iloc[0]):  # no other format than ISO 8601 to name
+            raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is not a date; expected dates such "
+                            f"as 2024-01-31 or 2024-01-31 09:30 (ISO 8601), or epoch seconds such as {_EXAMPLE_S}")
+        raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is neither an ISO 8601 date nor one in "
+                        f"the format of row 2's '{text[0]}' ({fmt}); expected one date format for the whole file, "
+                        "such as 2024-01-31")
+    return _as_seconds(dates, text, where, column, fmt)
+
+
+def _as_seconds(dates, text, where: str, column: str, fmt: str) -> np.ndarray:
+    """``dates`` as naive datetime64[s]; a value ``fmt`` did not read (NaT) is refused."""
+    bad = dates.isna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{where} row {i + 2}: '{text[i]}' in column {column} is not a date in the format of row 2's "
+                        f"'{text[0]}' ({fmt}); expected one date format for the whole file (ISO 8601 dates such as "
+                        "2024-01-31 may mix layouts)")
+    if getattr(dates.dt, "tz", None) is not None:
+        dates = dates.dt.tz_localize(None)
+    return dates.to_numpy().astype("datetime64[s]")
 
 
 def _drop_bad_bars(path: Path, sym: str, vals: dict, rows: np.ndarray) -> dict:
@@ -251,10 +372,13 @@ def infer_freq(series, freq: str | None = None) -> str:
 
 
 def import_csv(files, out, *, instrument: str | None = None, force: bool = False, progress: bool = False,
-               freq: str | None = None) -> Path:
+               freq: str | None = None, time_unit: str | None = None) -> Path:
     """Write the CSV files' K-lines as a Qlib directory at ``out``; return its absolute path.
 
-    The frequency is inferred from the timestamps (:func:`infer_freq`) unless ``freq`` is given."""
+    The frequency is inferred from the timestamps (:func:`infer_freq`) unless ``freq`` is given;
+    epoch timestamps are in ``time_unit`` (s, ms, us, ns), or the unit their size says
+    (:func:`parse_times`)."""
+    check_time_unit(time_unit)
     paths = _expand([files] if isinstance(files, (str, Path)) else files)
     if instrument is not None:
         pv.check_name("--instrument", instrument)
@@ -266,7 +390,7 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
     series: dict[str, tuple[Path, np.ndarray, dict]] = {}
     seen: dict[str, str] = {}
     for path in it:
-        for sym, d, vals in _read_one(path):
+        for sym, d, vals in _read_one(path, time_unit):
             low = sym.lower()
             if low in seen:
                 prev = series[seen[low]][0]
@@ -324,12 +448,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--freq", default=None,
                         help="bar frequency (day, 1min, 5min, 15min, 30min, 60min); default: inferred from "
                              "the timestamps")
+    parser.add_argument("--time-unit", default=None, choices=list(TIME_UNITS),
+                        help="the unit of epoch timestamps in the time column (s, ms, us, ns); default: "
+                             "detected from their size (dates such as 2024-01-31 need none)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
     out = import_csv(args.files, args.out, instrument=args.instrument, force=args.force, progress=True,
-                     freq=args.freq)
+                     freq=args.freq, time_unit=args.time_unit)
     syms = pv.read_instrument_file(out, "all")
     freq = pv.available_freqs(out)[0]
     cal = (out / pv.calendar_file(freq)).read_text(encoding="utf-8").splitlines()

@@ -8,9 +8,9 @@ logged "from code" by ``forecaster_model.py``) is a thin shell over the two.
 The input is a dict of two arrays:
 
 - ``bars``: ``(B, L, 6)`` raw open, high, low, close, volume, amount of ``B`` lookback windows
-  of ``L >= 1`` bars each (any real dtype; float32 is what the model computes in);
+  of ``L >= 2`` bars each (any real dtype; float32 is what the model computes in);
 - ``timestamps``: ``(B, L + pred_len)`` whole seconds since the epoch (UTC), each series' lookback
-  bars' times then its forecast bars' times (the time features the predictor reads).
+  bars' times then its forecast bars' times, increasing (the time features the predictor reads).
 
 The output is a dict: ``paths`` ``(B, sample_count, pred_len, 6)`` float32, every sample path in
 the input's units, and ``mean`` ``(B, pred_len, 6)`` float32, their mean over the paths.
@@ -19,7 +19,9 @@ The sampling settings are ``pred_len``, ``T``, ``top_k``, ``top_p``, ``sample_co
 with it (the caller's generator state is restored afterwards), so one seed gives one set of
 paths, those of ``torch.manual_seed(seed)`` then ``KronosPredictor.predict_paths``.
 
-Bad input is a ``ValueError`` of one line naming the value and what is accepted.
+Bad input is a ``ValueError`` of one line naming the value and what is accepted (the
+predictor's own refusals too: ``pred_len`` beyond ``max_context``, more sample paths than memory
+holds); the pyfunc raises it as MLflow's ``INVALID_PARAMETER_VALUE``, an HTTP 400 when served.
 """
 
 from __future__ import annotations
@@ -60,15 +62,27 @@ def forecast_inputs(model_input: Any, pred_len: int) -> tuple[np.ndarray, np.nda
     if not isinstance(model_input, Mapping) or sorted(model_input) != sorted(INPUT_KEYS):
         got = sorted(model_input) if isinstance(model_input, Mapping) else type(model_input).__name__
         raise DataError(f"input is {got}; expected a dict {_INPUT_SHAPE}")
+    from ..model.predictor import MIN_LOOKBACK
+
     bars = _numbers(model_input["bars"], "bars")
-    if bars.ndim != 3 or bars.shape[-1] != len(COLUMNS) or bars.shape[0] < 1 or bars.shape[1] < 1:
-        raise DataError(f"bars of shape {bars.shape} are not lookback windows (B, L, 6) with B, L >= 1: "
-                        f"{', '.join(COLUMNS)} per bar")
-    bad = ~np.isfinite(bars)
+    if bars.ndim != 3 or bars.shape[-1] != len(COLUMNS) or bars.shape[0] < 1 or bars.shape[1] < MIN_LOOKBACK:
+        raise DataError(f"bars of shape {bars.shape} are not lookback windows (B, L, 6) with B >= 1 and "
+                        f"L >= {MIN_LOOKBACK}: {', '.join(COLUMNS)} per bar")
+    with np.errstate(over="ignore", invalid="ignore"):
+        bars32 = bars.astype(np.float32)
+    bad = ~np.isfinite(bars32)
     if bad.any():
         series, bar, col = (int(i[0]) for i in np.nonzero(bad))
         raise DataError(f"bars hold {int(bad.sum())} NaN or infinite values (the first: series {series}, bar {bar}, "
-                        f"{COLUMNS[col]}); forecasting needs finite prices, volume and amount")
+                        f"{COLUMNS[col]}); forecasting needs finite prices, volume and amount (a number beyond "
+                        "float32, about 3.4e38, is infinite too)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        spread = ~(np.isfinite(bars32.mean(axis=1)) & np.isfinite(bars32.std(axis=1)))
+    if spread.any():
+        series, col = (int(i[0]) for i in np.nonzero(spread))
+        raise DataError(f"bars of series {series}: {COLUMNS[col]} spans values too far apart for float32 statistics "
+                        "(its mean or standard deviation over the lookback overflows); expected values within about "
+                        "1e18 of each other: rescale that column")
     stamps = _numbers(model_input["timestamps"], "timestamps")
     batch, lookback = bars.shape[:2]
     want = (batch, lookback + pred_len)
@@ -78,7 +92,18 @@ def forecast_inputs(model_input: Any, pred_len: int) -> tuple[np.ndarray, np.nda
     if not (np.isfinite(stamps).all() and np.array_equal(stamps, np.round(stamps))):
         raise DataError("timestamps hold a value that is not a whole number of seconds; expected seconds since "
                         "the epoch (UTC), e.g. 1704153600 for 2024-01-02")
-    return bars.astype(np.float32), stamps.astype(np.int64)
+    if np.abs(stamps).max() >= 2**62:
+        raise DataError(f"timestamps from {stamps.min():.0f} to {stamps.max():.0f} are outside the datetimes pandas reads "
+                        "(1677 to 2262); expected seconds since the epoch (UTC)")
+    stamps = stamps.astype(np.int64)
+    back = np.diff(stamps, axis=1) <= 0
+    if back.any():
+        series, i = (int(v[0]) for v in np.nonzero(back))
+        what = "repeat" if stamps[series, i] == stamps[series, i + 1] else "go back"
+        raise DataError(f"timestamps of series {series} {what} at positions {i} and {i + 1} ({stamps[series, i]}, "
+                        f"{stamps[series, i + 1]}); expected each series' lookback then forecast bars' times in "
+                        "increasing order, one per bar")
+    return bars32, stamps
 
 
 def _numbers(value: Any, name: str) -> np.ndarray:

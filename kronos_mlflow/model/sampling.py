@@ -57,16 +57,26 @@ def sample_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: in
     return torch.multinomial(probs, num_samples=1)
 
 
-def check_sampling(pred_len, T, top_k, top_p, sample_count) -> None:
-    """One-line :class:`ConfigError` for a sampling setting the loop cannot use."""
+# The temperatures the loop samples with: below T_MIN, ``logits / T`` overflows float32 for
+# large logits (1e-40 already gives inf, then NaN probabilities); above T_MAX every token is
+# equally likely to float precision. ``top_k=1`` is the greedy forecast.
+T_MIN, T_MAX = 1e-4, 1e6
+
+
+def check_sampling(pred_len, T, top_k, top_p, sample_count) -> tuple[int, float, int, float, int]:
+    """One-line :class:`ConfigError` for a sampling setting the loop cannot use; the settings as
+    Python numbers ``(pred_len, T, top_k, top_p, sample_count)`` (numpy scalars converted, the
+    same values)."""
     def whole(name, value, low):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
             raise ConfigError(f"{name} is {value!r}; expected a whole number of {low} or more")
+        return int(value)
 
-    whole("pred_len", pred_len, 1)
-    whole("top_k", top_k, 0)
-    whole("sample_count", sample_count, 1)
-    if isinstance(T, bool) or not isinstance(T, numbers.Real) or not math.isfinite(T) or T <= 0:
-        raise ConfigError(f"T is {T!r}; expected a temperature above 0 (1.0 samples the model's own distribution)")
+    pred_len, top_k, sample_count = whole("pred_len", pred_len, 1), whole("top_k", top_k, 0), \
+        whole("sample_count", sample_count, 1)
+    if isinstance(T, bool) or not isinstance(T, numbers.Real) or not math.isfinite(T) or not T_MIN <= T <= T_MAX:
+        raise ConfigError(f"T is {T!r}; expected a temperature above 0, from {T_MIN:g} to {T_MAX:g} (1.0 samples the "
+                          "model's own distribution; top_k=1 is the greedy forecast)")
     if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
         raise ConfigError(f"top_p is {top_p!r}; expected a probability in (0, 1] (1 turns nucleus sampling off)")
+    return pred_len, float(T), top_k, float(top_p), sample_count
