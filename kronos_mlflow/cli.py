@@ -42,7 +42,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),
     "pipeline": ("kronos_mlflow.pipeline",
                  "tokenizer, predictor on it, scorecard: one parent MLflow run, a child run per step, reused when done"),
-    "upload-spool": ("kronos_mlflow.tracking.spool", "upload what a run kept locally while its MLflow server was down"),
+    "upload-spool": ("kronos_mlflow.tracking.spool_command", "upload what a run kept locally while its MLflow server was down"),
 }
 
 

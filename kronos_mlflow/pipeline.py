@@ -168,7 +168,8 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
     not exist yet), and the evaluation's test origins and backtest range
     (:mod:`kronos_mlflow.preflight`)."""
     from .preflight import DataView, check_context, check_scorecard, check_training
-    from .train import build_model, check_resume, check_start
+    from .stages.sources import build_model
+    from .train import check_resume, check_start
 
     world = args.nproc_per_node
     with DataView() as data:

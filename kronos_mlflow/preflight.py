@@ -145,7 +145,7 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     the forecast window against ``max_context``, the data (one optimizer step per rank, the
     validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
     Returns the model the run starts from when it loaded one (else None)."""
-    from .train import build_model, check_windows
+    from .stages.sources import build_model
 
     if forecasts(config):
         check_context(config)
@@ -201,3 +201,18 @@ def check_tracking(config: Mapping[str, Any]) -> None:
     db = sqlite_path(str(mlflow.get_tracking_uri()))
     if db is None or sqlite_store_ready(db):  # a store yet to be made holds no deleted run or experiment
         check_run_target(config)
+
+
+def check_windows(config: Mapping[str, Any], world_size: int) -> None:
+    """Each rank gets at least one optimizer step per epoch (as :func:`kronos_mlflow.trainer.fit`
+    requires), from the prepared splits' manifest."""
+    from .data import prepare_splits
+    from .data.prepare import read_manifest
+
+    windows = int(read_manifest(prepare_splits(config, progress=False))["splits"]["train"]["windows"])
+    per_epoch = min(int(config["n_train_iter"]), windows)
+    if per_epoch // max(1, world_size) // int(config["batch_size"]) == 0:
+        raise ConfigError(
+            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"{per_epoch} training windows per epoch; lower batch_size or raise n_train_iter"
+        )

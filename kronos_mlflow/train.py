@@ -51,18 +51,6 @@ def default_run_name(config: Mapping[str, Any]) -> str:
     return f"{prefix}lr={config[cfg.stage_key(config, 'learning_rate')]:.0e} wd={config['adam_weight_decay']:g}"
 
 
-def build_model(config: Mapping[str, Any], tokenizer=None):
-    """The model the run trains. The tokenizer stage: the pretrained checkpoint when a path is
-    given, else fresh weights (base architecture). The predictor stage: the pretrained predictor,
-    else fresh weights, for ``tokenizer`` (default: the one the config names)."""
-    if config.get("stage") == "predictor":
-        from .stages.sources import build_predictor, load_tokenizer
-
-        return build_predictor(config, tokenizer if tokenizer is not None else load_tokenizer(config))
-    from .model import KronosTokenizer
-
-    path = config["pretrained_tokenizer_path"]
-    return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**cfg.model_kwargs(config))
 
 
 def stage_everywhere(config: Mapping[str, Any], layout, info):
@@ -274,20 +262,6 @@ def prepare_everywhere(config: Mapping[str, Any], layout, info) -> None:
     barrier()
 
 
-def check_windows(config: Mapping[str, Any], world_size: int) -> None:
-    """Each rank gets at least one optimizer step per epoch (as :func:`kronos_mlflow.trainer.fit`
-    requires), from the prepared splits' manifest."""
-    from .data import prepare_splits
-    from .data.prepare import read_manifest
-    from .errors import ConfigError
-
-    windows = int(read_manifest(prepare_splits(config, progress=False))["splits"]["train"]["windows"])
-    per_epoch = min(int(config["n_train_iter"]), windows)
-    if per_epoch // max(1, world_size) // int(config["batch_size"]) == 0:
-        raise ConfigError(
-            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
-            f"{per_epoch} training windows per epoch; lower batch_size or raise n_train_iter"
-        )
 
 
 def check_resume(config: Mapping[str, Any], world_size: int) -> dict[str, Any] | None:
@@ -423,6 +397,8 @@ def main(config: Mapping[str, Any]) -> dict:
         speed = perf.configure_process(config, info.device, run_steps=steps)
         console.print(f"speed settings: {speed}")
         stage = stage_everywhere(config, layout, info)
+        from .stages.sources import build_model
+
         model = build_model(config, getattr(stage, "tokenizer", None)).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)

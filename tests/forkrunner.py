@@ -53,6 +53,7 @@ def _preimport() -> None:
     for name in ("kronos_mlflow.cli", "kronos_mlflow.train", "kronos_mlflow.data.prepare",
                  "kronos_mlflow.data.csv_import", "kronos_mlflow.data.demo", "kronos_mlflow.compare",
                  "kronos_mlflow.sweep.driver", "kronos_mlflow.tracking", "kronos_mlflow.tracking.spool",
+                 "kronos_mlflow.tracking.spool_command",
                  "kronos_mlflow.model", "kronos_mlflow.launch", "kronos_mlflow.pipeline", "kronos_mlflow.preflight",
                  "kronos_mlflow.evaluation.forecast_command", "kronos_mlflow.evaluation.scorecard",
                  "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.sources"):

@@ -221,6 +221,7 @@ def champion_store(workspace, tmp_path):
         client.log_metric(run.info.run_id, "test_tokenizer_loss", loss)
         if model:  # the checkpoint where a logged model keeps it (best_model/artifacts/best_model)
             client.log_artifacts(run.info.run_id, str(workspace[0] / "ckpt"), "best_model/artifacts/best_model")
+        client.set_terminated(run.info.run_id)  # a trial is judged once its process has ended its run
         return client.get_run(run.info.run_id)
 
     return client, trial

@@ -281,4 +281,7 @@ def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
     one = next(r for r in MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
                if r.data.tags.get("mlflow.runName", "").startswith("evaluate")).data.metrics
     for key in ("test_mase_close", "test_crps_close", "zeroshot_test_mase_close", "test_ic", "skill_vs_zeroshot"):
-        assert one[key] == pytest.approx(two[key], rel=1e-9), key
+        # float32 forecasts in batches of another composition (each rank's share vs all origins):
+        # the same tokens, values equal to float32 rounding; a missed or repeated origin moves these
+        # by far more than 1e-6
+        assert one[key] == pytest.approx(two[key], rel=1e-6), key

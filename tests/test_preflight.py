@@ -139,7 +139,7 @@ def test_a_step_or_trial_whose_process_left_its_run_running_ends_failed_saying_w
     client, parent = store
     args = type("Args", (), {"force": False})()
     pipeline = Pipeline(args, client, "0", parent)
-    step = Step("evaluation", {}, [sys.executable, "-c", "raise SystemExit(3)"], "d" * 64, "e" * 64, resume=False)
+    step = Step("evaluation", {"save_path": str(tmp_path)}, [sys.executable, "-c", "raise SystemExit(3)"], "d" * 64, "e" * 64, resume=False)
     with pytest.raises(StepFailed) as failed:
         pipeline.run_step(step)
     child = client.get_run(client.get_run(parent).data.tags["pipeline.evaluation_run_id"])

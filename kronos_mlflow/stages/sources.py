@@ -94,3 +94,16 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
             "NeoQuasar/Kronos-Tokenizer-base, Kronos-mini with NeoQuasar/Kronos-Tokenizer-2k)"
         )
     return model
+
+
+def build_model(config: Mapping[str, Any], tokenizer=None):
+    """The model the run trains. The tokenizer stage: the pretrained checkpoint when a path is
+    given, else fresh weights (base architecture). The predictor stage: the pretrained predictor,
+    else fresh weights, for ``tokenizer`` (default: the one the config names)."""
+    if config.get("stage") == "predictor":
+        return build_predictor(config, tokenizer if tokenizer is not None else load_tokenizer(config))
+    from .. import config as cfg
+    from ..model import KronosTokenizer
+
+    path = config["pretrained_tokenizer_path"]
+    return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**cfg.model_kwargs(config))

@@ -38,14 +38,12 @@ crash is ignored; any other malformed line is a one-line error naming the file a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import posixpath
 import re
 import shutil
-import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -325,13 +323,33 @@ def _artifacts_of(path: Path, records, client, run_id: str) -> list:
     return artifacts
 
 
+def _finished_unchanged(path: Path, run, client, params, tags, metrics, artifacts, status) -> list:
+    """A FINISHED run takes nothing from a spool: one already uploaded (every value, tag and
+    artifact there, its status FINISHED) is a no-op, anything else is refused. Returns the
+    artifacts left to send (none)."""
+    run_id = run.info.run_id
+    changed = [f"{len(metrics)} metric values"] if metrics else []
+    changed += [f"{len(params)} params"] if params else []
+    if any(run.data.tags.get(key) != value for key, value in tags.items()):
+        changed.append("tags")
+    if any(not _artifact_present(client, run_id, where, local.name) for local, where in artifacts):
+        changed.append("artifacts")
+    if status not in (None, "FINISHED"):
+        changed.append(f"status {status}")
+    if changed:
+        raise SpoolError(f"spool '{path}' names run {run_id}, which is FINISHED; a spool is uploaded only into a run that "
+                         f"has not finished, and this one would add {', '.join(changed)}: nothing was uploaded")
+    return []
+
+
 def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
     """Check a spool against its run and work out what uploading it would do; writes nothing.
 
     Refused (a :class:`SpoolError`, nothing sent): a file not named ``<run_id>.jsonl`` after its
     header's run, a header without the experiment id or naming another experiment than the
     run's, a run that does not exist or is deleted, an artifact outside the spool's directory, a
-    run that is FINISHED, a header whose ``owner_token`` the run does not carry (the run's tag
+    run that is FINISHED (unless everything in the spool is already there: a second upload of
+    the same spool changes nothing), a header whose ``owner_token`` the run does not carry (the run's tag
     ``kronos.owner`` is its hash: :mod:`kronos_mlflow.ownership`), a terminal status other than
     the one a run that already ended (KILLED, FAILED) has (a spool never changes how a run ended).
     Returns the plan :func:`apply_upload` carries out.
@@ -343,10 +361,6 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
     run_id = header["run_id"]
     run = _spool_run(path, header, client)
     artifacts = _artifacts_of(path, records, client, run_id)
-    if run.info.status == "FINISHED":
-        raise SpoolError(f"spool '{path}' names run {run_id}, which is FINISHED; a spool is uploaded only into a run that "
-                         "has not finished (its writer ended before the server took its last values): nothing was "
-                         "uploaded")
     if not owns(run, header.get("owner_token")):
         why = "holds no run token" if "owner_token" not in header else "holds a token that run does not carry"
         raise SpoolError(f"spool '{path}' names run {run_id}, but its header {why} (tag {OWNER_TAG}); the spool was "
@@ -385,6 +399,8 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
             continue
         seen.add(pair)
         to_send.append(Metric(rec["key"], float(rec["value"]), rec["timestamp"], rec["step"]))
+    if run.info.status == "FINISHED":
+        artifacts = _finished_unchanged(path, run, client, new_params, tags, to_send, artifacts, status)
     return {
         "path": path, "run_id": run_id, "experiment_id": run.info.experiment_id, "run_status": run.info.status,
         "params": new_params, "params_present": params_present, "tags": [RunTag(k, v) for k, v in tags.items()],
@@ -489,99 +505,3 @@ def find_spools(path: str | os.PathLike) -> list[Path]:
     if path.exists():
         raise SpoolError(f"'{path}' is neither a spool file nor a directory of them")
     raise SpoolError(f"spool path '{path}' does not exist; pass a <run_id>.jsonl file or the directory holding them")
-
-
-# --------------------------------------------------------------------------------------------
-# command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", nargs="?", default=None, metavar="PATH",
-                        help="a spool file (<run_id>.jsonl) or a directory of them "
-                             "(default: $KRONOS_MLFLOW_HOME/spool)")
-    parser.add_argument("--tracking-uri", default=None, metavar="URI",
-                        help="tracking server to upload to (default: MLFLOW_TRACKING_URI, else the URI the "
-                             "spool recorded)")
-    parser.add_argument("--delete", action="store_true", help="delete each spool once uploaded (default: rename "
-                                                              "it to .uploaded)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check each spool against its run and say in one line what uploading would do; "
-                             "change nothing")
-
-
-def _resolve_uri(cli_uri: str | None, header: Mapping[str, Any]) -> str:
-    if cli_uri and cli_uri.strip():
-        return cli_uri.strip()
-    env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-    if env:
-        return env
-    recorded = str(header.get("tracking_uri") or "")
-    if recorded and "***" not in recorded:
-        return recorded
-    import mlflow
-
-    return mlflow.get_tracking_uri()
-
-
-def run(args: argparse.Namespace) -> int:
-    from mlflow import MlflowClient
-
-    from .server import check_uri, hide_uri_printing, probe_tracking_server
-    from ..secrets import install_secret_filter, redact, redact_uri
-    from ..validate import sqlite_path
-
-    install_secret_filter()
-    if args.path is None and not default_spool_dir().exists():
-        print(f"kronos-mlflow upload-spool: no spool files in '{default_spool_dir()}'")
-        return 0
-    files = find_spools(args.path or default_spool_dir())
-    if not files:
-        print(f"kronos-mlflow upload-spool: no spool files in '{args.path or default_spool_dir()}'")
-        return 0
-    clients: dict[str, Any] = {}
-    plans = []
-    for path in files:  # every spool checked against its run before anything is sent
-        header, _records, _ = read_spool(path)
-        uri = _resolve_uri(args.tracking_uri, header)
-        if uri not in clients:
-            hide_uri_printing(uri)
-            check_uri(uri, "--tracking-uri" if (args.tracking_uri or "").strip() else None)
-            probe_tracking_server(uri, 10.0)
-            db = sqlite_path(uri)
-            if db is not None and not db.is_file():
-                raise SpoolError(f"no MLflow database at {db} (tracking URI {redact_uri(uri)}); pass --tracking-uri "
-                                 "of the store the run was logged to")
-            clients[uri] = MlflowClient(tracking_uri=uri)
-        try:
-            plans.append((path, uri, plan_upload(path, clients[uri])))
-        except UserError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the server went away, refused a request...: one line
-            raise SpoolError(redact(f"reading run {header['run_id']} of '{path}' from {redact_uri(uri)} failed "
-                                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"))
-    for path, uri, plan in plans:
-        prefix = "would" if args.dry_run else "will"
-        print(f"kronos-mlflow upload-spool: {path.name}: {prefix} {describe_plan(plan)}", flush=True)
-        if args.dry_run:
-            continue
-        try:
-            counts = apply_upload(plan, clients[uri], finish="delete" if args.delete else "rename")
-        except UserError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the server went away, refused a value...: one line
-            raise SpoolError(redact(f"uploading '{path}' to {redact_uri(uri)} failed ({type(exc).__name__}: "
-                                    f"{' '.join(str(exc).split())[:300]}); nothing is lost: run the command again"))
-        done = "deleted" if args.delete else f"renamed to {path.name}{UPLOADED_SUFFIX}"
-        status = f", status {counts['status']}" if counts["status"] else ""
-        if counts["status_kept"]:
-            status = f", status {counts['status_kept']} kept"
-        print(f"kronos-mlflow upload-spool: run {counts['run_id']}: {counts['metrics']} metric values sent "
-              f"({counts['metrics_present']} already there), {counts['params']} params, {counts['tags']} tags, "
-              f"{counts['artifacts']} artifacts{status}; spool {done}", flush=True)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - `kronos-mlflow upload-spool` is the entry
-    from ..cli import main as cli_main
-
-    return cli_main(["upload-spool", *(sys.argv[1:] if argv is None else argv)])
