@@ -426,7 +426,8 @@ def make_spools(inp: Path, ws: Path) -> None:
     _write(inp / "sp_dotdot" / "secret.txt", "not the spool's\n")
     _spool(inp / "sp_dotdot" / "sub", run_id, [{"type": "artifact", "local_path": "../secret.txt",
                                                "artifact_path": None}])
-    _spool(inp / "sp_status", run_id, [metric, {"type": "terminate", "status": "FAILED", "end_time": 1}])
+    _spool(inp / "sp_status", run_id, [metric, {"type": "terminate", "status": "FAILED", "end_time": 1}],
+           token=_owner_token(ws))  # the run's own token: refused for being FINISHED
     _spool(inp / "sp_experiment", run_id, [metric], experiment_id="7")
     _spool(inp / "sp_renamed", run_id, [metric], name="from-a-colleague.jsonl")
     _spool(inp / "sp_key", run_id, [{**metric, "key": "../../x"}])
@@ -723,7 +724,7 @@ CASES: list[Case] = [
          CLI + ("upload-spool", "{in}/sp_outside"), "/etc/hostname", make=make_spools),
     Case("spool-artifact-dotdot", "spool", "a spool artifact `../secret.txt`",
          CLI + ("upload-spool", "{in}/sp_dotdot/sub"), "../secret.txt", make=make_spools),
-    Case("spool-ended-run", "spool", "a spool marking a FINISHED run FAILED", CLI + ("upload-spool", "{in}/sp_status"),
+    Case("spool-ended-run", "spool", "a spool with the run's own token marking a FINISHED run FAILED", CLI + ("upload-spool", "{in}/sp_status"),
          "FINISHED", make=make_spools),
     Case("spool-other-experiment", "spool", "a spool whose header says experiment 7 (the run is in 0)",
          CLI + ("upload-spool", "{in}/sp_experiment", "--dry-run"), "experiment 7", make=make_spools),
