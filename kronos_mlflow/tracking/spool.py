@@ -400,7 +400,7 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
         seen.add(pair)
         to_send.append(Metric(rec["key"], float(rec["value"]), rec["timestamp"], rec["step"]))
     if run.info.status == "FINISHED":
-        artifacts = _finished_unchanged(path, run, client, new_params, tags, to_send, artifacts, status)
+        artifacts, tags = _finished_unchanged(path, run, client, new_params, tags, to_send, artifacts, status), {}
     return {
         "path": path, "run_id": run_id, "experiment_id": run.info.experiment_id, "run_status": run.info.status,
         "params": new_params, "params_present": params_present, "tags": [RunTag(k, v) for k, v in tags.items()],
