@@ -76,6 +76,16 @@ def received() -> int | None:
     return _received
 
 
+def standing_for(exc: BaseException) -> TrainingStopped | None:
+    """The stop that ``exc`` stands for, raised in its place: after a stop signal, an error that
+    is not itself a :class:`TrainingStopped` (a collective whose peer stopped first and closed
+    its connection) is that stop, so the rank ends in one line, not a traceback. None without a
+    signal (a real failure) or when ``exc`` already is the stop."""
+    if _received is None or isinstance(exc, TrainingStopped):
+        return None
+    return TrainingStopped(_received)
+
+
 def exit_code(signum: int) -> int:
     """The shell's convention: 128 + the signal number (143 for SIGTERM, 130 for SIGINT)."""
     return 128 + int(signum)

@@ -419,6 +419,9 @@ def main(config: Mapping[str, Any]) -> dict:
         reason = f"{type(exc).__name__}: {exc}"
         if stopping.received() is not None:  # a stop signal (here, or a peer's: its collective failed)
             status, reason = "killed", stopping.stop_reason(stopping.received(), layout_root)
+            stop = stopping.standing_for(exc)
+            if stop is not None:  # a collective broken by a peer that stopped first: this rank stops too
+                raise stop from None
         raise
     finally:
         try:

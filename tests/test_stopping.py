@@ -52,6 +52,22 @@ def test_a_second_signal_while_stopping_is_ignored(installed):
     os.kill(os.getpid(), signal.SIGTERM)  # the run is already being ended: no second raise
 
 
+def test_an_error_after_a_signal_stands_for_the_stop(installed):
+    """A rank inside a collective when the signal came: its peer stopped first and closed the
+    connection, so the collective fails; that failure is the stop, not a crash."""
+    with pytest.raises(RuntimeError) as info:
+        with stopping.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("Connection closed by peer")
+    stop = stopping.standing_for(info.value)
+    assert isinstance(stop, TrainingStopped) and stop.signum == signal.SIGTERM
+    assert stopping.standing_for(stop) is None  # already the stop: raised as it is
+
+
+def test_an_error_without_a_signal_is_a_failure(installed):
+    assert stopping.standing_for(RuntimeError("boom")) is None
+
+
 def test_no_signal_no_stop(installed):
     with stopping.deferred():
         with stopping.deferred():  # nested blocks
