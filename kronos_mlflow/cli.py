@@ -36,7 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-predictor": ("kronos_mlflow.train_predictor",
                         "fine-tune the predictor on a frozen tokenizer (one process; use torchrun for several)"),
     "compare": ("kronos_mlflow.compare", "table of MLflow runs sorted by best_val_loss"),
-    "evaluate-tokenizer": ("kronos_mlflow.evaluation.command",
+    "evaluate-tokenizer": ("kronos_mlflow.stages.tokenizer.command",
                            "score a tokenizer against another on held-out windows: metrics, change, verdict"),
     "evaluate": ("kronos_mlflow.evaluation.forecast_command",
                  "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),

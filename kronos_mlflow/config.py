@@ -22,6 +22,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import validate as checks
@@ -162,7 +163,6 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-STAGES = ("tokenizer", "predictor")
 #: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
 EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
                    "inference_sample_count")
@@ -171,25 +171,44 @@ EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
                        "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
                        "n_layers", *EVALUATION_KEYS)
-#: The predictor entry point's own MLproject parameters (besides main's).
-PREDICTOR_MLPROJECT_PARAMS = ("tokenizer", "pretrained_predictor_path")
-#: The keys whose meaning is per stage: each stage's own learning rate, run folder, gradient
-#: clipping and starting checkpoint (upstream's names).
-STAGE_KEYS: dict[str, dict[str, str]] = {
-    "tokenizer": {"learning_rate": "tokenizer_learning_rate", "save_folder": "tokenizer_save_folder_name",
-                  "grad_clip": "grad_clip_norm", "pretrained": "pretrained_tokenizer_path"},
-    "predictor": {"learning_rate": "predictor_learning_rate", "save_folder": "predictor_save_folder_name",
-                  "grad_clip": "predictor_grad_clip_norm", "pretrained": "pretrained_predictor_path"},
+
+
+@dataclass(frozen=True)
+class StageKeys:
+    """The config keys of one stage, resolved when a config is loaded (``learning_rate`` names
+    the stage's own); the stage's spec (:mod:`kronos_mlflow.stages`) reads them from here,
+    because a config is loaded and checked before any stage code runs."""
+
+    learning_rate: str  # its learning rate
+    save_folder: str  # its run folder under save_path
+    grad_clip: str  # its gradient clipping norm
+    pretrained: str  # the checkpoint it starts from ('' : fresh weights)
+    #: what each model the run builds is loaded from (the first key set wins; none: fresh weights)
+    models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    mlproject_params: tuple[str, ...] = ()  # its entry point's own MLproject parameters (besides main's)
+    digest_excludes: tuple[str, ...] = ()  # keys it never reads: left out of its config digest
+
+
+#: Each stage's keys (upstream's names).
+STAGE_CONFIG: dict[str, StageKeys] = {
+    "tokenizer": StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
+                           "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
+                           digest_excludes=PREDICTOR_ONLY_KEYS),
+    "predictor": StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
+                           "pretrained_predictor_path",
+                           models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
+                                   "predictor": ("pretrained_predictor_path",)},
+                           mlproject_params=("tokenizer", "pretrained_predictor_path")),
 }
+STAGES = tuple(STAGE_CONFIG)
 #: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
 #: ``predictor_learning_rate``).
 STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
 
 
-def stage_key(config: Mapping[str, Any], role: str) -> str:
-    """The config key that plays ``role`` (learning_rate, save_folder, grad_clip, pretrained)
-    in the config's stage."""
-    return STAGE_KEYS[str(config.get("stage", "tokenizer"))][role]
+def stage_keys(config: Mapping[str, Any]) -> StageKeys:
+    """The keys of the config's stage (a loaded config's ``stage`` is one of :data:`STAGES`)."""
+    return STAGE_CONFIG[str(config.get("stage", "tokenizer"))]
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 #: Time ranges that may be empty ([] = a default range chosen where the key is used).
@@ -261,8 +280,8 @@ def canonical_key(name: str, stage: str = "tokenizer") -> str:
     key = name.strip().lstrip("-").replace("-", "_")
     if key not in DEFAULTS:  # upstream's inference_T keeps its case; every other name is lower-case
         key = key.lower()
-    if key in STAGE_ALIASES and stage in STAGE_KEYS:
-        return STAGE_KEYS[stage][STAGE_ALIASES[key]]
+    if key in STAGE_ALIASES and stage in STAGE_CONFIG:
+        return getattr(STAGE_CONFIG[stage], STAGE_ALIASES[key])
     return ALIASES.get(key, key)
 
 
@@ -479,7 +498,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_models_and_objective(out: Mapping[str, Any]) -> None:
     """The checks across keys of the models a config builds and of its objective: fresh models
     within the parameter limit; ``objective: val_skill`` with what it forecasts with and on."""
-    if out["stage"] == "predictor" and not out["pretrained_predictor_path"]:
+    models = stage_keys(out).models
+    fresh = {model for model, keys in models.items() if not any(str(out[key]).strip() for key in keys)}
+    if "predictor" in fresh:
         from .model.spec import PREDICTOR_CONFIGS, count_predictor_parameters
 
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
@@ -489,7 +510,7 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
-    if out["objective"] == "val_skill" and out["stage"] == "tokenizer" and not out["pretrained_predictor_path"].strip():
+    if out["objective"] == "val_skill" and "predictor" not in models and not out["pretrained_predictor_path"].strip():
         raise ConfigError("objective val_skill for the tokenizer forecasts with pretrained_predictor_path's predictor "
                           "on each epoch's tokenizer, and pretrained_predictor_path is empty; expected a predictor "
                           "checkpoint with the tokenizer's bits (e.g. NeoQuasar/Kronos-small), or objective val_loss")
@@ -499,9 +520,7 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
                           f"val_time_range {format_time_range(out['val_time_range'])} ends no later than train_time_range "
                           f"{format_time_range(out['train_time_range'])}; expected a val_time_range that goes "
                           "past the end of training, or objective val_loss")
-    fresh_tokenizer = not out["pretrained_tokenizer_path"] and not (
-        out["stage"] == "predictor" and out["finetuned_tokenizer_path"])
-    if fresh_tokenizer:
+    if "tokenizer" in fresh:
         # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
         # is allocated (a checkpoint's config.json gets the same check in model/spec.py).
         n = fresh_parameter_count(out)
@@ -592,7 +611,7 @@ def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     then the whole resolved config."""
     flat = flatten(config)
     stage = str(config.get("stage", "tokenizer"))
-    names = list(MLPROJECT_PARAMS) + (list(PREDICTOR_MLPROJECT_PARAMS) if stage == "predictor" else [])
+    names = list(MLPROJECT_PARAMS) + list(stage_keys(config).mlproject_params)
     params = {name: flat[canonical_key(name, stage)] for name in names}
     params.update(flat)
     return params

@@ -33,18 +33,18 @@ def model_problem(uri: str, stage: str, tracking_uri: str | None = None) -> str 
     """Why the model at ``uri`` (``runs:/<id>/best_model`` in ``tracking_uri``'s store) cannot be
     what the next step loads: a tokenizer's checkpoint, or a forecaster's tokenizer and predictor
     (``stage`` says which)."""
-    from .evaluation.sources import load_tokenizer
+    from .evaluation.sources import resolve_tokenizer
 
     try:
         if stage != "predictor":
-            load_tokenizer(uri, "cpu", tracking_uri=tracking_uri, what="the logged model")
+            resolve_tokenizer(uri, "cpu", tracking_uri=tracking_uri, what="the logged model")
             return None
         from .evaluation.forecast_command import resolve_model
         from .model import Kronos
 
         with tempfile.TemporaryDirectory(prefix="kronos-reuse-") as scratch:
             tokenizer, predictor, _ = resolve_model(uri, Path(scratch), tracking_uri=tracking_uri)
-            load_tokenizer(str(tokenizer), "cpu", what="the logged tokenizer")
+            resolve_tokenizer(str(tokenizer), "cpu", what="the logged tokenizer")
             Kronos.from_pretrained(str(predictor))
         return None
     except UserError as exc:

@@ -40,43 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from . import config as cfg
-from .errors import EXIT_USAGE, UserError
+from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
+from .stages import spec_of
 
 # torch, the data and the trackers load inside main(): `--help` and `--check` of bad flags stay fast.
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:
-    prefix = "predictor " if config.get("stage") == "predictor" else ""
-    return f"{prefix}lr={config[cfg.stage_key(config, 'learning_rate')]:.0e} wd={config['adam_weight_decay']:g}"
-
-
-
-
-def stage_everywhere(config: Mapping[str, Any], layout, info):
-    """The run's stage (:mod:`kronos_mlflow.stages`). A predictor run's frozen tokenizer is
-    written once, by rank 0, into ``checkpoints/tokenizer/`` (unless a resumed run has it
-    there); every rank then reads that copy."""
-    from .stages import stage_for
-
-    if config.get("stage") != "predictor":
-        return stage_for(config)
-    from .distributed import barrier, broadcast_object
-    from .model import KronosTokenizer
-    from .stages.sources import load_tokenizer
-
-    answer = "ok"
-    if info.is_main and not (layout.tokenizer / "model.safetensors").is_file():
-        try:
-            load_tokenizer(config).save_pretrained(layout.tokenizer)
-        except UserError as exc:
-            answer = str(exc)
-    if info.distributed:
-        answer = broadcast_object(answer)
-    if answer != "ok":
-        raise same_on_every_rank(UserError(answer))
-    barrier()
-    return stage_for(config, KronosTokenizer.from_pretrained(layout.tokenizer, map_location=info.device))
+    spec = spec_of(config)
+    return (f"{spec.run_name_prefix}lr={config[spec.keys.learning_rate]:.0e} "
+            f"wd={config['adam_weight_decay']:g}")
 
 
 class DirectoryWriter:
@@ -166,22 +140,24 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, fit
 
+    import torch
+    import torch.distributed as dist
+
+    from .distributed import DistInfo
+
     main = rank == 0
-    files = RunFiles(RunLayout(Path(save_dir)), enabled=main)
+    layout = RunLayout(Path(save_dir))
+    grouped = dist.is_available() and dist.is_initialized()  # the caller's process group, if any
+    info = DistInfo(rank, rank, world_size, torch.device(device), dist.get_backend() if grouped else None)
+    stage = spec_of(config).training(config, layout, info)
+    files = RunFiles(layout, enabled=main)
     result = fit(model, device, config, logger if logger is not None else NullLogger(), files, Console(main),
                  rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
-                 run_ids=run_ids)
+                 run_ids=run_ids, stage=stage)
     return model, result
 
 
 MAX_RESTARTS = 1000  # torchrun restarts of a failed worker group (MLproject's max_restarts)
-
-
-def same_on_every_rank(exc: UserError) -> UserError:
-    """Mark a refusal every process of a torchrun group reaches alike (a flag, the config, a file
-    all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
-    exc.same_on_every_rank = True  # type: ignore[attr-defined]
-    return exc
 
 
 def check_processes(nproc: int, device) -> None:
@@ -396,10 +372,9 @@ def main(config: Mapping[str, Any]) -> dict:
         steps = perf.run_steps(config, info.world_size)
         speed = perf.configure_process(config, info.device, run_steps=steps)
         console.print(f"speed settings: {speed}")
-        stage = stage_everywhere(config, layout, info)
-        from .stages.sources import build_model
-
-        model = build_model(config, getattr(stage, "tokenizer", None)).to(info.device)
+        spec = spec_of(config)
+        stage = spec.training(config, layout, info)  # every rank (a predictor's frozen tokenizer)
+        model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
         result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main), console,

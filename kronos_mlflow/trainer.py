@@ -29,20 +29,19 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, stopping
-from .config import stage_key
+from .config import stage_keys
 from .console import Console
 from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
-from .distributed import barrier, dist_sum
+from .distributed import barrier, dist_sum, unwrap
 from .errors import ConfigError, UserError
 from .evaluation.val_skill import BEST_VAL_SKILL, VAL_SKILL_METRIC
 from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
 from .perf import compile_model, resolve_compile, resolve_fused, resolve_precision
-from .stages import TokenizerStage, TrainingStage
+from .stages import TrainingStage
 from .stages.base import Validation
-from .stages.tokenizer import compute_loss, evaluate, global_val_loss  # noqa: F401 - the loop's public names
 from .tracking.protocol import ExperimentLogger
 
 
@@ -53,18 +52,17 @@ class TrainingPruned(Exception):
 # --------------------------------------------------------------------------- one step
 
 
-def train_step(model, optimizer, batch_x, config, precision: str | None = None, *, stage: TrainingStage | None = None,
+def train_step(model, optimizer, batch_x, config, precision: str | None = None, *, stage: TrainingStage,
                batch_stamp=None):
     """One optimizer step on ``batch_x`` (and its calendar stamps, on the device), as upstream takes it.
 
     ``accumulation_steps`` sub-batches (under DDP gradients are all-reduced on the last one
-    only), the stage's loss (the tokenizer's by default), clip to the stage's norm
+    only), the stage's loss, clip to the stage's norm
     (``grad_clip_norm``, ``predictor_grad_clip_norm``), AdamW step, gradients dropped. Returns
     ``(loss, parts)``: the mean loss over the sub-batches and the last sub-batch's parts, all
     detached 0-d tensors that are not read here, so a GPU is not synchronised (read them
     together, once).
     """
-    stage = stage or TokenizerStage()
     if precision is None:
         precision = resolve_precision(config["precision"], batch_x.device)
     accum = config["accumulation_steps"]
@@ -79,7 +77,7 @@ def train_step(model, optimizer, batch_x, config, precision: str | None = None, 
             loss, parts = stage.loss(model, x, stamp, precision)
             (loss / accum if accum > 1 else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config[stage_key(config, "grad_clip")])
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config[stage_keys(config).grad_clip])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return (total / accum if accum > 1 else total), parts
@@ -114,7 +112,7 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
     """The model as training calls it: the fused path on or off (``fused_layers``), wrapped in
     DDP when ``distributed``, then ``torch.compile``d when ``compile`` resolves to on (``auto``
     on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run).
-    :func:`unwrap_model` gives the plain module back (for validation and checkpoints)."""
+    :func:`~kronos_mlflow.distributed.unwrap` gives the plain module back (for validation and checkpoints)."""
     if hasattr(model, "set_fused"):
         model.set_fused(resolve_fused(config["fused_layers"], device))
     if distributed:
@@ -129,17 +127,6 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
     if resolve_compile(config["compile"], device, run_steps):
         model = compile_model(model, config["compile"])
     return model
-
-
-def unwrap_model(model):
-    """The plain module under ``torch.compile`` and DDP wrappers."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif "_orig_mod" in getattr(model, "_modules", {}):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        else:
-            return model
 
 
 # --------------------------------------------------------------------------- what rank 0 writes
@@ -378,10 +365,10 @@ def objective_value(skill, epoch: int, progress: Progress, val_loss: float | Non
 def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles, console: Console, *,
         rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
         resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None,
-        stage: TrainingStage | None = None) -> dict[str, Any]:
+        stage: TrainingStage) -> dict[str, Any]:
     """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
 
-    ``stage`` (:mod:`kronos_mlflow.stages`; the tokenizer's by default) supplies the loss, the
+    ``stage`` (:mod:`kronos_mlflow.stages`: its spec's ``training``) supplies the loss, the
     validation and its metrics, the plots and the held-out comparison.
 
     Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
@@ -394,8 +381,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     ``val_loss_initial``, ``steps``, ``best_val_quality``, ``test`` (the test verdict's record) and,
     for a stage with one, ``scorecard`` (the forecast evaluation's record).
     """
-    stage = stage or TokenizerStage()
-    raw_model = unwrap_model(model)
+    raw_model = unwrap(model)
     data = load_data(config, rank, world_size, device, console)
     steps_per_epoch = len(data.train_loader)
     optimizer = build_optimizer(raw_model, config, log=console.print)

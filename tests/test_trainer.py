@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import checkpoint, trainer
 from kronos_mlflow.config import model_kwargs
 from kronos_mlflow.console import Console
@@ -39,7 +40,7 @@ def test_fit_trains_keeps_the_best_checkpoint_and_the_training_state(tiny):
     layout = RunLayout.of(config)
     logger = Recorder()
     result = trainer.fit(_model(config), torch.device("cpu"), config, logger, trainer.RunFiles(layout),
-                         Console(False))
+                         Console(False), stage=TokenizerStage())
     assert len(result["val_loss_history"]) == config["epochs"]
     assert result["best_val_loss"] == min(result["val_loss_history"])
     assert result["best_epoch"] == result["val_loss_history"].index(result["best_val_loss"])
@@ -60,10 +61,10 @@ def test_files_off_writes_nothing_and_the_loop_is_the_same(tiny):
     config = tiny(compile="off", epochs=1)
     layout = RunLayout.of(config)
     silent = trainer.fit(_model(config), torch.device("cpu"), config, NullLogger(),
-                         trainer.RunFiles(layout, enabled=False), Console(False))
+                         trainer.RunFiles(layout, enabled=False), Console(False), stage=TokenizerStage())
     assert not layout.root.exists()
     writing = trainer.fit(_model(config), torch.device("cpu"), config, NullLogger(), trainer.RunFiles(layout),
-                          Console(False))
+                          Console(False), stage=TokenizerStage())
     assert silent["val_loss_history"] == writing["val_loss_history"]
     assert layout.best_model.is_dir()
 
@@ -79,7 +80,7 @@ def test_should_stop_prunes_after_the_epoch(tiny):
     logger = Recorder()
     with pytest.raises(trainer.TrainingPruned, match="after epoch 0 "):
         trainer.fit(_model(config), torch.device("cpu"), config, logger, trainer.RunFiles(RunLayout.of(config)),
-                    Console(False), should_stop=stop_after_first)
+                    Console(False), should_stop=stop_after_first, stage=TokenizerStage())
     assert [e for e, _ in seen] == [0] and math.isfinite(seen[0][1])
     assert [s for s, m in logger.metrics if "val_tokenizer_loss_epoch" in m] == [0]
 

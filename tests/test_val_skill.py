@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import trainer
 from kronos_mlflow.config import model_kwargs, time_bounds
 from kronos_mlflow.console import Console
@@ -96,7 +97,7 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
         logger, seen = Recorder(), []
         result = trainer.fit(_tokenizer(config), torch.device("cpu"), config, logger,
                              trainer.RunFiles(RunLayout.of(config)), Console(False),
-                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False)
+                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False, stage=TokenizerStage())
         runs[objective] = (config, logger, result, seen)
     (_, plain_log, plain, plain_seen), (config, log, result, seen) = runs["val_loss"], runs["val_skill"]
     assert result["val_loss_history"] == plain["val_loss_history"]  # training drew the same numbers

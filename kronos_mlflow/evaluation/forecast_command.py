@@ -64,8 +64,7 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
         import mlflow
         from mlflow.exceptions import MlflowException
 
-        from ..stages.sources import _source_run
-        from .sources import mlflow_store
+        from .sources import mlflow_store, source_run
 
         uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
         try:
@@ -75,7 +74,7 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
             raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
                             f"expected {MODEL_ACCEPTED}") from None
         dirs = _pair_dirs(local)
-        run_id = _source_run(spec) or ""
+        run_id = source_run(spec) or ""
     else:
         dirs, run_id = _pair_dirs(Path(spec).expanduser()), ""
     if dirs is None:
@@ -130,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from ..preflight import check_context, check_tracking
     from .forecast_run import ZEROSHOT_TAG
     from .scorecard import score_forecasters
-    from .sources import load_tokenizer
+    from .sources import resolve_tokenizer
 
     config = config_from_args(args)
     device = resolve_device(config["device"])
@@ -138,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
     check_context(config)
     with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
         tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))
-        tokenizer = load_tokenizer(str(tok_dir), device, what="--model")
+        tokenizer = resolve_tokenizer(str(tok_dir), device, what="--model")
         models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
         z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
         if z_pred:
-            base_tok = load_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
+            base_tok = resolve_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
             models["zeroshot"] = _predictor(base_tok, z_pred, config, device, "--zeroshot-predictor")
         check_tracking(config)  # where the run will be logged, before the scoring (never created here)
         n_origins = check_origins(config)

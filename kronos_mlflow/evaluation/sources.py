@@ -15,7 +15,7 @@ def is_mlflow_uri(spec: str) -> bool:
     return str(spec).startswith(MLFLOW_SCHEMES)
 
 
-def load_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, what: str = "MODEL"):
+def resolve_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, what: str = "MODEL"):
     """The ``KronosTokenizer`` that ``spec`` names, on ``device``, in eval mode."""
     spec = str(spec or "").strip()
     if not spec:
@@ -85,3 +85,20 @@ def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
     except (MlflowException, OSError, ValueError) as exc:
         raise UserError(f"{what} '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
                         f"expected {ACCEPTED}") from None
+
+
+def source_run(spec: str) -> str | None:
+    """The run that made the model a ``runs:/`` or ``models:/`` URI names (None: not known)."""
+    if spec.startswith("runs:/"):
+        return spec[len("runs:/"):].split("/", 1)[0] or None
+    if not spec.startswith("models:/"):
+        return None
+    try:
+        from mlflow import MlflowClient
+        from mlflow.store.artifact.utils.models import get_model_name_and_version
+
+        client = MlflowClient()
+        name, version = get_model_name_and_version(client, spec)
+        return client.get_model_version(name, version).run_id or None
+    except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
+        return None

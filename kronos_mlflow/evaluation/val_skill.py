@@ -50,15 +50,6 @@ def val_origins(config: Mapping[str, Any]):
     return origins
 
 
-def check_partner(config: Mapping[str, Any], model) -> None:
-    """A tokenizer run on ``objective: val_skill``: ``pretrained_predictor_path`` loads and pairs
-    with ``model`` (one line naming it otherwise). Nothing to check for a predictor run."""
-    if config.get("stage", "tokenizer") == "tokenizer":
-        from ..stages.sources import build_predictor
-
-        build_predictor(config, model)  # refuses a missing checkpoint or other bits
-
-
 class ValSkill:
     """The per-epoch scorer of one run (built by every rank; :meth:`score` is a collective)."""
 

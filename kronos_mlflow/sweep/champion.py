@@ -95,14 +95,14 @@ def champion_test_loss(client, registered_model_name: str, version, champion_run
         return float(champion_run.data.metrics[key])
     if config.get("stage") == "predictor":
         return None  # a predictor champion is compared on the windows it was judged on
-    from ..evaluation.sources import load_tokenizer
+    from ..evaluation.sources import resolve_tokenizer
     from ..evaluation.stage import TOKENIZER
     from ..evaluation.windows import heldout_windows
 
     windows = heldout_windows(config, "test")
     if not len(windows) or windows.digest != windows_digest:
         return None
-    model = load_tokenizer(f"models:/{registered_model_name}/{version.version}", "cpu",
+    model = resolve_tokenizer(f"models:/{registered_model_name}/{version.version}", "cpu",
                            tracking_uri=client.tracking_uri, what="the champion")
     print(f"[sweep] scoring the champion (version {version.version}) on the best trial's {len(windows):,} test "
           "windows", flush=True)
