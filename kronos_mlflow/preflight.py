@@ -37,7 +37,9 @@ from .errors import ConfigError, UserError
 def forecasts(config: Mapping[str, Any]) -> bool:
     """Whether a training run with ``config`` forecasts: a predictor run (its logged forecaster,
     its scorecard) or a run on ``objective: val_skill`` (every epoch)."""
-    return config.get("stage") == "predictor" or config.get("objective") == "val_skill"
+    from .stages import spec_of
+
+    return spec_of(config).forecasts(config)
 
 
 def check_context(config: Mapping[str, Any]) -> None:
@@ -145,23 +147,22 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     the forecast window against ``max_context``, the data (one optimizer step per rank, the
     validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
     Returns the model the run starts from when it loaded one (else None)."""
-    from .stages.sources import build_model
+    from .stages import spec_of
 
-    if forecasts(config):
+    spec = spec_of(config)
+    if spec.forecasts(config):
         check_context(config)
     model = None
-    if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
-        model = build_model(config, tokenizer)  # loads each checkpoint as its kind; the same bits
+    if spec.loads_checkpoints(config):
+        model = spec.build_model(config, tokenizer=tokenizer)  # loads each checkpoint as its kind; the same bits
     if config["objective"] == "val_skill":
-        from .evaluation.val_skill import check_partner
-
-        check_partner(config, model if model is not None else build_model(config))
+        spec.check_objective(config, model if model is not None else spec.build_model(config))
     ready = data.config(config)
     if config["objective"] == "val_skill":
         from .evaluation.val_skill import val_origins
 
         val_origins(ready)  # some validation origin forecasts bars after training
-    if config["stage"] == "predictor" and config["evaluate"] == "on":
+    if spec.scores_at_end(config):
         check_scorecard(ready, required=False)  # an empty test range: the run says so; its backtest must run
     check_windows(ready, world_size)
     return model

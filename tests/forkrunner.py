@@ -56,7 +56,7 @@ def _preimport() -> None:
                  "kronos_mlflow.tracking.spool_command",
                  "kronos_mlflow.model", "kronos_mlflow.launch", "kronos_mlflow.pipeline", "kronos_mlflow.preflight",
                  "kronos_mlflow.evaluation.forecast_command", "kronos_mlflow.evaluation.scorecard",
-                 "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.sources"):
+                 "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.predictor.sources"):
         importlib.import_module(name)
 
 

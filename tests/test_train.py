@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from shared_runs import SECRETS
 from tiny_runs import TINY, run_dir, tiny_config, write_config
 
-from kronos_mlflow import keys, optim, train, trainer
+from kronos_mlflow import keys, optim, train
 from kronos_mlflow.config import load_config, run_params
 from kronos_mlflow.data import loaders
 from kronos_mlflow.distributed import resolve_device

@@ -131,7 +131,8 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
 
 
 def test_val_skill_refusals_are_one_line(tiny, tmp_path):
-    from kronos_mlflow.evaluation.val_skill import check_partner, val_origins
+    from kronos_mlflow.evaluation.val_skill import val_origins
+    from kronos_mlflow.stages import spec_of
 
     with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* pretrained_predictor_path is "
                                           "empty"):
@@ -142,7 +143,7 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
     Kronos(**{**PREDICTOR_SIZES, "s1_bits": 5}).save_pretrained(tmp_path / "five")
     config = tiny(objective="val_skill", pretrained_predictor_path=str(tmp_path / "five"))
     with pytest.raises(ConfigError, match="bits"):
-        check_partner(config, _tokenizer(config))
+        spec_of(config).check_objective(config, _tokenizer(config))
     with pytest.raises(ConfigError, match="val_time_range 2022-09-01:2024-06-30 ends no later than train_time_range"):
         tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-30")
     # a validation range past training's end by fewer bars than a forecast: no origin, refused

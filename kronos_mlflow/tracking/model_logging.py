@@ -424,11 +424,9 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
         heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"))
-        if config.get("stage") == "predictor":
-            log_predictor_model(tracking.mlflow, layout, config, result, heldout, dataset)
-            return
-        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
-                       metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
+        from ..stages import spec_of
+
+        spec_of(config).log_model(tracking.mlflow, layout, config, result, heldout, dataset)
 
 
 def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
