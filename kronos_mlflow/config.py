@@ -250,7 +250,7 @@ _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
 # start absurd numbers of processes are refused up front; the seed is what every library takes
 # (numpy's and Optuna's samplers: 32 bits); floats stay far inside float32 (the tensors' type).
-_MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
+MAX_VALUES = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
         "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
         "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000, "num_threads": 4096,
         "max_context": 1_000_000, "n_train_iter": 10**12, "n_val_iter": 10**12, "log_interval": 10**12,
@@ -448,7 +448,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
                           "starting weights' test loss (0.005 = 0.5%)")
     if not 0.0 < out["inference_top_p"] <= 1.0:
         raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
-    for key, limit in _MAX.items():
+    for key, limit in MAX_VALUES.items():
         if out[key] > limit:
             raise ConfigError(f"{key}: {checks.shown(out[key])} is too large; expected at most {checks.limit_text(limit)}")
     for key, limit in _MIN.items():

@@ -383,7 +383,7 @@ def main(config: Mapping[str, Any]) -> dict:
                      resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage)
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
-                          started=started)
+                          started=started, log_model=spec.log_model)
         barrier()
         status = "success"
         return result

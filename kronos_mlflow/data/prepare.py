@@ -70,7 +70,7 @@ class DataWarning(UserWarning):
 # Config, paths, digests
 # ----------------------------------------------------------------------------------------------
 
-def _cfg(config: Mapping[str, Any]) -> dict[str, Any]:
+def validated(config: Mapping[str, Any]) -> dict[str, Any]:
     """Accept a full or partial config; return a validated one (cheap)."""
     from ..config import validate
 
@@ -123,12 +123,12 @@ def _cache_key(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
 
 def data_digest(config: Mapping[str, Any]) -> str:
     """sha256 (hex) of everything that determines the prepared splits; names the cache."""
-    cfg = _cfg(config)
+    cfg = validated(config)
     return pv.digest_of(_cache_key(cfg, resolve_qlib_path(cfg)))
 
 
 def cache_dir_for(config: Mapping[str, Any], digest: str | None = None) -> Path:
-    cfg = _cfg(config)
+    cfg = validated(config)
     digest = digest or data_digest(cfg)
     return Path(cfg["dataset_path"]).expanduser().absolute() / f"kronos-{digest[:20]}"
 
@@ -497,7 +497,7 @@ def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool
     Reads Qlib only when no complete cache with the same digest exists (or ``force``). Safe when
     several processes call it at once: one builds, the others wait and reuse it.
     """
-    cfg = _cfg(config)
+    cfg = validated(config)
     path = resolve_qlib_path(cfg)
     pv.check_instrument(path, cfg["instrument"], cfg["freq"])
     _feature_indices(cfg)

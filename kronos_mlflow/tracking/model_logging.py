@@ -405,9 +405,10 @@ def _log_input(client, run_id: str, entry) -> None:
 
 
 def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[str, Any], *, world_size: int,
-                  digest: str, started: float) -> None:
+                  digest: str, started: float, log_model) -> None:
     """Rank 0, after training: ``summary.json`` (an artifact of every backend) and the best checkpoint
-    as the MLflow Model ``best_model`` (a plain artifact on Comet)."""
+    as the MLflow Model ``best_model`` (a plain artifact on Comet), logged by the stage's
+    ``log_model`` (:meth:`kronos_mlflow.stages.StageSpec.log_model`)."""
     summary = {
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "elapsed_s": round(time.time() - started, 3),
@@ -424,9 +425,7 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
         heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"))
-        from ..stages import spec_of
-
-        spec_of(config).log_model(tracking.mlflow, layout, config, result, heldout, dataset)
+        log_model(tracking.mlflow, layout, config, result, heldout, dataset)
 
 
 def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
