@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from recording import Recorder
 
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import checkpoint, trainer
@@ -14,20 +15,6 @@ from kronos_mlflow.console import Console
 from kronos_mlflow.layout import RunLayout
 from kronos_mlflow.model import KronosTokenizer
 from kronos_mlflow.tracking import NullLogger
-
-
-class Recorder(NullLogger):
-    """A NullLogger that keeps what the loop logged."""
-
-    def __init__(self):
-        self.metrics: list[tuple[int, dict]] = []
-        self.persisted = 0
-
-    def log_metrics(self, metrics, step):
-        self.metrics.append((step, dict(metrics)))
-
-    def persist(self):
-        self.persisted += 1
 
 
 def _model(config):
@@ -49,7 +36,7 @@ def test_fit_trains_keeps_the_best_checkpoint_and_the_training_state(tiny):
     assert steps == list(range(result["steps"])) and result["steps"] > 0
     epochs = [s for s, m in logger.metrics if "val_tokenizer_loss_epoch" in m]
     assert epochs == list(range(config["epochs"]))
-    assert logger.persisted == config["epochs"] + 1  # before each training state (and the first)
+    assert len(logger.calls_to("persist")) == config["epochs"] + 1  # before each training state (and the first)
     best = KronosTokenizer.from_pretrained(layout.best_model)
     assert sum(p.numel() for p in best.parameters()) > 0
     state = checkpoint.read_training_state(layout.training_state)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from recording import Recorder
 
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import trainer
@@ -31,22 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
                    "ffn_dropout_p": 0.0, "attn_dropout_p": 0.0, "resid_dropout_p": 0.0, "token_dropout_p": 0.0,
                    "learn_te": True}
-
-
-class Recorder:
-    """A logger that keeps the metrics the loop logged, as (step, name, value)."""
-
-    def __init__(self):
-        self.rows: list[tuple[int, str, float]] = []
-
-    def log_metrics(self, metrics, step):
-        self.rows += [(step, k, float(v)) for k, v in metrics.items()]
-
-    def history(self, name):
-        return [(s, v) for s, k, v in self.rows if k == name]
-
-    def __getattr__(self, name):  # every other logger call: nothing to keep
-        return lambda *a, **k: None
 
 
 def _predictor_checkpoint(path: Path) -> Path:
