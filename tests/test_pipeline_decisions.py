@@ -118,7 +118,7 @@ class World:
         from kronos_mlflow.config import run_params
         from kronos_mlflow.layout import RunLayout
         from kronos_mlflow.model import KronosTokenizer
-        from kronos_mlflow.stages.sources import build_model
+        from kronos_mlflow.stages import spec_of
         from kronos_mlflow.tracking.model_logging import log_best_model, log_forecaster
         from kronos_mlflow.train import start_tracking
         from kronos_mlflow.trainer import Progress, RunFiles, save_progress
@@ -137,7 +137,7 @@ class World:
         logger.log_hyperparams(run_params(step.config))
         logger.set_tags({"data_digest": step.data_digest, "config_digest": step.digest})  # as train.main
         tokenizer = KronosTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
-        net = build_model(step.config, tokenizer) if state or model else None
+        net = spec_of(step.config).build_model(step.config, tokenizer=tokenizer) if state or model else None
         files = RunFiles(layout)
         if state:
             import torch

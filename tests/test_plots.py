@@ -73,7 +73,7 @@ def trained_dir(tmp_path, tiny):
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.model import KronosTokenizer
     from kronos_mlflow.data.loaders import val_loader_for
-    from kronos_mlflow.trainer import global_val_loss
+    from kronos_mlflow.stages.tokenizer.training import global_val_loss
 
     config = tiny(run_name="plot-test")
     prepare_splits(config, progress=False)
