@@ -22,7 +22,6 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import validate as checks
@@ -163,52 +162,8 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-#: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
-EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count")
-#: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
-#: run's directory and training state do not depend on them.
-PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
-                       "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
-                       "n_layers", *EVALUATION_KEYS)
-
-
-@dataclass(frozen=True)
-class StageKeys:
-    """The config keys of one stage, resolved when a config is loaded (``learning_rate`` names
-    the stage's own); the stage's spec (:mod:`kronos_mlflow.stages`) reads them from here,
-    because a config is loaded and checked before any stage code runs."""
-
-    learning_rate: str  # its learning rate
-    save_folder: str  # its run folder under save_path
-    grad_clip: str  # its gradient clipping norm
-    pretrained: str  # the checkpoint it starts from ('' : fresh weights)
-    #: what each model the run builds is loaded from (the first key set wins; none: fresh weights)
-    models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    mlproject_params: tuple[str, ...] = ()  # its entry point's own MLproject parameters (besides main's)
-    digest_excludes: tuple[str, ...] = ()  # keys it never reads: left out of its config digest
-
-
-#: Each stage's keys (upstream's names).
-STAGE_CONFIG: dict[str, StageKeys] = {
-    "tokenizer": StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
-                           "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
-                           digest_excludes=PREDICTOR_ONLY_KEYS),
-    "predictor": StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
-                           "pretrained_predictor_path",
-                           models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
-                                   "predictor": ("pretrained_predictor_path",)},
-                           mlproject_params=("tokenizer", "pretrained_predictor_path")),
-}
-STAGES = tuple(STAGE_CONFIG)
-#: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
-#: ``predictor_learning_rate``).
-STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
-
-
-def stage_keys(config: Mapping[str, Any]) -> StageKeys:
-    """The keys of the config's stage (a loaded config's ``stage`` is one of :data:`STAGES`)."""
-    return STAGE_CONFIG[str(config.get("stage", "tokenizer"))]
+from .stage_keys import (EVALUATION_KEYS, PREDICTOR_ONLY_KEYS, STAGE_ALIASES, STAGE_CONFIG,  # noqa: E402,F401
+                         STAGES, StageKeys, stage_keys)
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 #: Time ranges that may be empty ([] = a default range chosen where the key is used).

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .config import STAGE_CONFIG, is_secret_key
+from .config import is_secret_key
+from .stage_keys import STAGE_CONFIG
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
 

@@ -26,13 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UserError, short_reason
+from ..errors import UserError
+from .sources import MODEL_ACCEPTED, resolve_model
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
-MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "
-                  "or a predictor run's directory")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..flags import add_config_arguments
 
@@ -44,42 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", dest="_check", action="store_true",
                         help="check the model, the zero-shot pair, the origins and the backtest's range, then exit")
     add_config_arguments(parser)
-
-
-def _pair_dirs(root: Path) -> tuple[Path, Path] | None:
-    for tok, pred in ((root / "tokenizer", root / "predictor"),
-                      (root / "checkpoints" / "tokenizer", root / "checkpoints" / "best_model"),
-                      (root / "artifacts" / "tokenizer", root / "artifacts" / "predictor")):
-        if (tok / "model.safetensors").is_file() and (pred / "model.safetensors").is_file():
-            return tok, pred
-    return None
-
-
-def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> tuple[Path, Path, str]:
-    """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
-    spec = str(spec or "").strip()
-    if not spec:
-        raise UserError(f"--model is empty; expected {MODEL_ACCEPTED}")
-    if spec.startswith(("runs:/", "models:/")):
-        import mlflow
-        from mlflow.exceptions import MlflowException
-
-        from .sources import mlflow_store, source_run
-
-        uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
-                                                             tracking_uri=uri))
-        except (MlflowException, OSError, ValueError) as exc:
-            raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
-                            f"expected {MODEL_ACCEPTED}") from None
-        dirs = _pair_dirs(local)
-        run_id = source_run(spec) or ""
-    else:
-        dirs, run_id = _pair_dirs(Path(spec).expanduser()), ""
-    if dirs is None:
-        raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
-    return dirs[0], dirs[1], run_id
 
 
 def _run_record(run_id: str) -> tuple[dict, str]:

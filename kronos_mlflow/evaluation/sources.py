@@ -4,6 +4,8 @@ id. Every failure is one :class:`~kronos_mlflow.errors.UserError` line naming th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import UserError, short_reason
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
@@ -102,3 +104,42 @@ def source_run(spec: str) -> str | None:
         return client.get_model_version(name, version).run_id or None
     except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
         return None
+
+
+MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "
+                  "or a predictor run's directory")
+
+
+def pair_dirs(root: Path) -> tuple[Path, Path] | None:
+    for tok, pred in ((root / "tokenizer", root / "predictor"),
+                      (root / "checkpoints" / "tokenizer", root / "checkpoints" / "best_model"),
+                      (root / "artifacts" / "tokenizer", root / "artifacts" / "predictor")):
+        if (tok / "model.safetensors").is_file() and (pred / "model.safetensors").is_file():
+            return tok, pred
+    return None
+
+
+def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> tuple[Path, Path, str]:
+    """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
+    spec = str(spec or "").strip()
+    if not spec:
+        raise UserError(f"--model is empty; expected {MODEL_ACCEPTED}")
+    if spec.startswith(("runs:/", "models:/")):
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+
+        uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
+                                                             tracking_uri=uri))
+        except (MlflowException, OSError, ValueError) as exc:
+            raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
+                            f"expected {MODEL_ACCEPTED}") from None
+        dirs = pair_dirs(local)
+        run_id = source_run(spec) or ""
+    else:
+        dirs, run_id = pair_dirs(Path(spec).expanduser()), ""
+    if dirs is None:
+        raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
+    return dirs[0], dirs[1], run_id

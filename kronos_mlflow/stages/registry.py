@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import STAGE_CONFIG, StageKeys
+from ..stage_keys import STAGE_CONFIG, StageKeys
 from ..errors import ConfigError
 
 
@@ -110,11 +110,11 @@ REGISTRY: dict[str, StageSpec] = {}
 
 
 def register(spec: StageSpec) -> StageSpec:
-    """Add a stage (once per name; its config keys must be in ``config.STAGE_CONFIG``)."""
+    """Add a stage (once per name; its config keys must be in ``stage_keys.STAGE_CONFIG``)."""
     if spec.name in REGISTRY:
         raise ValueError(f"stage {spec.name!r} is registered twice")
     if spec.name not in STAGE_CONFIG:
-        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.config.STAGE_CONFIG")
+        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.stage_keys.STAGE_CONFIG")
     REGISTRY[spec.name] = spec
     return spec
 

@@ -80,7 +80,7 @@ class PredictorSpec(StageSpec):
     def model_problem(self, uri, tracking_uri):
         """A forecaster: its tokenizer and predictor both load."""
         from ...errors import UserError
-        from ...evaluation.forecast_command import resolve_model
+        from ...evaluation.sources import resolve_model
         from ...evaluation.sources import resolve_tokenizer
         from ...model import Kronos
 
