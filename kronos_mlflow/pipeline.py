@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,9 +169,9 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
     ``--force``; the predictor's run folder is named after the tokenizer step's run, which does
     not exist yet), and the evaluation's test origins and backtest range
     (:mod:`kronos_mlflow.preflight`)."""
-    from .preflight import DataView, check_context, check_scorecard, check_training
+    from .preflight import DataView, check_context, check_scorecard, check_start, check_training
     from .stages import get, names
-    from .train import check_resume, check_start
+    from .train import check_resume
 
     world = args.nproc_per_node
     with DataView() as data:
@@ -211,7 +211,7 @@ def evaluation_step(args, model: str) -> Step:
     overrides = _overrides(args, "evaluation")
     config = _load(args, overrides)
     flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
-    command = [sys.executable, "-m", "kronos_mlflow.evaluation.forecast_command", "--model", model, *flags]
+    command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
     return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False)
 
 
@@ -427,13 +427,3 @@ def run(args: argparse.Namespace) -> int:
     finally:  # FAILED with the failed step's line as its failure_reason
         end_run(client, parent_id, status, reason or "kronos-mlflow pipeline: it stopped before every step ended")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import main as cli_main
-
-    return cli_main(["pipeline", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

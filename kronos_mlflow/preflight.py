@@ -54,6 +54,43 @@ def check_context(config: Mapping[str, Any]) -> None:
             "predict_window <= max_context (Kronos-small and -base read 512): shorten the windows or raise max_context")
 
 
+def check_processes(nproc: int, device) -> None:
+    """``nproc_per_node`` processes fit this machine: on CPU at most 4 per usable CPU (each
+    process imports torch and holds its own copy of the model), on CUDA one per visible GPU
+    (:func:`~kronos_mlflow.distributed.resolve_device` checks that)."""
+    if getattr(device, "type", str(device)) != "cpu":
+        return
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    limit = max(4 * cpus, 4)
+    if nproc > limit:
+        raise ConfigError(f"nproc_per_node: {nproc} processes on CPU is too many for the {cpus} CPU(s) this process "
+                          f"may use; expected at most {limit} (4 per CPU), or device cuda with one per GPU")
+
+
+def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
+    """What a run refuses before it reads any data, the same on every rank: output paths,
+    device and process count, speed settings, Comet's key, the forecast window of a run that
+    forecasts against ``max_context``."""
+    from . import perf
+    from .config import check_paths
+    from .distributed import resolve_device
+    from .tracking.comet import check_comet
+
+    check_paths(config)
+    world = int(world_size or config["nproc_per_node"])
+    device = resolve_device(config["device"], 0, world)
+    check_processes(world, device)
+    perf.describe(config, device, perf.run_steps(config, world))
+    check_comet(config)
+    if forecasts(config):
+        check_context(config)
+
+
 class DataView:
     """Configs whose prepared splits can be read, without writing the data cache before every
     check has passed. ``with DataView() as data:`` ... ``data.config(config)`` ... the caches
@@ -81,8 +118,9 @@ class DataView:
         """``config`` with a ``dataset_path`` that holds its prepared splits: its own when the
         cache is complete there, else a scratch folder's, prepared now (a refusal of the data
         is the one ``kronos-mlflow prepare`` gives)."""
-        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits
+        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits, provide_qlib_data
 
+        provide_qlib_data(config)  # the front door's data: an empty qlib_data_path's demo market, made once
         final = cache_dir_for(config)
         if (final / MANIFEST).is_file():
             return dict(config)

@@ -21,9 +21,9 @@ import functools
 import inspect
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -35,7 +35,6 @@ from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
 from .distributed import barrier, dist_sum, unwrap
 from .errors import ConfigError, UserError
-from .evaluation.val_skill import BEST_VAL_SKILL, VAL_SKILL_METRIC
 from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
@@ -210,6 +209,30 @@ def load_data(config: Mapping[str, Any], rank: int, world_size: int, device, con
     return RunData(train_ds, val_ds, train_loader, val_loader)
 
 
+class EpochHook(Protocol):
+    """Work :func:`fit` runs after each epoch's validation without knowing what it is
+    (``objective: val_skill``'s scorer, :class:`kronos_mlflow.evaluation.val_skill.ValSkill`, is
+    one). Every rank calls each method; ``after_epoch`` may be a collective."""
+
+    def describe(self) -> str:
+        """The line printed before the first epoch."""
+
+    def restore(self, extra: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state` kept, from a resumed training state's ``extra`` (``{}`` when fresh)."""
+
+    def after_epoch(self, raw_model, epoch: int, logger: ExperimentLogger, console: Console) -> None:
+        """The epoch's work on its weights, logged at ``step=epoch``."""
+
+    def objective(self, epoch: int, value: float | None) -> float | None:
+        """What a sweep's pruner reads after ``epoch``, given what it would read without this hook."""
+
+    def state(self) -> dict[str, Any]:
+        """What a training state keeps for :meth:`restore` (JSON)."""
+
+    def finish(self, best_epoch: int, logger: ExperimentLogger) -> dict[str, Any]:
+        """What the run's result records of the kept checkpoint's epoch (logged too)."""
+
+
 @dataclass
 class Progress:
     """Where the loop stands between epochs: what a training state saves and a resume restores."""
@@ -221,7 +244,7 @@ class Progress:
     history: list[float] = field(default_factory=list)  # validation loss of each epoch
     initial: float | None = None  # validation loss of the starting weights
     best: Validation | None = None  # the best epoch's validation: its metrics and what the plots read
-    skills: dict[int, float] = field(default_factory=dict)  # objective val_skill: each epoch's skill
+    extra: dict[str, Any] = field(default_factory=dict)  # a resumed state's extra: what the epoch hooks kept
 
 
 def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
@@ -244,7 +267,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
         best_val_loss=state["best_val_loss"] if state["best_val_loss"] is not None else math.inf,
         best_epoch=int(extra.get("best_epoch", -1)), history=list(extra.get("val_loss_history", [])),
         initial=extra.get("val_loss_initial"),
-        skills={int(k): float(v) for k, v in (extra.get("val_skill_history") or {}).items()},
+        extra=dict(extra),
     )
     console.print(f"resuming at epoch {progress.start_epoch}/{last_epoch} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
@@ -253,7 +276,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
 
 def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimizer, scheduler, progress: Progress,
                   epoch: int, *, config: Mapping[str, Any], world_size: int,
-                  run_ids: Mapping[str, Any] | None) -> None:
+                  run_ids: Mapping[str, Any] | None, hooks: Sequence[EpochHook] = ()) -> None:
     """The training state after ``epoch`` (-1: before the first), written where ``files`` writes.
     Every rank calls it: the RNG states are gathered from all of them. A stop signal that arrives
     meanwhile waits until the state is whole (the metrics it counts as done included), so a stop
@@ -268,8 +291,7 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
             run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
             config={**config, "world_size": world_size},
             extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
-                   "val_loss_initial": progress.initial,
-                   **({"val_skill_history": {str(k): v for k, v in progress.skills.items()}} if progress.skills else {})},
+                   "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()}},
             rng_states=rng_states,
         )
 
@@ -304,7 +326,7 @@ def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progr
 
 
 def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, Any], logger: ExperimentLogger,
-               files: RunFiles, stage: TrainingStage) -> dict[str, Any]:
+               files: RunFiles, stage: TrainingStage, hooks: Sequence[EpochHook] = ()) -> dict[str, Any]:
     """The run's result, ``best_val_loss`` logged, and the best epoch's validation plots."""
     best_val_loss, best = progress.best_val_loss, progress.best
     result = {
@@ -317,9 +339,8 @@ def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, A
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({BEST_METRIC: best_val_loss}, step=progress.best_epoch)
-    if progress.best_epoch in progress.skills:  # objective val_skill: the kept checkpoint's skill
-        result[BEST_VAL_SKILL] = progress.skills[progress.best_epoch]
-        logger.log_metrics({BEST_VAL_SKILL: result[BEST_VAL_SKILL]}, step=progress.best_epoch)
+    for hook in hooks:  # what each hook records of the kept checkpoint
+        result.update(hook.finish(progress.best_epoch, logger))
     if data.has_val and best is None and progress.best_epoch >= 0:
         # Resumed after the best epoch: its statistics are recomputed from best_model.
         best = stage.best_validation(files.layout.best_model, data.val_loader, device)
@@ -341,39 +362,22 @@ def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger:
     return heldout.as_json()
 
 
-def score_skill(skill, raw_model, epoch: int, progress: Progress, logger: ExperimentLogger,
-                console: Console) -> None:
-    """``objective: val_skill``: the epoch's weights forecast the validation origins (a
-    collective), the metrics logged at the epoch, its skill kept for the best epoch's record."""
-    from .evaluation.val_skill import line
-
-    metrics = skill.score(raw_model)
-    logger.log_metrics(metrics, step=epoch)
-    if VAL_SKILL_METRIC in metrics:
-        progress.skills[epoch] = metrics[VAL_SKILL_METRIC]
-        console.print(f"  {line(metrics)}")
-
-
-def objective_value(skill, epoch: int, progress: Progress, val_loss: float | None) -> float | None:
-    """What a sweep's pruner reads after ``epoch``: its skill (``val_skill``) or its loss."""
-    return progress.skills.get(epoch) if skill is not None else val_loss
-
-
 # --------------------------------------------------------------------------- the loop
 
 
 def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles, console: Console, *,
         rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
         resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None,
-        stage: TrainingStage) -> dict[str, Any]:
+        stage: TrainingStage, hooks: Sequence[EpochHook] = ()) -> dict[str, Any]:
     """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
 
     ``stage`` (:mod:`kronos_mlflow.stages`: its spec's ``training``) supplies the loss, the
-    validation and its metrics, the plots and the held-out comparison.
+    validation and its metrics, the plots and the held-out comparison. ``hooks`` run after each
+    epoch's validation (:class:`EpochHook`; ``objective: val_skill``'s scorer is one).
 
     Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
     ``should_stop(epoch, value)`` (a sweep's pruner, rank 0's) runs after each validation with the
-    epoch's validation loss (with ``objective: val_skill``, its validation forecast skill); if
+    epoch's validation loss, or what a hook makes the objective (``val_skill``: the epoch's skill); if
     it says stop, every rank raises :class:`TrainingPruned`. ``resume_state`` (from
     :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
     each training state so that the resumed run continues the same MLflow run and Comet
@@ -391,14 +395,11 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
                                resume_state=resume_state, last_epoch=last_epoch, stage=stage)
-    skill = None
-    if config.get("objective") == "val_skill":
-        from .evaluation.val_skill import ValSkill
-
-        skill = ValSkill(config, stage, device, rank=rank, world_size=world_size, console=console)
-        console.print(skill.describe())
+    for hook in hooks:
+        hook.restore(progress.extra)
+        console.print(hook.describe())
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
-                                   config=config, world_size=world_size, run_ids=run_ids)
+                                   config=config, world_size=world_size, run_ids=run_ids, hooks=hooks)
     if resume_state is None:
         files.save_start(raw_model)  # the test verdict's base, also for a resumed run
         files.save_stage_files(stage)
@@ -418,19 +419,21 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
                       + (" *saved*" if val.improved else ""))
         if stage.describe(val.validation):
             console.print(f"  {stage.describe(val.validation)}")
-        if skill is not None:
-            score_skill(skill, raw_model, epoch, progress, logger, console)
+        for hook in hooks:
+            hook.after_epoch(raw_model, epoch, logger, console)
         # The training state after this epoch (after best_model: a state never points at a best
         # checkpoint that is not on disk).
         save_state(epoch)
-        value = objective_value(skill, epoch, progress, val.loss)
+        value = val.loss
+        for hook in hooks:
+            value = hook.objective(epoch, value)
         stop = bool(should_stop(epoch, value)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
             console.print(f"pruned after epoch {epoch}")
             raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
         barrier()
-    result = finish_run(progress, data, device, config, logger, files, stage)
+    result = finish_run(progress, data, device, config, logger, files, stage, hooks)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
                                    world_size=world_size, stage=stage)
     card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,

@@ -269,7 +269,7 @@ def test_an_owned_evaluation_is_reused_only_with_its_scorecard(world, capsys):
     """The evaluation step's run, claimed as ``kronos-mlflow evaluate`` claims it (a run
     directory of its own with owner.json): reused when it holds evaluation/scorecard.json."""
     from kronos_mlflow.child_runs import create_child
-    from kronos_mlflow.evaluation.forecast_command import EVALUATIONS_FOLDER
+    from kronos_mlflow.evaluate import EVALUATIONS_FOLDER
     from kronos_mlflow.ownership import Claim, write_owner
     from kronos_mlflow.pipeline import evaluation_step
     from kronos_mlflow.reuse import SCORECARD_ARTIFACT

@@ -24,6 +24,7 @@ from kronos_mlflow import trainer
 from kronos_mlflow.config import model_kwargs, time_bounds
 from kronos_mlflow.console import Console
 from kronos_mlflow.errors import ConfigError, UserError
+from kronos_mlflow.evaluation.val_skill import epoch_hooks
 from kronos_mlflow.layout import RunLayout
 from kronos_mlflow.model import Kronos, KronosTokenizer
 from tiny_runs import TINY, isolated_env, write_config
@@ -79,10 +80,12 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
     runs = {}
     for objective in ("val_loss", "val_skill"):
         config = {**base, "objective": objective, "save_path": str(tmp_path / objective)}
-        logger, seen = Recorder(), []
+        logger, seen, stage = Recorder(), [], TokenizerStage()
+        hooks = epoch_hooks(config, stage, torch.device("cpu"), rank=0, world_size=1)
         result = trainer.fit(_tokenizer(config), torch.device("cpu"), config, logger,
                              trainer.RunFiles(RunLayout.of(config)), Console(False),
-                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False, stage=TokenizerStage())
+                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False, stage=stage,
+                             hooks=hooks)
         runs[objective] = (config, logger, result, seen)
     (_, plain_log, plain, plain_seen), (config, log, result, seen) = runs["val_loss"], runs["val_skill"]
     assert result["val_loss_history"] == plain["val_loss_history"]  # training drew the same numbers

@@ -17,8 +17,8 @@ docs/verdict.md.
 The forecast scorecard (docs/forecast-evaluation.md): ``origins`` (forecast origins on the test
 split), ``forecasters`` (Kronos pairs, persistence, seasonal naive), ``scores`` (the close
 metrics), ``scorecard`` (skills, verdicts, artifacts; ``Scorecard.signals`` holds the Kronos
-pairs' per-(datetime, instrument) forecast returns), ``figures``, ``forecast_run`` (the end of a
-predictor run) and ``forecast_command`` (``kronos-mlflow evaluate``).
+pairs' per-(datetime, instrument) forecast returns), ``figures`` and ``forecast_run`` (the end of a
+predictor run); ``kronos-mlflow evaluate`` is :mod:`kronos_mlflow.evaluate`.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ def resolve_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = Non
 
 def mlflow_store(spec: str, what: str, tracking_uri: str | None = None) -> str:
     """The tracking URI that holds the run or model ``spec`` names: an existing store (never a new
-    empty database: :func:`~kronos_mlflow.compare.resolve_tracking_uri`), with ``spec``'s run
+    empty database: :func:`~kronos_mlflow.tracking.server.resolve_tracking_uri`), with ``spec``'s run
     usable (:func:`check_logged_run`). A refusal is one line naming ``what`` and ``spec``."""
-    from ..compare import resolve_tracking_uri
+    from ..tracking.server import resolve_tracking_uri
 
     try:
         uri = resolve_tracking_uri(tracking_uri, flag="--tracking-uri" if tracking_uri else None)

@@ -271,7 +271,7 @@ def _summary_table(study, value_name: str = "best_val_loss") -> str:
 
 
 def build_parser():
-    from ..cli import OneLineParser
+    from ..argparsing import OneLineParser
     from ..tracking.project_run import record_failure
 
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
@@ -375,7 +375,7 @@ def parse(argv: Sequence[str] | None):
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
     from ..distributed import resolve_device
-    from ..train import check_processes
+    from ..preflight import check_processes
 
     check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
     from ..tracking.comet import check_comet
@@ -402,7 +402,7 @@ def check_trials(args, config: Mapping[str, Any]) -> None:
     (windows per rank, ``objective: val_skill``'s validation origins, the scorecard's backtest
     range) without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
     from ..preflight import DataView, check_training
-    from ..train import check_start
+    from ..preflight import check_start
 
     trial = {**config, "save_path": os.path.join(args.output_dir, args.study_name),
              "nproc_per_node": args.nproc_per_node}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ...console import Console
+    from ...data import provide_qlib_data
     from ...distributed import resolve_device
     from ...evaluation.heldout import compare_on
     from ...evaluation.sources import resolve_tokenizer
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(config["device"])
     model = resolve_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
     base = resolve_tokenizer(args.base, device, tracking_uri=args.tracking_uri, what="--base") if args.base else None
+    provide_qlib_data(config)  # the front door, once the models load: an empty qlib_data_path's demo market
     windows = heldout_windows(config, args.split)
     if not len(windows):
         a, b = windows.time_range
@@ -129,7 +130,7 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
 
     from mlflow import MlflowClient
 
-    from ...compare import resolve_tracking_uri
+    from ...tracking.server import resolve_tracking_uri
     from ...keys import TEST_WINDOWS_DIGEST_TAG
     from ...tracking.model_logging import log_heldout_dataset
 
@@ -156,9 +157,3 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
                                                 "windows": result.windows})
     client.set_terminated(run_id)
     return run_id
-
-
-def main(argv=None) -> int:
-    from ...cli import main as cli_main
-
-    return cli_main(["evaluate-tokenizer", *(argv if argv is not None else sys.argv[1:])])

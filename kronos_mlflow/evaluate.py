@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UserError
-from .sources import MODEL_ACCEPTED, resolve_model
+from .errors import UserError
+from .evaluation.sources import MODEL_ACCEPTED, resolve_model
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..flags import add_config_arguments
+    from .flags import add_config_arguments
 
     parser.add_argument("--model", metavar="URI", required=True, help=f"the forecaster to score: {MODEL_ACCEPTED}")
     parser.add_argument("--zeroshot-tokenizer", "--zeroshot_tokenizer", dest="zeroshot_tokenizer", metavar="URI",
@@ -51,7 +52,7 @@ def _run_record(run_id: str) -> tuple[dict, str]:
         return {}, ""
     from mlflow import MlflowClient
 
-    from ..ownership import evidence
+    from .ownership import evidence
 
     client = MlflowClient()
     run = client.get_run(run_id)
@@ -72,8 +73,8 @@ def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
 
 
 def _predictor(tokenizer, spec: str, config, device, what: str):
-    from ..model import Kronos
-    from .forecast_run import pair
+    from .model import Kronos
+    from .evaluation.forecast_run import pair
 
     try:
         if not Path(spec).is_dir():
@@ -84,13 +85,13 @@ def _predictor(tokenizer, spec: str, config, device, what: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..console import Console
-    from ..distributed import resolve_device
-    from ..flags import config_from_args
-    from ..preflight import check_context, check_tracking
-    from .forecast_run import ZEROSHOT_TAG
-    from .scorecard import score_forecasters
-    from .sources import resolve_tokenizer
+    from .console import Console
+    from .distributed import resolve_device
+    from .flags import config_from_args
+    from .preflight import check_context, check_tracking
+    from .evaluation.forecast_run import ZEROSHOT_TAG
+    from .evaluation.scorecard import score_forecasters
+    from .evaluation.sources import resolve_tokenizer
 
     config = config_from_args(args)
     device = resolve_device(config["device"])
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 def check_origins(config) -> int:
     """The test origins the scorecard will score (none: one line), and the backtest's range, read
     without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
-    from ..preflight import DataView, check_scorecard
+    from .preflight import DataView, check_scorecard
 
     with DataView(quiet_splits=("train", "val", "test")) as data:  # the scorecard reads the test split only
         return check_scorecard(data.config(config))
@@ -141,10 +142,10 @@ def _log(args, config, card, console) -> str:
     claimed as this project's (:mod:`kronos_mlflow.ownership`), with a run directory of its own,
     ``{save_path}/evaluations/<run id>/`` (``owner.json`` and the ``evaluation/`` files), which
     is what lets a pipeline reuse it."""
-    from ..config import run_params
-    from ..ownership import Claim, write_owner
-    from ..tracking.mlflow import MLflowLogger
-    from .scorecard import record
+    from .config import run_params
+    from .ownership import Claim, write_owner
+    from .tracking.mlflow import MLflowLogger
+    from .evaluation.scorecard import record
 
     logger = MLflowLogger(config["experiment_name"] or None,
                           run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}",
@@ -161,13 +162,3 @@ def _log(args, config, card, console) -> str:
         raise
     logger.finalize("success")
     return logger.run_id
-
-
-def main(argv=None) -> int:
-    from ..cli import main as cli_main
-
-    return cli_main(["evaluate", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
