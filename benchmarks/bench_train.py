@@ -207,6 +207,7 @@ class TrainPath:
         import torch
 
         from kronos_mlflow import optim, trainer
+        from kronos_mlflow.stages.tokenizer.training import TokenizerStage
         from kronos_mlflow.config import model_kwargs
         from kronos_mlflow.model import KronosTokenizer
 
@@ -214,6 +215,7 @@ class TrainPath:
         self.config = config
         self.device = device
         self.trainer = trainer
+        self.stage = TokenizerStage()
         model = KronosTokenizer(**model_kwargs(config))
         model.load_state_dict(state)
         model = model.to(device)
@@ -229,7 +231,7 @@ class TrainPath:
     def step(self, x) -> float:
         """One optimizer step on ``x`` (already on the device); returns the loss as a float."""
         config = self.config
-        loss, parts = self.trainer.train_step(self.model, self.optimizer, x, config)
+        loss, parts = self.trainer.train_step(self.model, self.optimizer, x, config, stage=self.stage)
         # what the training loop does with them: one read of the four numbers for the logger
         avg = self._torch.stack([loss.float(), parts["bsq"].float(), parts["recon_pre"].float(),
                                  parts["recon_all"].float()]).tolist()[0]
@@ -394,7 +396,7 @@ def _bench(args, home: Path) -> int:
     import torch
 
     from kronos_mlflow import config as cfg
-    from kronos_mlflow import trainer
+    from kronos_mlflow.stages.tokenizer import training as tokenizer_training
     from kronos_mlflow.config import load_config, model_kwargs
     from kronos_mlflow.distributed import resolve_device
     from kronos_mlflow.model import KronosTokenizer
@@ -445,7 +447,7 @@ def _bench(args, home: Path) -> int:
     counter_model.load_state_dict(state)
     counter_model.train()
     results["flops_per_sample"], results["flops_per_sample_by_kind"] = flops_per_sample(counter_model, x,
-                                                                                         trainer.compute_loss)
+                                                                                         tokenizer_training.compute_loss)
     del counter_model
 
     built: dict[str, TrainPath] = {}

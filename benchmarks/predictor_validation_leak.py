@@ -30,7 +30,7 @@ def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = No
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.data.loaders import val_loader_for
     from kronos_mlflow.model import Kronos, KronosTokenizer
-    from kronos_mlflow.stages.predictor import PredictorStage
+    from kronos_mlflow.stages.predictor.training import PredictorStage
 
     tokenizer = KronosTokenizer.from_pretrained(tokenizer_dir)
     model = Kronos.from_pretrained(predictor_dir)

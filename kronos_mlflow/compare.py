@@ -43,10 +43,10 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .tracking.server import resolve_tracking_uri
 from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL,
                    USAGE_S1, VAL_METRIC, VERDICT_TAG)
 
@@ -129,50 +129,6 @@ def _shown_uri(uri: str) -> str:
     from .secrets import redact_uri
 
     return redact_uri(uri)
-
-
-def resolve_tracking_uri(uri: str | None, *, flag: str | None = "--tracking-uri") -> str:
-    """The URI to read, checked: an http(s) server must answer, a sqlite file or directory exist
-    (a sqlite file holding MLflow's store). ``flag``: the command's flag for it (None: it has none).
-
-    Without the check, MLflow would retry an unreachable server for minutes, and would quietly
-    create an empty database where none was meant to be.
-    """
-    import mlflow
-
-    where = f"pass {flag} or set MLFLOW_TRACKING_URI" if flag else "set MLFLOW_TRACKING_URI"
-    given = (uri or "").strip()
-    uri = str(given or mlflow.get_tracking_uri())
-    from .tracking.server import check_uri
-
-    check_uri(uri, "--tracking-uri" if given else None)
-    scheme = urllib.parse.urlsplit(uri).scheme.lower()
-    if scheme in ("http", "https"):
-        from .tracking.server import check_tracking_server
-
-        check_tracking_server(uri, timeout=5.0)
-    elif scheme.startswith("sqlite"):
-        path = uri.split(":///", 1)[1] if ":///" in uri else ""
-        path = path.split("?", 1)[0]
-        if path and path != ":memory:" and not os.path.isfile(path):
-            raise UserError(
-                f"no MLflow database at {path} (tracking URI {_shown_uri(uri)}); {where} to the database or server "
-                "your runs were logged to"
-            )
-        from .tracking.server import sqlite_store_ready
-
-        if path and path != ":memory:" and not sqlite_store_ready(Path(path)):  # MLflow would add its tables
-            raise UserError(
-                f"{path} holds no MLflow store (tracking URI {_shown_uri(uri)}); {where} to the database or server "
-                "your runs were logged to"
-            )
-    elif scheme in ("", "file"):
-        path = urllib.parse.urlsplit(uri).path if scheme == "file" else uri
-        if not os.path.isdir(path):
-            raise UserError(
-                f"no MLflow run directory at {path}; {where} to where your runs were logged"
-            )
-    return uri
 
 
 def compare_url(tracking_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
@@ -509,13 +465,3 @@ def format_table(rows: Sequence[RunRow]) -> str:
         return "  ".join(padded).rstrip()
 
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in body)])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import main as cli_main
-
-    return cli_main(["compare", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

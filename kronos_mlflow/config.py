@@ -162,34 +162,8 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-STAGES = ("tokenizer", "predictor")
-#: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
-EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count")
-#: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
-#: run's directory and training state do not depend on them.
-PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
-                       "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
-                       "n_layers", *EVALUATION_KEYS)
-#: The predictor entry point's own MLproject parameters (besides main's).
-PREDICTOR_MLPROJECT_PARAMS = ("tokenizer", "pretrained_predictor_path")
-#: The keys whose meaning is per stage: each stage's own learning rate, run folder, gradient
-#: clipping and starting checkpoint (upstream's names).
-STAGE_KEYS: dict[str, dict[str, str]] = {
-    "tokenizer": {"learning_rate": "tokenizer_learning_rate", "save_folder": "tokenizer_save_folder_name",
-                  "grad_clip": "grad_clip_norm", "pretrained": "pretrained_tokenizer_path"},
-    "predictor": {"learning_rate": "predictor_learning_rate", "save_folder": "predictor_save_folder_name",
-                  "grad_clip": "predictor_grad_clip_norm", "pretrained": "pretrained_predictor_path"},
-}
-#: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
-#: ``predictor_learning_rate``).
-STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
-
-
-def stage_key(config: Mapping[str, Any], role: str) -> str:
-    """The config key that plays ``role`` (learning_rate, save_folder, grad_clip, pretrained)
-    in the config's stage."""
-    return STAGE_KEYS[str(config.get("stage", "tokenizer"))][role]
+from .stage_keys import (EVALUATION_KEYS, PREDICTOR_ONLY_KEYS, STAGE_ALIASES, STAGE_CONFIG,  # noqa: E402,F401
+                         STAGES, StageKeys, stage_keys)
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 #: Time ranges that may be empty ([] = a default range chosen where the key is used).
@@ -231,7 +205,7 @@ _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
 # start absurd numbers of processes are refused up front; the seed is what every library takes
 # (numpy's and Optuna's samplers: 32 bits); floats stay far inside float32 (the tensors' type).
-_MAX = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
+MAX_VALUES = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers": 256, "n_dec_layers": 256,
         "s1_bits": 31, "s2_bits": 31, "lookback_window": 100_000, "predict_window": 100_000,
         "batch_size": 10_000_000, "accumulation_steps": 10_000_000, "epochs": 1_000_000, "num_threads": 4096,
         "max_context": 1_000_000, "n_train_iter": 10**12, "n_val_iter": 10**12, "log_interval": 10**12,
@@ -261,8 +235,8 @@ def canonical_key(name: str, stage: str = "tokenizer") -> str:
     key = name.strip().lstrip("-").replace("-", "_")
     if key not in DEFAULTS:  # upstream's inference_T keeps its case; every other name is lower-case
         key = key.lower()
-    if key in STAGE_ALIASES and stage in STAGE_KEYS:
-        return STAGE_KEYS[stage][STAGE_ALIASES[key]]
+    if key in STAGE_ALIASES and stage in STAGE_CONFIG:
+        return getattr(STAGE_CONFIG[stage], STAGE_ALIASES[key])
     return ALIASES.get(key, key)
 
 
@@ -429,7 +403,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
                           "starting weights' test loss (0.005 = 0.5%)")
     if not 0.0 < out["inference_top_p"] <= 1.0:
         raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
-    for key, limit in _MAX.items():
+    for key, limit in MAX_VALUES.items():
         if out[key] > limit:
             raise ConfigError(f"{key}: {checks.shown(out[key])} is too large; expected at most {checks.limit_text(limit)}")
     for key, limit in _MIN.items():
@@ -479,7 +453,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_models_and_objective(out: Mapping[str, Any]) -> None:
     """The checks across keys of the models a config builds and of its objective: fresh models
     within the parameter limit; ``objective: val_skill`` with what it forecasts with and on."""
-    if out["stage"] == "predictor" and not out["pretrained_predictor_path"]:
+    models = stage_keys(out).models
+    fresh = {model for model, keys in models.items() if not any(str(out[key]).strip() for key in keys)}
+    if "predictor" in fresh:
         from .model.spec import PREDICTOR_CONFIGS, count_predictor_parameters
 
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
@@ -489,7 +465,7 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
-    if out["objective"] == "val_skill" and out["stage"] == "tokenizer" and not out["pretrained_predictor_path"].strip():
+    if out["objective"] == "val_skill" and "predictor" not in models and not out["pretrained_predictor_path"].strip():
         raise ConfigError("objective val_skill for the tokenizer forecasts with pretrained_predictor_path's predictor "
                           "on each epoch's tokenizer, and pretrained_predictor_path is empty; expected a predictor "
                           "checkpoint with the tokenizer's bits (e.g. NeoQuasar/Kronos-small), or objective val_loss")
@@ -499,9 +475,7 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
                           f"val_time_range {format_time_range(out['val_time_range'])} ends no later than train_time_range "
                           f"{format_time_range(out['train_time_range'])}; expected a val_time_range that goes "
                           "past the end of training, or objective val_loss")
-    fresh_tokenizer = not out["pretrained_tokenizer_path"] and not (
-        out["stage"] == "predictor" and out["finetuned_tokenizer_path"])
-    if fresh_tokenizer:
+    if "tokenizer" in fresh:
         # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
         # is allocated (a checkpoint's config.json gets the same check in model/spec.py).
         n = fresh_parameter_count(out)
@@ -592,7 +566,7 @@ def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     then the whole resolved config."""
     flat = flatten(config)
     stage = str(config.get("stage", "tokenizer"))
-    names = list(MLPROJECT_PARAMS) + (list(PREDICTOR_MLPROJECT_PARAMS) if stage == "predictor" else [])
+    names = list(MLPROJECT_PARAMS) + list(stage_keys(config).mlproject_params)
     params = {name: flat[canonical_key(name, stage)] for name in names}
     params.update(flat)
     return params

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .config import PREDICTOR_ONLY_KEYS, is_secret_key
+from .config import is_secret_key
+from .stage_keys import STAGE_CONFIG
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
 
@@ -58,7 +59,8 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
     credential-looking keys removed, ``world_size`` added when given. JSON types only."""
     out: dict[str, Any] = {}
     # A tokenizer run's digest leaves the predictor's keys out: the same as before they existed.
-    other_stage = PREDICTOR_ONLY_KEYS if config.get("stage", "tokenizer") == "tokenizer" else ()
+    keys = STAGE_CONFIG.get(str(config.get("stage", "tokenizer")))
+    other_stage = keys.digest_excludes if keys is not None else ()
     for key in sorted(config):
         if key in RESULT_NEUTRAL_KEYS or key in other_stage or is_secret_key(str(key)):
             continue

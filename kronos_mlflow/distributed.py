@@ -236,3 +236,17 @@ def barrier() -> None:
 def teardown() -> None:
     if _active():
         dist.destroy_process_group()
+
+
+def unwrap(model):
+    """The plain module under ``torch.compile`` and DDP wrappers (the one unwrap: the loop,
+    the stages, the tags and the quality metrics all read the model through it)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif "_orig_mod" in getattr(model, "_modules", {}):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

@@ -47,3 +47,10 @@ def short_reason(exc: BaseException, limit: int = 200) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def same_on_every_rank(exc: UserError) -> UserError:
+    """Mark a refusal every process of a torchrun group reaches alike (a flag, the config, a file
+    all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
+    exc.same_on_every_rank = True  # type: ignore[attr-defined]
+    return exc

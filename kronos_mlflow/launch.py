@@ -35,7 +35,7 @@ def check_train_flags(argv: Sequence[str]) -> None:
     module = next((m for m in TRAIN_MODULES if m in argv), None)
     if module is None:
         return
-    from .cli import OneLineParser
+    from .argparsing import OneLineParser
     from .train import add_arguments
     from .tracking.project_run import record_failure
 
@@ -61,7 +61,7 @@ def check_launcher_flags(argv: Sequence[str]) -> None:
     """torchrun's own numbers, checked as the training checks its flags (one line, exit 2,
     recorded on the ``mlflow run`` run) instead of torchrun's usage text."""
     from . import validate
-    from .cli import OneLineParser
+    from .argparsing import OneLineParser
     from .errors import UserError
     from .tracking.project_run import record_failure
     from .train import MAX_RESTARTS

@@ -47,9 +47,9 @@ class RunLayout:
     def folder(config: Mapping[str, Any]) -> Path:
         """``{save_path}/{tokenizer_save_folder_name}`` (a predictor run:
         ``predictor_save_folder_name``): every run of this name, one directory each."""
-        from .config import stage_key
+        from .config import stage_keys
 
-        return Path(os.path.expanduser(str(config["save_path"]))) / str(config[stage_key(config, "save_folder")])
+        return Path(os.path.expanduser(str(config["save_path"]))) / str(config[stage_keys(config).save_folder])
 
     @property
     def checkpoints(self) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .config import stage_key
+from .config import stage_keys
 from .perf import adamw_kwargs, resolve_adamw
 
 
@@ -36,7 +36,7 @@ def build_optimizer(model, config: Mapping[str, Any], log: Callable[[str], None]
         log(f"AdamW ({impl}) groups: {sizes}")
     return torch.optim.AdamW(
         groups,
-        lr=config[stage_key(config, "learning_rate")],
+        lr=config[stage_keys(config).learning_rate],
         betas=(config["adam_beta1"], config["adam_beta2"]),
         weight_decay=wd,
         **adamw_kwargs(impl),
@@ -48,7 +48,7 @@ def build_scheduler(optimizer, config: Mapping[str, Any], steps_per_epoch: int):
     ``cycle_momentum`` on (upstream's), AdamW's beta1 cycles between 0.85 and 0.95."""
     return torch.optim.lr_scheduler.OneCycleLR(
         optimizer=optimizer,
-        max_lr=config[stage_key(config, "learning_rate")],
+        max_lr=config[stage_keys(config).learning_rate],
         steps_per_epoch=steps_per_epoch,
         epochs=config["epochs"],
         pct_start=0.03,

@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +145,9 @@ def check_overrides(args, step: str) -> dict[str, Any]:
     checks pass it in: :func:`check_steps`)."""
     if step == "evaluation":
         return _overrides(args, step)
-    extra = {"finetuned_tokenizer_path": HANDED_OVER, "evaluate": "off"} if step == "predictor" else {}
+    from .stages import get
+
+    extra = get(step).handed_over(HANDED_OVER)  # what the step before hands it ({} for the first)
     return {**_overrides(args, step), "stage": step, "nproc_per_node": args.nproc_per_node, **extra}
 
 
@@ -167,22 +169,21 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
     ``--force``; the predictor's run folder is named after the tokenizer step's run, which does
     not exist yet), and the evaluation's test origins and backtest range
     (:mod:`kronos_mlflow.preflight`)."""
-    from .preflight import DataView, check_context, check_scorecard, check_training
-    from .stages.sources import build_model
-    from .train import check_resume, check_start
+    from .preflight import DataView, check_context, check_scorecard, check_start, check_training
+    from .stages import get, names
+    from .train import check_resume
 
     world = args.nproc_per_node
     with DataView() as data:
-        tokenizer = None
-        for step in ("tokenizer", "predictor"):
+        handed = None  # what the step before starts from and hands over: its bits stay
+        for index, step in enumerate(names()):
             config = configs[step]
             with _step_named(step):
                 check_start(config, world)
-                built = check_training(config, world, data, tokenizer=tokenizer)
-                if step == "tokenizer" and not args.force:  # the predictor's folder is named after its tokenizer's run
+                built = check_training(config, world, data, tokenizer=handed)
+                if index == 0 and not args.force:  # the next step's folder is named after the first step's run
                     check_resume(config, world)
-            if step == "tokenizer":  # what it starts from and hands over: its bits stay
-                tokenizer = built if built is not None else build_model(config)
+            handed = built if built is not None else get(step).build_model(config, tokenizer=handed)
         with _step_named("evaluation"):
             check_context(configs["evaluation"])
             check_scorecard(data.config(configs["evaluation"]))
@@ -210,7 +211,7 @@ def evaluation_step(args, model: str) -> Step:
     overrides = _overrides(args, "evaluation")
     config = _load(args, overrides)
     flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
-    command = [sys.executable, "-m", "kronos_mlflow.evaluation.forecast_command", "--model", model, *flags]
+    command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
     return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False)
 
 
@@ -382,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
     from .child_runs import experiment_id_of, log_param_once
+    from .stages import get
+    from .stages import names as stage_names
     from .tracking.project_run import end_run
     from .tracking.server import ensure_sqlite_store
 
@@ -400,10 +403,11 @@ def run(args: argparse.Namespace) -> int:
         log_param_once(client, parent_id, key, getattr(args, key))
     pipeline, status, reason = Pipeline(args, client, experiment_id, parent_id), "FAILED", None
     try:
-        tokenizer = pipeline.run_step(training_step(args, "tokenizer", {}))
-        predictor = pipeline.run_step(training_step(args, "predictor", {
-            "finetuned_tokenizer_path": f"runs:/{tokenizer}/best_model", "evaluate": "off"}))
-        pipeline.run_step(evaluation_step(args, f"runs:/{predictor}/best_model"))
+        model = None  # each training step hands its logged model to the next
+        for step in stage_names():
+            run_id = pipeline.run_step(training_step(args, step, get(step).handed_over(model) if model else {}))
+            model = f"runs:/{run_id}/best_model"
+        pipeline.run_step(evaluation_step(args, model))
         pipeline.summarize()
         if args.registered_model_name:
             from .pipeline_champions import move_champions
@@ -423,13 +427,3 @@ def run(args: argparse.Namespace) -> int:
     finally:  # FAILED with the failed step's line as its failure_reason
         end_run(client, parent_id, status, reason or "kronos-mlflow pipeline: it stopped before every step ended")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import main as cli_main
-
-    return cli_main(["pipeline", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

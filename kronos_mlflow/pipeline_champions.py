@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .keys import VERDICT_TAG
-
-#: step -> (registered model name suffix, the verdict that must be better)
-CHAMPION_RULES = {"tokenizer": ("-tokenizer", VERDICT_TAG), "predictor": ("-predictor", "verdict_vs_zeroshot")}
+from .stages import get, names
 
 
 def move_champions(client, parent_id: str, runs: Mapping[str, str], configs: Mapping[str, Mapping], args) -> dict[str, str]:
@@ -21,7 +18,9 @@ def move_champions(client, parent_id: str, runs: Mapping[str, str], configs: Map
     from .sweep.champion import promotion, register_as_champion
 
     done = {}
-    for step, (suffix, verdict_tag) in CHAMPION_RULES.items():
+    for step in names():  # each stage's rule: its name suffix, the verdict that must be better
+        spec = get(step)
+        suffix, verdict_tag = spec.champion_suffix, spec.pipeline_verdict_tag
         name = f"{args.registered_model_name}{suffix}"
         run = client.get_run(runs[step])
         uri = run.data.tags.get("best_model_uri")

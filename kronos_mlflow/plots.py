@@ -37,7 +37,7 @@ _UP, _DOWN = "#26a69a", "#ef5350"  # close >= open, close < open
 _IDX = {name: i for i, name in enumerate(FEATURES)}
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -100,7 +100,7 @@ def plot_reconstruction(raw: np.ndarray, x_norm: np.ndarray, z_pre: np.ndarray, 
     vol = _IDX["vol"]
     t = np.arange(raw.shape[0])
 
-    fig = _figure(16, 7.2)
+    fig = new_figure(16, 7.2)
     grid = fig.add_gridspec(2, 3, height_ratios=[3, 1])
     price_axes, vol_axes = [], []
     for col, (name, values, mse) in enumerate(panels):
@@ -153,7 +153,7 @@ def plot_token_usage(s1_ids: np.ndarray, s1_counts: np.ndarray, full_ids: np.nda
     n_s1, c_bits = 1 << int(s1_bits), int(s1_bits) + int(s2_bits)
     total = max(1, int(s1_counts.sum()))
 
-    fig = _figure(15, 5.4)
+    fig = new_figure(15, 5.4)
     left, right = fig.subplots(1, 2, width_ratios=[3, 2])
     s1_text = f"{len(s1_counts):,} of {n_s1:,} s1 codes used, perplexity {perplexity(s1_counts):.1f}"
     full_text = (f"{len(full_counts):,} of 2^{c_bits} = {1 << c_bits:,} full codes used, "

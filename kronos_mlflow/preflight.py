@@ -37,7 +37,9 @@ from .errors import ConfigError, UserError
 def forecasts(config: Mapping[str, Any]) -> bool:
     """Whether a training run with ``config`` forecasts: a predictor run (its logged forecaster,
     its scorecard) or a run on ``objective: val_skill`` (every epoch)."""
-    return config.get("stage") == "predictor" or config.get("objective") == "val_skill"
+    from .stages import spec_of
+
+    return spec_of(config).forecasts(config)
 
 
 def check_context(config: Mapping[str, Any]) -> None:
@@ -50,6 +52,43 @@ def check_context(config: Mapping[str, Any]) -> None:
             f"lookback_window {lookback} + predict_window {horizon} = {lookback + horizon} bars is more than "
             f"max_context {limit}, the longest context the forecasting model reads; expected lookback_window + "
             "predict_window <= max_context (Kronos-small and -base read 512): shorten the windows or raise max_context")
+
+
+def check_processes(nproc: int, device) -> None:
+    """``nproc_per_node`` processes fit this machine: on CPU at most 4 per usable CPU (each
+    process imports torch and holds its own copy of the model), on CUDA one per visible GPU
+    (:func:`~kronos_mlflow.distributed.resolve_device` checks that)."""
+    if getattr(device, "type", str(device)) != "cpu":
+        return
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    limit = max(4 * cpus, 4)
+    if nproc > limit:
+        raise ConfigError(f"nproc_per_node: {nproc} processes on CPU is too many for the {cpus} CPU(s) this process "
+                          f"may use; expected at most {limit} (4 per CPU), or device cuda with one per GPU")
+
+
+def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
+    """What a run refuses before it reads any data, the same on every rank: output paths,
+    device and process count, speed settings, Comet's key, the forecast window of a run that
+    forecasts against ``max_context``."""
+    from . import perf
+    from .config import check_paths
+    from .distributed import resolve_device
+    from .tracking.comet import check_comet
+
+    check_paths(config)
+    world = int(world_size or config["nproc_per_node"])
+    device = resolve_device(config["device"], 0, world)
+    check_processes(world, device)
+    perf.describe(config, device, perf.run_steps(config, world))
+    check_comet(config)
+    if forecasts(config):
+        check_context(config)
 
 
 class DataView:
@@ -79,8 +118,9 @@ class DataView:
         """``config`` with a ``dataset_path`` that holds its prepared splits: its own when the
         cache is complete there, else a scratch folder's, prepared now (a refusal of the data
         is the one ``kronos-mlflow prepare`` gives)."""
-        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits
+        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits, provide_qlib_data
 
+        provide_qlib_data(config)  # the front door's data: an empty qlib_data_path's demo market, made once
         final = cache_dir_for(config)
         if (final / MANIFEST).is_file():
             return dict(config)
@@ -145,23 +185,22 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     the forecast window against ``max_context``, the data (one optimizer step per rank, the
     validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
     Returns the model the run starts from when it loaded one (else None)."""
-    from .stages.sources import build_model
+    from .stages import spec_of
 
-    if forecasts(config):
+    spec = spec_of(config)
+    if spec.forecasts(config):
         check_context(config)
     model = None
-    if config["stage"] == "predictor" or config["pretrained_tokenizer_path"]:
-        model = build_model(config, tokenizer)  # loads each checkpoint as its kind; the same bits
+    if spec.loads_checkpoints(config):
+        model = spec.build_model(config, tokenizer=tokenizer)  # loads each checkpoint as its kind; the same bits
     if config["objective"] == "val_skill":
-        from .evaluation.val_skill import check_partner
-
-        check_partner(config, model if model is not None else build_model(config))
+        spec.check_objective(config, model if model is not None else spec.build_model(config))
     ready = data.config(config)
     if config["objective"] == "val_skill":
         from .evaluation.val_skill import val_origins
 
         val_origins(ready)  # some validation origin forecasts bars after training
-    if config["stage"] == "predictor" and config["evaluate"] == "on":
+    if spec.scores_at_end(config):
         check_scorecard(ready, required=False)  # an empty test range: the run says so; its backtest must run
     check_windows(ready, world_size)
     return model

@@ -234,7 +234,9 @@ class ValidationStats:
     @classmethod
     def for_model(cls, model, device: torch.device | str | None = None, **kwargs) -> ValidationStats:
         """Stats sized for a ``KronosTokenizer`` (or a DDP wrapper of one)."""
-        raw = getattr(model, "module", model)
+        from .distributed import unwrap
+
+        raw = unwrap(model)
         return cls(raw.s1_bits, raw.s2_bits, n_features=raw.d_in, device=device, **kwargs)
 
     def update(self, x: torch.Tensor, z_pre: torch.Tensor, z: torch.Tensor, codes: torch.Tensor) -> None:

@@ -18,9 +18,7 @@ turns out broken is trained again, with one line saying why).
 
 from __future__ import annotations
 
-import tempfile
 import warnings
-from pathlib import Path
 
 from .errors import UserError
 from .ownership import evidence, owned_state
@@ -31,24 +29,10 @@ SCORECARD_ARTIFACT = "evaluation/scorecard.json"
 
 def model_problem(uri: str, stage: str, tracking_uri: str | None = None) -> str | None:
     """Why the model at ``uri`` (``runs:/<id>/best_model`` in ``tracking_uri``'s store) cannot be
-    what the next step loads: a tokenizer's checkpoint, or a forecaster's tokenizer and predictor
-    (``stage`` says which)."""
-    from .evaluation.sources import load_tokenizer
+    what the next step loads, as the stage ``stage`` logs it (its spec says what must load)."""
+    from .stages import get
 
-    try:
-        if stage != "predictor":
-            load_tokenizer(uri, "cpu", tracking_uri=tracking_uri, what="the logged model")
-            return None
-        from .evaluation.forecast_command import resolve_model
-        from .model import Kronos
-
-        with tempfile.TemporaryDirectory(prefix="kronos-reuse-") as scratch:
-            tokenizer, predictor, _ = resolve_model(uri, Path(scratch), tracking_uri=tracking_uri)
-            load_tokenizer(str(tokenizer), "cpu", what="the logged tokenizer")
-            Kronos.from_pretrained(str(predictor))
-        return None
-    except UserError as exc:
-        return f"its logged model does not load ({exc})"
+    return get(stage).model_problem(uri, tracking_uri)
 
 
 def _scorecard_problem(client, run) -> str | None:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .stages import spec_of
+
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
@@ -56,22 +58,23 @@ def git_commit(path: str | os.PathLike | None = None, timeout: float = 5.0) -> s
 
 
 def parameter_count(model: Any) -> int:
-    raw = getattr(model, "module", model)
+    from .distributed import unwrap
+
+    raw = unwrap(model)
     return int(sum(p.numel() for p in raw.parameters()))
 
 
 def run_tags(config: Mapping[str, Any], model: Any = None) -> dict[str, str]:
     """The tags above for ``config`` and (optionally) the built ``model``."""
+    from .distributed import unwrap
+
     tags = {"instrument": str(config["instrument"])}
     if model is not None:
         tags["model_size"] = str(parameter_count(model))
-        raw = getattr(model, "module", model)
+        raw = unwrap(model)
         if hasattr(raw, "s1_bits") and hasattr(raw, "s2_bits"):
             tags["codebook_bits"] = f"{raw.s1_bits}+{raw.s2_bits}"
-    if config.get("stage") == "predictor":
-        from .stages.sources import tokenizer_tags
-
-        tags.update(tokenizer_tags(config))
+    tags.update(spec_of(config).run_tags(config))  # a predictor's tokenizer
     commit = git_commit()
     if commit:
         tags[GIT_COMMIT_TAG] = commit

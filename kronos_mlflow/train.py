@@ -40,43 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from . import config as cfg
-from .errors import EXIT_USAGE, UserError
+from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
+from .stages import spec_of
 
 # torch, the data and the trackers load inside main(): `--help` and `--check` of bad flags stay fast.
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:
-    prefix = "predictor " if config.get("stage") == "predictor" else ""
-    return f"{prefix}lr={config[cfg.stage_key(config, 'learning_rate')]:.0e} wd={config['adam_weight_decay']:g}"
-
-
-
-
-def stage_everywhere(config: Mapping[str, Any], layout, info):
-    """The run's stage (:mod:`kronos_mlflow.stages`). A predictor run's frozen tokenizer is
-    written once, by rank 0, into ``checkpoints/tokenizer/`` (unless a resumed run has it
-    there); every rank then reads that copy."""
-    from .stages import stage_for
-
-    if config.get("stage") != "predictor":
-        return stage_for(config)
-    from .distributed import barrier, broadcast_object
-    from .model import KronosTokenizer
-    from .stages.sources import load_tokenizer
-
-    answer = "ok"
-    if info.is_main and not (layout.tokenizer / "model.safetensors").is_file():
-        try:
-            load_tokenizer(config).save_pretrained(layout.tokenizer)
-        except UserError as exc:
-            answer = str(exc)
-    if info.distributed:
-        answer = broadcast_object(answer)
-    if answer != "ok":
-        raise same_on_every_rank(UserError(answer))
-    barrier()
-    return stage_for(config, KronosTokenizer.from_pretrained(layout.tokenizer, map_location=info.device))
+    spec = spec_of(config)
+    return (f"{spec.run_name_prefix}lr={config[spec.keys.learning_rate]:.0e} "
+            f"wd={config['adam_weight_decay']:g}")
 
 
 class DirectoryWriter:
@@ -162,68 +136,39 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     (see :func:`kronos_mlflow.trainer.fit`).
     """
     from .console import Console
+    from .data import provide_qlib_data
+    from .evaluation.val_skill import epoch_hooks
     from .layout import RunLayout
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, fit
 
+    import torch
+    import torch.distributed as dist
+
+    from .distributed import DistInfo
+
     main = rank == 0
-    files = RunFiles(RunLayout(Path(save_dir)), enabled=main)
-    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, Console(main),
+    provide_qlib_data(config)  # the front door: the demo market made here (once, safe on every rank), not in the loop
+    grouped = dist.is_available() and dist.is_initialized()  # the caller's process group, if any
+    layout = RunLayout(Path(save_dir))
+    info = DistInfo(rank, rank, world_size, torch.device(device), dist.get_backend() if grouped else None)
+    stage = spec_of(config).training(config, layout, info)
+    files = RunFiles(layout, enabled=main)
+    console = Console(main)
+    hooks = epoch_hooks(config, stage, device, rank=rank, world_size=world_size, console=console)
+    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, console,
                  rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
-                 run_ids=run_ids)
+                 run_ids=run_ids, stage=stage, hooks=hooks)
     return model, result
 
 
 MAX_RESTARTS = 1000  # torchrun restarts of a failed worker group (MLproject's max_restarts)
 
 
-def same_on_every_rank(exc: UserError) -> UserError:
-    """Mark a refusal every process of a torchrun group reaches alike (a flag, the config, a file
-    all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
-    exc.same_on_every_rank = True  # type: ignore[attr-defined]
-    return exc
-
-
-def check_processes(nproc: int, device) -> None:
-    """``nproc_per_node`` processes fit this machine: on CPU at most 4 per usable CPU (each
-    process imports torch and holds its own copy of the model), on CUDA one per visible GPU
-    (:func:`~kronos_mlflow.distributed.resolve_device` checks that)."""
-    from .errors import ConfigError
-
-    if getattr(device, "type", str(device)) != "cpu":
-        return
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    limit = max(4 * cpus, 4)
-    if nproc > limit:
-        raise ConfigError(f"nproc_per_node: {nproc} processes on CPU is too many for the {cpus} CPU(s) this process "
-                          f"may use; expected at most {limit} (4 per CPU), or device cuda with one per GPU")
-
-
-def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
-    """What a run refuses before it reads any data, the same on every rank: output paths,
-    device and process count, speed settings, Comet's key, the forecast window of a run that
-    forecasts against ``max_context``."""
-    from . import perf
-    from .config import check_paths
-    from .distributed import resolve_device
-    from .preflight import check_context, forecasts
-    from .tracking.comet import check_comet
-
-    check_paths(config)
-    world = int(world_size or config["nproc_per_node"])
-    device = resolve_device(config["device"], 0, world)
-    check_processes(world, device)
-    perf.describe(config, device, perf.run_steps(config, world))
-    check_comet(config)
-    if forecasts(config):
-        check_context(config)
-
-
 def check_start_everywhere(config: Mapping[str, Any]) -> None:
-    """:func:`check_start` on each rank; its refusal is the same on all of them."""
+    """:func:`~kronos_mlflow.preflight.check_start` on each rank; its refusal is the same on all of them."""
+    from .preflight import check_start
+
     try:
         check_start(config)
     except UserError as exc:
@@ -329,7 +274,7 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     the tracking store (its URI, its server, the run and experiment the run would use, created
     once when it is a fresh sqlite file). The data cache is written once all of it passed, so
     workers find it ready; a refusal leaves none."""
-    from .preflight import DataView, check_training
+    from .preflight import DataView, check_start, check_training
     from .tracking.mlflow import check_run_target
     from .tracking.server import check_tracking_server
 
@@ -358,6 +303,8 @@ def main(config: Mapping[str, Any]) -> dict:
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
     from .layout import RunLayout
     from .sweep.trial import TrialReporter
+    from .evaluation.val_skill import epoch_hooks
+    from .evaluation.verdict import run_metrics_of
     from .tags import run_tags
     from .tracking import Tracking
     from .tracking.model_logging import log_dataset_input, record_result
@@ -396,19 +343,19 @@ def main(config: Mapping[str, Any]) -> dict:
         steps = perf.run_steps(config, info.world_size)
         speed = perf.configure_process(config, info.device, run_steps=steps)
         console.print(f"speed settings: {speed}")
-        stage = stage_everywhere(config, layout, info)
-        from .stages.sources import build_model
-
-        model = build_model(config, getattr(stage, "tokenizer", None)).to(info.device)
+        spec = spec_of(config)
+        stage = spec.training(config, layout, info)  # every rank (a predictor's frozen tokenizer)
+        model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
+        hooks = epoch_hooks(config, stage, info.device, rank=info.rank, world_size=info.world_size, console=console)
         result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main), console,
                      rank=info.rank, world_size=info.world_size,
                      should_stop=TrialReporter.from_env() if info.is_main else None,
-                     resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage)
+                     resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage, hooks=hooks)
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
-                          started=started)
+                          started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
         barrier()
         status = "success"
         return result
@@ -482,7 +429,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     import signal
 
     from . import stopping
-    from .cli import OneLineParser
+    from .argparsing import OneLineParser
     from .stopping import TrainingStopped
     from .sweep.trial import EXIT_PRUNED
     from .trainer import TrainingPruned

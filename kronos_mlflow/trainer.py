@@ -21,28 +21,26 @@ import functools
 import inspect
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, stopping
-from .config import stage_key
+from .config import stage_keys
 from .console import Console
 from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
-from .distributed import barrier, dist_sum
+from .distributed import barrier, dist_sum, unwrap
 from .errors import ConfigError, UserError
-from .evaluation.val_skill import BEST_VAL_SKILL, VAL_SKILL_METRIC
 from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
 from .perf import compile_model, resolve_compile, resolve_fused, resolve_precision
-from .stages import TokenizerStage, TrainingStage
+from .stages import TrainingStage
 from .stages.base import Validation
-from .stages.tokenizer import compute_loss, evaluate, global_val_loss  # noqa: F401 - the loop's public names
 from .tracking.protocol import ExperimentLogger
 
 
@@ -53,18 +51,17 @@ class TrainingPruned(Exception):
 # --------------------------------------------------------------------------- one step
 
 
-def train_step(model, optimizer, batch_x, config, precision: str | None = None, *, stage: TrainingStage | None = None,
+def train_step(model, optimizer, batch_x, config, precision: str | None = None, *, stage: TrainingStage,
                batch_stamp=None):
     """One optimizer step on ``batch_x`` (and its calendar stamps, on the device), as upstream takes it.
 
     ``accumulation_steps`` sub-batches (under DDP gradients are all-reduced on the last one
-    only), the stage's loss (the tokenizer's by default), clip to the stage's norm
+    only), the stage's loss, clip to the stage's norm
     (``grad_clip_norm``, ``predictor_grad_clip_norm``), AdamW step, gradients dropped. Returns
     ``(loss, parts)``: the mean loss over the sub-batches and the last sub-batch's parts, all
     detached 0-d tensors that are not read here, so a GPU is not synchronised (read them
     together, once).
     """
-    stage = stage or TokenizerStage()
     if precision is None:
         precision = resolve_precision(config["precision"], batch_x.device)
     accum = config["accumulation_steps"]
@@ -79,7 +76,7 @@ def train_step(model, optimizer, batch_x, config, precision: str | None = None, 
             loss, parts = stage.loss(model, x, stamp, precision)
             (loss / accum if accum > 1 else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config[stage_key(config, "grad_clip")])
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=config[stage_keys(config).grad_clip])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return (total / accum if accum > 1 else total), parts
@@ -114,7 +111,7 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
     """The model as training calls it: the fused path on or off (``fused_layers``), wrapped in
     DDP when ``distributed``, then ``torch.compile``d when ``compile`` resolves to on (``auto``
     on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run).
-    :func:`unwrap_model` gives the plain module back (for validation and checkpoints)."""
+    :func:`~kronos_mlflow.distributed.unwrap` gives the plain module back (for validation and checkpoints)."""
     if hasattr(model, "set_fused"):
         model.set_fused(resolve_fused(config["fused_layers"], device))
     if distributed:
@@ -129,17 +126,6 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
     if resolve_compile(config["compile"], device, run_steps):
         model = compile_model(model, config["compile"])
     return model
-
-
-def unwrap_model(model):
-    """The plain module under ``torch.compile`` and DDP wrappers."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif "_orig_mod" in getattr(model, "_modules", {}):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        else:
-            return model
 
 
 # --------------------------------------------------------------------------- what rank 0 writes
@@ -223,6 +209,30 @@ def load_data(config: Mapping[str, Any], rank: int, world_size: int, device, con
     return RunData(train_ds, val_ds, train_loader, val_loader)
 
 
+class EpochHook(Protocol):
+    """Work :func:`fit` runs after each epoch's validation without knowing what it is
+    (``objective: val_skill``'s scorer, :class:`kronos_mlflow.evaluation.val_skill.ValSkill`, is
+    one). Every rank calls each method; ``after_epoch`` may be a collective."""
+
+    def describe(self) -> str:
+        """The line printed before the first epoch."""
+
+    def restore(self, extra: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state` kept, from a resumed training state's ``extra`` (``{}`` when fresh)."""
+
+    def after_epoch(self, raw_model, epoch: int, logger: ExperimentLogger, console: Console) -> None:
+        """The epoch's work on its weights, logged at ``step=epoch``."""
+
+    def objective(self, epoch: int, value: float | None) -> float | None:
+        """What a sweep's pruner reads after ``epoch``, given what it would read without this hook."""
+
+    def state(self) -> dict[str, Any]:
+        """What a training state keeps for :meth:`restore` (JSON)."""
+
+    def finish(self, best_epoch: int, logger: ExperimentLogger) -> dict[str, Any]:
+        """What the run's result records of the kept checkpoint's epoch (logged too)."""
+
+
 @dataclass
 class Progress:
     """Where the loop stands between epochs: what a training state saves and a resume restores."""
@@ -234,7 +244,7 @@ class Progress:
     history: list[float] = field(default_factory=list)  # validation loss of each epoch
     initial: float | None = None  # validation loss of the starting weights
     best: Validation | None = None  # the best epoch's validation: its metrics and what the plots read
-    skills: dict[int, float] = field(default_factory=dict)  # objective val_skill: each epoch's skill
+    extra: dict[str, Any] = field(default_factory=dict)  # a resumed state's extra: what the epoch hooks kept
 
 
 def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
@@ -257,7 +267,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
         best_val_loss=state["best_val_loss"] if state["best_val_loss"] is not None else math.inf,
         best_epoch=int(extra.get("best_epoch", -1)), history=list(extra.get("val_loss_history", [])),
         initial=extra.get("val_loss_initial"),
-        skills={int(k): float(v) for k, v in (extra.get("val_skill_history") or {}).items()},
+        extra=dict(extra),
     )
     console.print(f"resuming at epoch {progress.start_epoch}/{last_epoch} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
@@ -266,7 +276,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
 
 def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimizer, scheduler, progress: Progress,
                   epoch: int, *, config: Mapping[str, Any], world_size: int,
-                  run_ids: Mapping[str, Any] | None) -> None:
+                  run_ids: Mapping[str, Any] | None, hooks: Sequence[EpochHook] = ()) -> None:
     """The training state after ``epoch`` (-1: before the first), written where ``files`` writes.
     Every rank calls it: the RNG states are gathered from all of them. A stop signal that arrives
     meanwhile waits until the state is whole (the metrics it counts as done included), so a stop
@@ -281,8 +291,7 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
             run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
             config={**config, "world_size": world_size},
             extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
-                   "val_loss_initial": progress.initial,
-                   **({"val_skill_history": {str(k): v for k, v in progress.skills.items()}} if progress.skills else {})},
+                   "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()}},
             rng_states=rng_states,
         )
 
@@ -317,7 +326,7 @@ def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progr
 
 
 def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, Any], logger: ExperimentLogger,
-               files: RunFiles, stage: TrainingStage) -> dict[str, Any]:
+               files: RunFiles, stage: TrainingStage, hooks: Sequence[EpochHook] = ()) -> dict[str, Any]:
     """The run's result, ``best_val_loss`` logged, and the best epoch's validation plots."""
     best_val_loss, best = progress.best_val_loss, progress.best
     result = {
@@ -330,9 +339,8 @@ def finish_run(progress: Progress, data: RunData, device, config: Mapping[str, A
     }
     if math.isfinite(best_val_loss):
         logger.log_metrics({BEST_METRIC: best_val_loss}, step=progress.best_epoch)
-    if progress.best_epoch in progress.skills:  # objective val_skill: the kept checkpoint's skill
-        result[BEST_VAL_SKILL] = progress.skills[progress.best_epoch]
-        logger.log_metrics({BEST_VAL_SKILL: result[BEST_VAL_SKILL]}, step=progress.best_epoch)
+    for hook in hooks:  # what each hook records of the kept checkpoint
+        result.update(hook.finish(progress.best_epoch, logger))
     if data.has_val and best is None and progress.best_epoch >= 0:
         # Resumed after the best epoch: its statistics are recomputed from best_model.
         best = stage.best_validation(files.layout.best_model, data.val_loader, device)
@@ -354,39 +362,22 @@ def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger:
     return heldout.as_json()
 
 
-def score_skill(skill, raw_model, epoch: int, progress: Progress, logger: ExperimentLogger,
-                console: Console) -> None:
-    """``objective: val_skill``: the epoch's weights forecast the validation origins (a
-    collective), the metrics logged at the epoch, its skill kept for the best epoch's record."""
-    from .evaluation.val_skill import line
-
-    metrics = skill.score(raw_model)
-    logger.log_metrics(metrics, step=epoch)
-    if VAL_SKILL_METRIC in metrics:
-        progress.skills[epoch] = metrics[VAL_SKILL_METRIC]
-        console.print(f"  {line(metrics)}")
-
-
-def objective_value(skill, epoch: int, progress: Progress, val_loss: float | None) -> float | None:
-    """What a sweep's pruner reads after ``epoch``: its skill (``val_skill``) or its loss."""
-    return progress.skills.get(epoch) if skill is not None else val_loss
-
-
 # --------------------------------------------------------------------------- the loop
 
 
 def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, files: RunFiles, console: Console, *,
         rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
         resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None,
-        stage: TrainingStage | None = None) -> dict[str, Any]:
+        stage: TrainingStage, hooks: Sequence[EpochHook] = ()) -> dict[str, Any]:
     """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
 
-    ``stage`` (:mod:`kronos_mlflow.stages`; the tokenizer's by default) supplies the loss, the
-    validation and its metrics, the plots and the held-out comparison.
+    ``stage`` (:mod:`kronos_mlflow.stages`: its spec's ``training``) supplies the loss, the
+    validation and its metrics, the plots and the held-out comparison. ``hooks`` run after each
+    epoch's validation (:class:`EpochHook`; ``objective: val_skill``'s scorer is one).
 
     Every rank calls it with its own share (``rank``/``world_size`` pick the batches).
     ``should_stop(epoch, value)`` (a sweep's pruner, rank 0's) runs after each validation with the
-    epoch's validation loss (with ``objective: val_skill``, its validation forecast skill); if
+    epoch's validation loss, or what a hook makes the objective (``val_skill``: the epoch's skill); if
     it says stop, every rank raises :class:`TrainingPruned`. ``resume_state`` (from
     :func:`kronos_mlflow.checkpoint.find_resumable`) continues a killed run; ``run_ids`` go into
     each training state so that the resumed run continues the same MLflow run and Comet
@@ -394,8 +385,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     ``val_loss_initial``, ``steps``, ``best_val_quality``, ``test`` (the test verdict's record) and,
     for a stage with one, ``scorecard`` (the forecast evaluation's record).
     """
-    stage = stage or TokenizerStage()
-    raw_model = unwrap_model(model)
+    raw_model = unwrap(model)
     data = load_data(config, rank, world_size, device, console)
     steps_per_epoch = len(data.train_loader)
     optimizer = build_optimizer(raw_model, config, log=console.print)
@@ -405,14 +395,11 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
                                resume_state=resume_state, last_epoch=last_epoch, stage=stage)
-    skill = None
-    if config.get("objective") == "val_skill":
-        from .evaluation.val_skill import ValSkill
-
-        skill = ValSkill(config, stage, device, rank=rank, world_size=world_size, console=console)
-        console.print(skill.describe())
+    for hook in hooks:
+        hook.restore(progress.extra)
+        console.print(hook.describe())
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
-                                   config=config, world_size=world_size, run_ids=run_ids)
+                                   config=config, world_size=world_size, run_ids=run_ids, hooks=hooks)
     if resume_state is None:
         files.save_start(raw_model)  # the test verdict's base, also for a resumed run
         files.save_stage_files(stage)
@@ -432,19 +419,21 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
                       + (" *saved*" if val.improved else ""))
         if stage.describe(val.validation):
             console.print(f"  {stage.describe(val.validation)}")
-        if skill is not None:
-            score_skill(skill, raw_model, epoch, progress, logger, console)
+        for hook in hooks:
+            hook.after_epoch(raw_model, epoch, logger, console)
         # The training state after this epoch (after best_model: a state never points at a best
         # checkpoint that is not on disk).
         save_state(epoch)
-        value = objective_value(skill, epoch, progress, val.loss)
+        value = val.loss
+        for hook in hooks:
+            value = hook.objective(epoch, value)
         stop = bool(should_stop(epoch, value)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
             console.print(f"pruned after epoch {epoch}")
             raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
         barrier()
-    result = finish_run(progress, data, device, config, logger, files, stage)
+    result = finish_run(progress, data, device, config, logger, files, stage, hooks)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
                                    world_size=world_size, stage=stage)
     card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,

@@ -37,8 +37,16 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture()
 def tiny(isolated: Path):
-    """``tiny(**extra)``: a validated TINY config with every output under the isolated ``tmp_path``."""
-    return lambda **extra: tiny_config(isolated, **extra)
+    """``tiny(**extra)``: a validated TINY config with every output under the isolated ``tmp_path``,
+    its demo market made (as a command's front door makes it: the loop and evaluation only read it)."""
+    from kronos_mlflow.data import provide_qlib_data
+
+    def make(**extra):
+        config = tiny_config(isolated, **extra)
+        provide_qlib_data(config)
+        return config
+
+    return make
 
 
 @pytest.fixture(scope="module")

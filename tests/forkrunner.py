@@ -55,8 +55,8 @@ def _preimport() -> None:
                  "kronos_mlflow.sweep.driver", "kronos_mlflow.tracking", "kronos_mlflow.tracking.spool",
                  "kronos_mlflow.tracking.spool_command",
                  "kronos_mlflow.model", "kronos_mlflow.launch", "kronos_mlflow.pipeline", "kronos_mlflow.preflight",
-                 "kronos_mlflow.evaluation.forecast_command", "kronos_mlflow.evaluation.scorecard",
-                 "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.sources"):
+                 "kronos_mlflow.evaluate", "kronos_mlflow.evaluation.scorecard",
+                 "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.predictor.sources"):
         importlib.import_module(name)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from data_helpers import isolated_home, qlib_features  # noqa: F401
+from recording import Recorder
 
 from kronos_mlflow.config import load_config
 from kronos_mlflow.data import provider as pv
@@ -152,23 +153,18 @@ def test_the_scorecard_backtests_its_signals_or_says_in_one_line_why_not(market,
     the PNG logged), or one console line and a tag when the benchmark has no series."""
     from kronos_mlflow.evaluation.scorecard import Scorecard, add_backtest
 
-    class Logger:
-        artifacts: list = []
-
-        def log_artifact(self, path, folder=None):
-            self.artifacts.append((path, folder))
-
     oracle = _oracle(market)
     card = Scorecard(signals={"finetuned": oracle, "zeroshot": oracle.assign(score=-oracle["score"])})
     from kronos_mlflow.console import Console
 
-    logger, console = Logger(), Console(True)
+    logger, console = Recorder(), Console(True)
     add_backtest(card, _config(market), tmp_path, logger, console)
     assert card.metrics["backtest_fine_tuned_excess_return_with_cost"] > card.metrics[
         "backtest_zero_shot_excess_return_with_cost"]
-    assert logger.artifacts == [(str(tmp_path / PNG), "evaluation")]
+    assert logger.calls == [("log_artifact", str(tmp_path / PNG), "evaluation")]
     assert "fine-tuned" in capsys.readouterr().out.strip().splitlines()[-1]
     skipped = Scorecard(signals={"finetuned": oracle})
     add_backtest(skipped, _config(market, backtest_benchmark="SH000905"), tmp_path / "x", logger, console)
     assert skipped.tags["backtest"] == "skipped" and skipped.metrics == {}
+    assert logger.calls == [("log_artifact", str(tmp_path / PNG), "evaluation")]  # nothing more logged
     assert "SH000905" in capsys.readouterr().out.strip().splitlines()[-1]

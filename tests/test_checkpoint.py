@@ -56,13 +56,14 @@ def _build(config, init_seed: int):
 
 def _steps(model, optimizer, scheduler, config, n: int) -> list[float]:
     """``n`` optimizer steps on batches drawn from torch's RNG (so the RNG state matters)."""
+    from kronos_mlflow.stages.tokenizer.training import TokenizerStage
     from kronos_mlflow.trainer import train_step
 
     lrs = []
     window = config["lookback_window"] + config["predict_window"] + 1
     for _ in range(n):
         x = torch.randn(config["batch_size"], window, 6)
-        train_step(model, optimizer, x, config)
+        train_step(model, optimizer, x, config, stage=TokenizerStage())
         scheduler.step()
         lrs.append(optimizer.param_groups[0]["lr"])
     return lrs

@@ -283,7 +283,7 @@ def argvs(draw):
 
 
 def _parse_and_validate(argv: list[str]) -> None:
-    from kronos_mlflow.cli import OneLineParser
+    from kronos_mlflow.argparsing import OneLineParser
     from kronos_mlflow.train import add_arguments, config_of
 
     parser = OneLineParser(prog="python -m kronos_mlflow.train")

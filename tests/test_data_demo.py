@@ -22,7 +22,7 @@ from kronos_mlflow.data.demo import (
     generate_demo_market,
     write_demo_market,
 )
-from kronos_mlflow.data.prepare import resolve_qlib_path
+from kronos_mlflow.data.prepare import provide_qlib_data, resolve_qlib_path
 from kronos_mlflow.errors import DataError
 
 
@@ -159,11 +159,11 @@ def test_cli_demo_data_bad_input(tmp_path, capsys, argv, needle):
 
 
 def test_empty_qlib_data_path_uses_cached_demo(isolated_home):
-    p = resolve_qlib_path({"qlib_data_path": ""})
-    assert p == demo_market_path() and str(p).startswith(str(isolated_home))
+    p = provide_qlib_data({"qlib_data_path": ""})
+    assert p == demo_market_path() == resolve_qlib_path({"qlib_data_path": ""}) and str(p).startswith(str(isolated_home))
     assert len(pv.read_instrument_file(p, "all")) == DEFAULT_SYMBOLS
     stamp = (p / "calendars/day.txt").stat().st_mtime_ns
-    assert resolve_qlib_path({"qlib_data_path": "  "}) == p
+    assert provide_qlib_data({"qlib_data_path": "  "}) == p
     assert (p / "calendars/day.txt").stat().st_mtime_ns == stamp, "generated once, then reused"
     assert [x.name for x in p.parent.iterdir() if ".tmp-" in x.name] == []
 

@@ -181,6 +181,24 @@ def test_empty_path_prepares_the_demo_market(tmp_path, isolated_home):
     assert len(ds) == 1000 and ds[0][0].shape == (101, 6) and ds[0][1].shape == (101, 5)
 
 
+def test_only_the_front_door_makes_the_demo_market(tmp_path, isolated_home):
+    """Evaluation and training read data; they never generate it. Before any command prepared
+    data, the scorecard's origins, the backtest's calendar and the path itself refuse in one
+    line and write nothing; ``prepare_splits`` (every command's front door) makes the market,
+    and then the same calls read it."""
+    from kronos_mlflow.evaluation.origins import forecast_origins
+
+    cfg = load_config({"qlib_data_path": "", "dataset_path": str(tmp_path / "ds"), "n_train_iter": 100})
+    for call in (resolve_qlib_path, lambda c: forecast_origins(c, "test")):
+        with pytest.raises(DataError, match="demo market .* is not made yet"):
+            call(cfg)
+    assert not any(isolated_home.rglob("day.txt")), "nothing was generated"
+    prepare_splits(cfg, progress=False)
+    made = resolve_qlib_path(cfg)
+    assert (made / "calendars" / "day.txt").is_file() and str(made).startswith(str(isolated_home))
+    assert len(forecast_origins(cfg, "test")) > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------

@@ -205,7 +205,7 @@ TRAIN_MODULES = ("kronos_mlflow.train", "kronos_mlflow.train_predictor")  # the 
 
 @cache
 def _train_flags() -> frozenset[str]:
-    from kronos_mlflow.cli import OneLineParser
+    from kronos_mlflow.argparsing import OneLineParser
     from kronos_mlflow.train import add_arguments
 
     parser = OneLineParser(prog="python -m kronos_mlflow.train")

@@ -16,7 +16,7 @@ import torch
 from data_helpers import small_config, small_market_path
 from tiny_runs import TINY
 
-from kronos_mlflow.evaluation.tokenizer import METRIC_NAMES, score
+from kronos_mlflow.stages.tokenizer.heldout import METRIC_NAMES, score
 from kronos_mlflow.evaluation.verdict import HeldOut, decide, judge, paired_bootstrap, percent
 from kronos_mlflow.evaluation.windows import evenly_spaced, heldout_windows, window_limit
 

@@ -1,6 +1,8 @@
 """The package's layout stays readable: no module over 600 lines, no function over 90, no import
-cycle between its modules, and no rank check in the training loop's module (the rank is
-decided once, by the caller: see kronos_mlflow/trainer.py's docstring).
+cycle between its modules nor between its packages (top-level folders and modules), no private
+name imported from another module, every module named in docs/code-map.md, and no rank check in
+the training loop's module (the rank is decided once, by the caller: see
+kronos_mlflow/trainer.py's docstring).
 
 Read from the source with ``ast``; nothing is imported, so this runs in well under a second.
 """
@@ -148,6 +150,61 @@ def test_no_import_cycle_inside_the_package():
     graph = {name: _imports(name, path, tree, known) for name, (path, tree) in trees.items()}
     assert "kronos_mlflow.checkpoint" in graph["kronos_mlflow.trainer"]  # the graph sees imports at all
     assert not _cycles(graph), f"import cycles between modules: {_cycles(graph)}"
+
+
+def _unit(module: str) -> str:
+    """``kronos_mlflow.evaluation.scores`` -> ``evaluation``; ``kronos_mlflow.train`` -> ``train``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_no_import_cycle_between_packages():
+    """The top-level folders and modules of the package form layers: what one imports (at module
+    or function level) never imports it back, through any path."""
+    trees = _trees()
+    known = set(trees)
+    graph: dict[str, set[str]] = {}
+    for name, (path, tree) in trees.items():
+        if name == PACKAGE.name:
+            continue
+        unit = _unit(name)
+        targets = {_unit(d) for d in _imports(name, path, tree, known) if d != PACKAGE.name}
+        graph.setdefault(unit, set()).update(targets - {unit})
+    for targets in graph.values():
+        for t in targets:
+            graph.setdefault(t, set())
+    assert "tracking" in graph["train"]  # the graph sees imports at all
+    assert not _cycles(graph), f"import cycles between packages: {_cycles(graph)}"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = []
+    for name, (_, tree) in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PACKAGE.name)):
+                found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, f"private names imported across modules (make them public or keep them home): {found}"
+
+
+def test_the_code_map_names_every_module():
+    """docs/code-map.md names each module (by its path, or by its bare name in its folder's row),
+    and every ``kronos_mlflow/...`` path it names exists."""
+    import re
+
+    text = (PACKAGE.parent / "docs" / "code-map.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([A-Za-z_][\w]*)(?:\.py|/)?`", text))
+    paths = set(re.findall(r"kronos_mlflow/[\w/]*(?:\.py)?", text))
+    missing = []
+    for name, path in _modules().items():
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        stem = path.parent.name if path.name == "__init__.py" and path.parent != PACKAGE else path.stem
+        if rel in paths or rel.removesuffix("/__init__.py") + "/" in paths or stem in named:
+            continue
+        missing.append(rel)
+    assert not missing, f"modules docs/code-map.md does not name: {missing}"
+    gone = [p for p in paths if not (PACKAGE.parent / p.rstrip("/")).exists()]
+    assert not gone, f"docs/code-map.md names paths that do not exist: {gone}"
 
 
 def test_the_loop_module_has_no_rank_check():

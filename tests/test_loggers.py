@@ -18,6 +18,7 @@ from typing import Any
 import mlflow  # before comet_ml, always (see kronos_mlflow.tracking.comet)
 import numpy as np
 import pytest
+from recording import Recorder
 from servers import returns_within
 import torch
 from mlflow import MlflowClient
@@ -86,35 +87,6 @@ def read_archive(path: str) -> dict[str, Any]:
 # protocol, NullLogger, MultiLogger (no SDK)
 
 
-class Recorder:
-    """A backend that records calls into a shared journal."""
-
-    def __init__(self, name: str, journal: list, essential: bool = True, fail_on: str | None = None):
-        self.name, self.journal, self.essential, self.fail_on = name, journal, essential, fail_on
-        self.calls = 0
-
-    def _record(self, method: str, *args):
-        self.calls += 1
-        if method == self.fail_on:
-            raise RuntimeError(f"{self.name} broke in {method}")
-        self.journal.append((self.name, method) + args)
-
-    def log_hyperparams(self, params):
-        self._record("log_hyperparams", dict(params))
-
-    def log_metrics(self, metrics, step):
-        self._record("log_metrics", dict(metrics), step)
-
-    def log_artifact(self, local_path, artifact_path=None):
-        self._record("log_artifact", local_path, artifact_path)
-
-    def set_tags(self, tags):
-        self._record("set_tags", dict(tags))
-
-    def finalize(self, status, reason=None):
-        self._record("finalize", status, reason)
-
-
 def test_null_logger_satisfies_protocol_and_does_nothing():
     null = NullLogger()
     assert isinstance(null, ExperimentLogger)
@@ -162,7 +134,7 @@ def test_multi_logger_drops_failing_optional_backend_once(caplog):
         for step in range(3):
             multi.log_metrics({"loss": float(step)}, step)
         multi.finalize("success")
-    assert optional.calls == 2  # log_hyperparams, then the failing log_metrics; never again
+    assert optional.attempts == 2  # log_hyperparams, then the failing log_metrics; never again
     assert multi.loggers == [essential]
     assert [m for m in journal if m[0] == "mlflow" and m[1] == "log_metrics"] == [
         ("mlflow", "log_metrics", {"loss": float(s)}, s) for s in range(3)

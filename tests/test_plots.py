@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from recording import Recorder
 
 from kronos_mlflow import plots
 from kronos_mlflow.features import normalize_windows
@@ -72,7 +73,7 @@ def trained_dir(tmp_path, tiny):
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.model import KronosTokenizer
     from kronos_mlflow.data.loaders import val_loader_for
-    from kronos_mlflow.trainer import global_val_loss
+    from kronos_mlflow.stages.tokenizer.training import global_val_loss
 
     config = tiny(run_name="plot-test")
     prepare_splits(config, progress=False)
@@ -87,23 +88,13 @@ def trained_dir(tmp_path, tiny):
     return config, save_dir, ds, stats
 
 
-class _Recorder:
-    def __init__(self, fail=False):
-        self.calls, self.fail = [], fail
-
-    def log_artifact(self, local_path, artifact_path=None):
-        if self.fail:
-            raise OSError("artifact store is down")
-        self.calls.append((local_path, artifact_path))
-
-
 def test_log_validation_plots_draws_the_fixed_window_and_logs_under_plots(trained_dir):
     config, save_dir, ds, stats = trained_dir
     ds.set_epoch_seed(7)  # the plot must still take window 0 of epoch seed 0, and restore the seed
-    logger = _Recorder()
+    logger = Recorder()
     paths = plots.log_validation_plots(logger, config, str(save_dir), ds, stats, best_epoch=1)
     assert [p.rsplit("/", 1)[1] for p in paths] == [plots.RECONSTRUCTION_PNG, plots.TOKEN_USAGE_PNG]
-    assert logger.calls == [(p, "plots") for p in paths]
+    assert logger.calls == [("log_artifact", p, "plots") for p in paths]
     for path in paths:
         assert path.startswith(str(save_dir / "plots"))
     _assert_png(paths[0], 1600, 720)
@@ -125,11 +116,12 @@ def plots_model(save_dir):
 
 def test_plot_failures_never_fail_the_run(trained_dir, caplog):
     config, save_dir, ds, stats = trained_dir
+    down = Recorder(fail_on="log_artifact", error=OSError("artifact store is down"))
     with caplog.at_level(logging.WARNING, logger="kronos_mlflow.plots"):
-        assert plots.log_validation_plots(_Recorder(fail=True), config, str(save_dir), ds, stats, 0) == []
+        assert plots.log_validation_plots(down, config, str(save_dir), ds, stats, 0) == []
     assert "artifact store is down" in caplog.text
     # no checkpoint (e.g. no epoch finished): nothing to draw, no error
-    assert plots.log_validation_plots(_Recorder(), config, str(save_dir / "missing"), ds, stats, 0) == []
+    assert plots.log_validation_plots(Recorder(), config, str(save_dir / "missing"), ds, stats, 0) == []
     # no validation split: only what can be drawn
     paths = plots.write_validation_plots(str(save_dir / "p2"), plots_model(save_dir), None, stats, config, None)
     assert [p.rsplit("/", 1)[1] for p in paths] == [plots.TOKEN_USAGE_PNG]

@@ -56,7 +56,7 @@ def _upstream_loss(model, tokenizer, x, stamp):
 
 def test_training_step_is_upstreams_bit_for_bit(tiny):
     from kronos_mlflow.optim import build_optimizer
-    from kronos_mlflow.stages.predictor import PredictorStage
+    from kronos_mlflow.stages.predictor.training import PredictorStage
     from kronos_mlflow.trainer import train_step
 
     config = tiny(stage="predictor", adamw_impl="for-loop")
@@ -83,7 +83,7 @@ def test_training_step_is_upstreams_bit_for_bit(tiny):
 
 
 def test_validation_is_causal_and_upstreams_number_is_one_option_away(tiny):
-    from kronos_mlflow.stages.predictor import PredictorStage
+    from kronos_mlflow.stages.predictor.training import PredictorStage
 
     tokenizer, model = _tokenizer(), _predictor()  # no dropout: train mode differs only by the causal mask
     loader = [_batch(seed=s) for s in (3, 4)]

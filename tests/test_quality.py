@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from kronos_mlflow import quality, trainer
 from kronos_mlflow.data import loaders
 from kronos_mlflow.quality import CodeHistogram, ValidationStats
+from kronos_mlflow.stages.tokenizer import training as tokenizer_training
 
 # ----------------------------------------------------------------------------- pure functions
 
@@ -159,10 +160,10 @@ def test_stats_leave_the_validation_loss_unchanged_and_need_one_pass(val_setup):
     config, ds = val_setup
     model = _tiny_model()
     cpu = torch.device("cpu")
-    plain = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), cpu)
+    plain = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), cpu)
     loader = _CountingLoader(loaders.val_loader_for(ds, config, 0, 1))
     stats = ValidationStats.for_model(model)
-    with_stats = trainer.global_val_loss(model, loader, cpu, stats)
+    with_stats = tokenizer_training.global_val_loss(model, loader, cpu, stats)
     assert with_stats == plain  # bit for bit: val_tokenizer_loss_epoch is computed as before
     assert loader.passes == 1
     assert stats.rows == len(ds) * ds.window
@@ -196,7 +197,7 @@ def _rank_worker(rank, world_size, init_file, config, out_dir):
     for name, dense_max_bits in (("dense", 20), ("sparse", 0)):
         stats = ValidationStats.for_model(model, dense_max_bits=dense_max_bits)
         loader = loaders.val_loader_for(ds, config, rank, world_size)
-        out["loss"] = trainer.global_val_loss(model, loader, torch.device("cpu"), stats)
+        out["loss"] = tokenizer_training.global_val_loss(model, loader, torch.device("cpu"), stats)
         out[name] = _stats_snapshot(stats)
     Path(out_dir, f"quality_rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -210,7 +211,7 @@ def test_two_ranks_gather_the_same_counts_as_one_process(val_setup, tmp_path):
     single = {}
     for name, dense_max_bits in (("dense", 20), ("sparse", 0)):
         stats = ValidationStats.for_model(model, dense_max_bits=dense_max_bits)
-        single["loss"] = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"),
+        single["loss"] = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"),
                                                 stats)
         single[name] = _stats_snapshot(stats)
     assert single["dense"]["s1"] == single["sparse"]["s1"] and single["dense"]["full"] == single["sparse"]["full"]

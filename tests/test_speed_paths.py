@@ -20,7 +20,10 @@ from kronos_mlflow import optim, perf, trainer
 from kronos_mlflow.config import load_config
 from kronos_mlflow.data import loaders
 from kronos_mlflow.errors import ConfigError
+from kronos_mlflow.distributed import unwrap
 from kronos_mlflow.model import BASE_CONFIG, KronosTokenizer
+from kronos_mlflow.stages.tokenizer import training as tokenizer_training
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 
 PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off"}
 FAST = {"compile": "off", "precision": "fp32", "adamw_impl": "auto", "fused_layers": "on"}
@@ -43,7 +46,7 @@ def _x(b=6, t=101, seed=1) -> torch.Tensor:
 
 def _loss_and_grads(model, x):
     model.zero_grad(set_to_none=True)
-    loss, parts = trainer.compute_loss(model, x)
+    loss, parts = tokenizer_training.compute_loss(model, x)
     loss.backward()
     return loss.detach(), parts, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -194,7 +197,7 @@ def _steps(config, model, xs):
     opt = optim.build_optimizer(model, config)
     losses = []
     for x in xs:
-        loss, parts = trainer.train_step(prepared, opt, x, config)
+        loss, parts = trainer.train_step(prepared, opt, x, config, stage=TokenizerStage())
         losses.append(loss.item())
     return losses
 
@@ -221,12 +224,12 @@ def test_bf16_autocast_path_runs_and_keeps_fp32_losses():
     """precision bf16 (what auto picks on CUDA) exercised on the CPU: finite fp32 loss, grads."""
     model = _model(SMALL)
     x = _x(b=2, t=30)
-    loss, parts = trainer.compute_loss(model, x, "bf16")
+    loss, parts = tokenizer_training.compute_loss(model, x, "bf16")
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert parts["recon_all"].dtype == torch.float32
     loss.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-    plain = trainer.compute_loss(model, x, "fp32")[0]
+    plain = tokenizer_training.compute_loss(model, x, "fp32")[0]
     assert abs(loss.item() - plain.item()) < 0.05 * abs(plain.item()) + 0.05
 
 
@@ -252,10 +255,10 @@ def test_compiled_step_equals_eager(fused_layers):
     compiled_model = _model(cfg)
     config = load_config({"compile": "on", "fused_layers": fused_layers})
     compiled = trainer.prepare_model(compiled_model, config, torch.device("cpu"))
-    assert compiled is not compiled_model and trainer.unwrap_model(compiled) is compiled_model
+    assert compiled is not compiled_model and unwrap(compiled) is compiled_model
     assert compiled_model.fused is (fused_layers == "on") and not eager.fused
     try:
-        loss_c, parts_c = trainer.compute_loss(compiled, x)
+        loss_c, parts_c = tokenizer_training.compute_loss(compiled, x)
     except Exception as exc:  # noqa: BLE001 - a broken toolchain is "unavailable", not a failure
         pytest.skip(f"torch.compile cannot build kernels here: {type(exc).__name__}")
     loss_c.backward()
@@ -313,7 +316,7 @@ def test_prepare_and_unwrap_model():
     cpu = torch.device("cpu")
     prepared = trainer.prepare_model(model, load_config({"fused_layers": "on"}), cpu, run_steps=10)
     assert prepared is model and model.fused  # a 10-step CPU run: compile auto stays off
-    assert trainer.unwrap_model(prepared) is model
+    assert unwrap(prepared) is model
     assert trainer.prepare_model(model, load_config({}), cpu, run_steps=10) is model and not model.fused
 
 
@@ -381,6 +384,7 @@ import torch
 from kronos_mlflow import optim, perf, trainer
 from kronos_mlflow.config import load_config, model_kwargs
 from kronos_mlflow.model import KronosTokenizer
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 
 config = load_config({"malloc_reuse": sys.argv[1], "compile": "off", "d_model": 64, "ff_dim": 128,
                       "n_heads": 2, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4})
@@ -403,7 +407,7 @@ torch.manual_seed(0)
 model = KronosTokenizer(**model_kwargs(config))
 optimizer = optim.build_optimizer(model, config)
 x = torch.randn(64, 101, 6)
-losses = [float(trainer.train_step(model, optimizer, x, config)[0]) for _ in range(3)]
+losses = [float(trainer.train_step(model, optimizer, x, config, stage=TokenizerStage())[0]) for _ in range(3)]
 print(json.dumps({"reuse": settings["malloc_reuse"], "faults": faults, "losses": losses}))
 """
 

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from shared_runs import SECRETS
 from tiny_runs import TINY, run_dir, tiny_config, write_config
 
-from kronos_mlflow import keys, optim, train, trainer
+from kronos_mlflow import keys, optim, train
 from kronos_mlflow.config import load_config, run_params
 from kronos_mlflow.data import loaders
 from kronos_mlflow.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
+from kronos_mlflow.stages.tokenizer import training as tokenizer_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_loss_formula_on_a_fixed_batch():
 
     model = KronosTokenizer(**model_kwargs(config))
     x = torch.randn(4, 25, 6)
-    loss, parts = trainer.compute_loss(model, x)
+    loss, parts = tokenizer_training.compute_loss(model, x)
     (z_pre, z), bsq, _, _ = model(x)
     expected = (F.mse_loss(z_pre, x) + F.mse_loss(z, x) + bsq) / 2
     assert torch.allclose(loss, expected, rtol=1e-6, atol=0)
@@ -97,7 +98,7 @@ def _val_worker(rank, world_size, init_file, config, out_dir):
     model = KronosTokenizer(**model_kwargs(config))
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)
-    loss = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
+    loss = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"loss": loss, "n": len(ds)}))
     dist.destroy_process_group()
 
@@ -115,7 +116,7 @@ def test_validation_over_two_ranks_equals_one_process(workdir):
     model = KronosTokenizer(**model_kwargs(config))
     ds = QlibDataset("val", config)
     ds.set_epoch_seed(0)
-    single = trainer.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
+    single = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
     mp.spawn(_val_worker, args=(2, str(workdir / "init"), config, str(workdir)), nprocs=2, join=True)
     results = [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-12)

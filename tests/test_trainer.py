@@ -6,27 +6,15 @@ import math
 
 import pytest
 import torch
+from recording import Recorder
 
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import checkpoint, trainer
 from kronos_mlflow.config import model_kwargs
 from kronos_mlflow.console import Console
 from kronos_mlflow.layout import RunLayout
 from kronos_mlflow.model import KronosTokenizer
 from kronos_mlflow.tracking import NullLogger
-
-
-class Recorder(NullLogger):
-    """A NullLogger that keeps what the loop logged."""
-
-    def __init__(self):
-        self.metrics: list[tuple[int, dict]] = []
-        self.persisted = 0
-
-    def log_metrics(self, metrics, step):
-        self.metrics.append((step, dict(metrics)))
-
-    def persist(self):
-        self.persisted += 1
 
 
 def _model(config):
@@ -39,7 +27,7 @@ def test_fit_trains_keeps_the_best_checkpoint_and_the_training_state(tiny):
     layout = RunLayout.of(config)
     logger = Recorder()
     result = trainer.fit(_model(config), torch.device("cpu"), config, logger, trainer.RunFiles(layout),
-                         Console(False))
+                         Console(False), stage=TokenizerStage())
     assert len(result["val_loss_history"]) == config["epochs"]
     assert result["best_val_loss"] == min(result["val_loss_history"])
     assert result["best_epoch"] == result["val_loss_history"].index(result["best_val_loss"])
@@ -48,7 +36,7 @@ def test_fit_trains_keeps_the_best_checkpoint_and_the_training_state(tiny):
     assert steps == list(range(result["steps"])) and result["steps"] > 0
     epochs = [s for s, m in logger.metrics if "val_tokenizer_loss_epoch" in m]
     assert epochs == list(range(config["epochs"]))
-    assert logger.persisted == config["epochs"] + 1  # before each training state (and the first)
+    assert len(logger.calls_to("persist")) == config["epochs"] + 1  # before each training state (and the first)
     best = KronosTokenizer.from_pretrained(layout.best_model)
     assert sum(p.numel() for p in best.parameters()) > 0
     state = checkpoint.read_training_state(layout.training_state)
@@ -60,10 +48,10 @@ def test_files_off_writes_nothing_and_the_loop_is_the_same(tiny):
     config = tiny(compile="off", epochs=1)
     layout = RunLayout.of(config)
     silent = trainer.fit(_model(config), torch.device("cpu"), config, NullLogger(),
-                         trainer.RunFiles(layout, enabled=False), Console(False))
+                         trainer.RunFiles(layout, enabled=False), Console(False), stage=TokenizerStage())
     assert not layout.root.exists()
     writing = trainer.fit(_model(config), torch.device("cpu"), config, NullLogger(), trainer.RunFiles(layout),
-                          Console(False))
+                          Console(False), stage=TokenizerStage())
     assert silent["val_loss_history"] == writing["val_loss_history"]
     assert layout.best_model.is_dir()
 
@@ -79,7 +67,7 @@ def test_should_stop_prunes_after_the_epoch(tiny):
     logger = Recorder()
     with pytest.raises(trainer.TrainingPruned, match="after epoch 0 "):
         trainer.fit(_model(config), torch.device("cpu"), config, logger, trainer.RunFiles(RunLayout.of(config)),
-                    Console(False), should_stop=stop_after_first)
+                    Console(False), should_stop=stop_after_first, stage=TokenizerStage())
     assert [e for e, _ in seen] == [0] and math.isfinite(seen[0][1])
     assert [s for s, m in logger.metrics if "val_tokenizer_loss_epoch" in m] == [0]
 

@@ -17,11 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from recording import Recorder
 
+from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 from kronos_mlflow import trainer
 from kronos_mlflow.config import model_kwargs, time_bounds
 from kronos_mlflow.console import Console
 from kronos_mlflow.errors import ConfigError, UserError
+from kronos_mlflow.evaluation.val_skill import epoch_hooks
 from kronos_mlflow.layout import RunLayout
 from kronos_mlflow.model import Kronos, KronosTokenizer
 from tiny_runs import TINY, isolated_env, write_config
@@ -30,22 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
                    "ffn_dropout_p": 0.0, "attn_dropout_p": 0.0, "resid_dropout_p": 0.0, "token_dropout_p": 0.0,
                    "learn_te": True}
-
-
-class Recorder:
-    """A logger that keeps the metrics the loop logged, as (step, name, value)."""
-
-    def __init__(self):
-        self.rows: list[tuple[int, str, float]] = []
-
-    def log_metrics(self, metrics, step):
-        self.rows += [(step, k, float(v)) for k, v in metrics.items()]
-
-    def history(self, name):
-        return [(s, v) for s, k, v in self.rows if k == name]
-
-    def __getattr__(self, name):  # every other logger call: nothing to keep
-        return lambda *a, **k: None
 
 
 def _predictor_checkpoint(path: Path) -> Path:
@@ -93,10 +80,12 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
     runs = {}
     for objective in ("val_loss", "val_skill"):
         config = {**base, "objective": objective, "save_path": str(tmp_path / objective)}
-        logger, seen = Recorder(), []
+        logger, seen, stage = Recorder(), [], TokenizerStage()
+        hooks = epoch_hooks(config, stage, torch.device("cpu"), rank=0, world_size=1)
         result = trainer.fit(_tokenizer(config), torch.device("cpu"), config, logger,
                              trainer.RunFiles(RunLayout.of(config)), Console(False),
-                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False)
+                             should_stop=lambda epoch, value: seen.append((epoch, value)) and False, stage=stage,
+                             hooks=hooks)
         runs[objective] = (config, logger, result, seen)
     (_, plain_log, plain, plain_seen), (config, log, result, seen) = runs["val_loss"], runs["val_skill"]
     assert result["val_loss_history"] == plain["val_loss_history"]  # training drew the same numbers
@@ -130,7 +119,8 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
 
 
 def test_val_skill_refusals_are_one_line(tiny, tmp_path):
-    from kronos_mlflow.evaluation.val_skill import check_partner, val_origins
+    from kronos_mlflow.evaluation.val_skill import val_origins
+    from kronos_mlflow.stages import spec_of
 
     with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* pretrained_predictor_path is "
                                           "empty"):
@@ -141,7 +131,7 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
     Kronos(**{**PREDICTOR_SIZES, "s1_bits": 5}).save_pretrained(tmp_path / "five")
     config = tiny(objective="val_skill", pretrained_predictor_path=str(tmp_path / "five"))
     with pytest.raises(ConfigError, match="bits"):
-        check_partner(config, _tokenizer(config))
+        spec_of(config).check_objective(config, _tokenizer(config))
     with pytest.raises(ConfigError, match="val_time_range 2022-09-01:2024-06-30 ends no later than train_time_range"):
         tiny(objective="val_skill", stage="predictor", train_time_range="2011-01-01:2024-06-30")
     # a validation range past training's end by fewer bars than a forecast: no origin, refused

@@ -130,7 +130,7 @@ def test_directories(tmp_path):
 def test_process_count_fits_the_machine():
     import torch
 
-    from kronos_mlflow.train import check_processes
+    from kronos_mlflow.preflight import check_processes
 
     cpus = len(os.sched_getaffinity(0))
     check_processes(4 * cpus, torch.device("cpu"))

@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_co
 
 from ..errors import DataError
 from ..features import normalize_windows
-from .prepare import SPLITS, DataWarning, _cfg, prepare_splits, read_manifest
+from .prepare import SPLITS, DataWarning, cached_splits, read_manifest, validated
 
 _SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
 # Up to this many windows an epoch is a prefix of a permutation of all windows; above it (minute
@@ -92,13 +92,13 @@ class QlibDataset(Dataset):
     def __init__(self, split: str, config: Mapping[str, Any], *, progress: bool = True):
         if split not in SPLITS:
             raise DataError(f"split '{split}' is not one of {', '.join(SPLITS)}")
-        cfg = _cfg(config)
+        cfg = validated(config)
         self.split = split
         self.lookback = int(cfg["lookback_window"])
         self.window = self.lookback + int(cfg["predict_window"]) + 1
         self.clip = float(cfg["clip"])
         self.seed = int(cfg["seed"])
-        self.cache_dir: Path = prepare_splits(cfg, progress=progress)
+        self.cache_dir: Path = cached_splits(cfg, progress=progress)
         self.manifest = read_manifest(self.cache_dir)
         info = self.manifest["splits"][split]
         self.time_range = tuple(info["time_range"])

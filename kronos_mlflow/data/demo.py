@@ -259,6 +259,11 @@ def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
     return kronos_home() / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}{tail}"
 
 
+def default_demo_path(freq: str = "day") -> Path:
+    """Where :func:`ensure_demo_market` keeps the default demo market of ``freq`` (made or not)."""
+    return demo_market_path(DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS, DEFAULT_SEED, freq)
+
+
 def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, progress: bool = False,
                        freq: str = "day") -> Path:
     """The cached default demo market, generated on first use (safe under concurrent ranks)."""

@@ -70,7 +70,7 @@ class DataWarning(UserWarning):
 # Config, paths, digests
 # ----------------------------------------------------------------------------------------------
 
-def _cfg(config: Mapping[str, Any]) -> dict[str, Any]:
+def validated(config: Mapping[str, Any]) -> dict[str, Any]:
     """Accept a full or partial config; return a validated one (cheap)."""
     from ..config import validate
 
@@ -79,13 +79,31 @@ def _cfg(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
     """The provider directory to read: ``qlib_data_path`` (``~`` expanded, made absolute, checked)
-    or, when it is empty, the cached demo market (generated on first use)."""
+    or, when it is empty, the cached demo market. Nothing is written here: the demo market is
+    made by :func:`provide_qlib_data`, the front door every command passes before it reads data
+    (:func:`prepare_splits`); a demo market not made yet is a one-line refusal."""
     raw = str(config.get("qlib_data_path") or "").strip()
+    freq = str(config.get("freq") or "day")
     if not raw:
+        from .demo import default_demo_path
+
+        path = default_demo_path(freq)
+        if not (path / pv.calendar_file(freq)).is_file():
+            raise DataError(f"qlib_data_path is empty and the demo market ({freq}) is not made yet at {path}; it is "
+                            "made by the commands that prepare data (kronos-mlflow prepare, train, evaluate, pipeline) "
+                            "or by kronos-mlflow demo-data; or set qlib_data_path to a Qlib directory")
+        return path
+    return pv.check_provider(Path(raw).expanduser().resolve(), freq=freq)
+
+
+def provide_qlib_data(config: Mapping[str, Any]) -> Path:
+    """:func:`resolve_qlib_path`, making the cached demo market first when ``qlib_data_path`` is
+    empty (once; safe under concurrent ranks): the one place data is generated."""
+    if not str(config.get("qlib_data_path") or "").strip():
         from .demo import ensure_demo_market
 
         return ensure_demo_market(freq=str(config.get("freq") or "day"))
-    return pv.check_provider(Path(raw).expanduser().resolve(), freq=str(config.get("freq") or "day"))
+    return resolve_qlib_path(config)
 
 
 def _feature_indices(cfg: Mapping[str, Any]) -> tuple[list[int], list[int]]:
@@ -123,12 +141,12 @@ def _cache_key(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
 
 def data_digest(config: Mapping[str, Any]) -> str:
     """sha256 (hex) of everything that determines the prepared splits; names the cache."""
-    cfg = _cfg(config)
+    cfg = validated(config)
     return pv.digest_of(_cache_key(cfg, resolve_qlib_path(cfg)))
 
 
 def cache_dir_for(config: Mapping[str, Any], digest: str | None = None) -> Path:
-    cfg = _cfg(config)
+    cfg = validated(config)
     digest = digest or data_digest(cfg)
     return Path(cfg["dataset_path"]).expanduser().absolute() / f"kronos-{digest[:20]}"
 
@@ -492,13 +510,21 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
 
 
 def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False) -> Path:
+    """The commands' front door: :func:`cached_splits` after :func:`provide_qlib_data` (the demo
+    market made first when ``qlib_data_path`` is empty)."""
+    return cached_splits(config, progress, force, path=provide_qlib_data(validated(config)))
+
+
+def cached_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False, *,
+                  path: Path | None = None) -> Path:
     """Make sure the prepared splits for ``config`` exist; return their cache directory.
 
-    Reads Qlib only when no complete cache with the same digest exists (or ``force``). Safe when
-    several processes call it at once: one builds, the others wait and reuse it.
+    Reads Qlib (``path``, else :func:`resolve_qlib_path`: no data is generated here) only when no
+    complete cache with the same digest exists (or ``force``). Safe when several processes call
+    it at once: one builds, the others wait and reuse it.
     """
-    cfg = _cfg(config)
-    path = resolve_qlib_path(cfg)
+    cfg = validated(config)
+    path = resolve_qlib_path(cfg) if path is None else path
     pv.check_instrument(path, cfg["instrument"], cfg["freq"])
     _feature_indices(cfg)
     key = _cache_key(cfg, path)

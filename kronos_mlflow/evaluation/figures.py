@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots import _figure
+from ..plots import new_figure
 
 COLORS = {"finetuned": "#1f77b4", "zeroshot": "#ff7f0e", "persistence": "#7f7f7f", "seasonal_naive": "#2ca02c"}
 
 
 def scorecard_figure(card):
     names = [k for k in card.metrics if k.startswith("skill_vs_") and not k.endswith(("_ci_low", "_ci_high"))]
-    fig = _figure(6.4, 1.2 + 0.7 * max(1, len(names)))
+    fig = new_figure(6.4, 1.2 + 0.7 * max(1, len(names)))
     ax = fig.add_subplot(1, 1, 1)
     for i, name in enumerate(names):
         value = card.metrics[name]
@@ -37,7 +37,7 @@ def scorecard_figure(card):
 def forecasts_figure(card):
     sample = card.sample
     n = len(sample["labels"])
-    fig = _figure(9.0, 2.4 * max(1, n))
+    fig = new_figure(9.0, 2.4 * max(1, n))
     for i in range(n):
         ax = fig.add_subplot(max(1, n), 1, i + 1)
         hist, actual = sample["history"][i], sample["actual"][i]

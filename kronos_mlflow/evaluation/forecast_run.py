@@ -41,13 +41,13 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded."""
     from ..model import KronosTokenizer
     from .scorecard import record, score_forecasters
-    from .sources import load_tokenizer
+    from .sources import resolve_tokenizer
 
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
     # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the
     # frozen tokenizer is pretrained_tokenizer_path's already
     spec = str(config.get("pretrained_tokenizer_path") or "") if config.get("finetuned_tokenizer_path") else ""
-    base_tokenizer = load_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
+    base_tokenizer = resolve_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
     start = Path(layout.start_model)
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),
                   "zeroshot": pair(base_tokenizer, start, config, device)

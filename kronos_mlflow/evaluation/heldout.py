@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import format_time_range, stage_key
+from ..config import format_time_range, stage_keys
 from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
-from .stage import TOKENIZER, Stage
 from .verdict import HeldOut, judge, unavailable
 from .windows import HeldOutWindows, heldout_windows
 
@@ -30,20 +29,22 @@ from .windows import HeldOutWindows, heldout_windows
 def base_label(config: Mapping[str, Any]) -> str:
     """What the starting weights were: the stage's pretrained path or hub id as given
     (``pretrained_tokenizer_path``, ``pretrained_predictor_path``), or ``fresh``."""
-    return str(config.get(stage_key(config, "pretrained")) or "") or "fresh"
+    return str(config.get(stage_keys(config).pretrained) or "") or "fresh"
 
 
 def _base_source(config: Mapping[str, Any], start_dir: Path | None) -> str | None:
     if start_dir is not None and (Path(start_dir) / "model.safetensors").is_file():
         return str(start_dir)
-    return str(config.get(stage_key(config, "pretrained")) or "") or None
+    return str(config.get(stage_keys(config).pretrained) or "") or None
 
 
 def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, config: Mapping[str, Any],
-               label: str, rank: int = 0, world_size: int = 1, console=None, stage: Stage = TOKENIZER,
+               label: str, rank: int = 0, world_size: int = 1, console=None, stage,
                names: tuple[str, str] = ("fine-tuned", "starting weights"), prefix: str = TEST_PREFIX) -> HeldOut:
     """Score a model and its base (each a checkpoint directory, hub id or loaded model) on
-    ``windows`` and judge the change (a collective when ``world_size > 1``)."""
+    ``windows`` with the stage's held-out piece ``stage`` (a
+    :class:`~kronos_mlflow.stages.base.HeldOutPiece`) and judge the change (a collective when
+    ``world_size > 1``)."""
     progress = console.progress if console is not None else None
     batch_size = int(config["batch_size"])
     scored = []
@@ -58,7 +59,7 @@ def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, co
 
 
 def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | None, device, *, rank: int,
-                 world_size: int, logger, console, step: int, stage: Stage = TOKENIZER) -> HeldOut:
+                 world_size: int, logger, console, step: int, stage) -> HeldOut:
     """Judge the run's best checkpoint (``best_dir``) against its starting weights on the test
     windows; log the metrics at ``step`` (the best epoch), the tags, and the console line."""
     from ..distributed import dist_sum

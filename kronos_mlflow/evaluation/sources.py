@@ -4,6 +4,8 @@ id. Every failure is one :class:`~kronos_mlflow.errors.UserError` line naming th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import UserError, short_reason
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
@@ -15,7 +17,7 @@ def is_mlflow_uri(spec: str) -> bool:
     return str(spec).startswith(MLFLOW_SCHEMES)
 
 
-def load_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, what: str = "MODEL"):
+def resolve_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, what: str = "MODEL"):
     """The ``KronosTokenizer`` that ``spec`` names, on ``device``, in eval mode."""
     spec = str(spec or "").strip()
     if not spec:
@@ -32,9 +34,9 @@ def load_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = None, 
 
 def mlflow_store(spec: str, what: str, tracking_uri: str | None = None) -> str:
     """The tracking URI that holds the run or model ``spec`` names: an existing store (never a new
-    empty database: :func:`~kronos_mlflow.compare.resolve_tracking_uri`), with ``spec``'s run
+    empty database: :func:`~kronos_mlflow.tracking.server.resolve_tracking_uri`), with ``spec``'s run
     usable (:func:`check_logged_run`). A refusal is one line naming ``what`` and ``spec``."""
-    from ..compare import resolve_tracking_uri
+    from ..tracking.server import resolve_tracking_uri
 
     try:
         uri = resolve_tracking_uri(tracking_uri, flag="--tracking-uri" if tracking_uri else None)
@@ -85,3 +87,59 @@ def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
     except (MlflowException, OSError, ValueError) as exc:
         raise UserError(f"{what} '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
                         f"expected {ACCEPTED}") from None
+
+
+def source_run(spec: str) -> str | None:
+    """The run that made the model a ``runs:/`` or ``models:/`` URI names (None: not known)."""
+    if spec.startswith("runs:/"):
+        return spec[len("runs:/"):].split("/", 1)[0] or None
+    if not spec.startswith("models:/"):
+        return None
+    try:
+        from mlflow import MlflowClient
+        from mlflow.store.artifact.utils.models import get_model_name_and_version
+
+        client = MlflowClient()
+        name, version = get_model_name_and_version(client, spec)
+        return client.get_model_version(name, version).run_id or None
+    except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
+        return None
+
+
+MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "
+                  "or a predictor run's directory")
+
+
+def pair_dirs(root: Path) -> tuple[Path, Path] | None:
+    for tok, pred in ((root / "tokenizer", root / "predictor"),
+                      (root / "checkpoints" / "tokenizer", root / "checkpoints" / "best_model"),
+                      (root / "artifacts" / "tokenizer", root / "artifacts" / "predictor")):
+        if (tok / "model.safetensors").is_file() and (pred / "model.safetensors").is_file():
+            return tok, pred
+    return None
+
+
+def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> tuple[Path, Path, str]:
+    """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
+    spec = str(spec or "").strip()
+    if not spec:
+        raise UserError(f"--model is empty; expected {MODEL_ACCEPTED}")
+    if spec.startswith(("runs:/", "models:/")):
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+
+        uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
+                                                             tracking_uri=uri))
+        except (MlflowException, OSError, ValueError) as exc:
+            raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
+                            f"expected {MODEL_ACCEPTED}") from None
+        dirs = pair_dirs(local)
+        run_id = source_run(spec) or ""
+    else:
+        dirs, run_id = pair_dirs(Path(spec).expanduser()), ""
+    if dirs is None:
+        raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
+    return dirs[0], dirs[1], run_id

@@ -37,6 +37,7 @@ from .origins import CLOSE, forecast_origins
 
 VAL_SKILL_METRIC = "val_skill_vs_persistence"
 BEST_VAL_SKILL = "best_val_skill"
+HISTORY_KEY = "val_skill_history"  # in a training state's extra
 
 
 def val_origins(config: Mapping[str, Any]):
@@ -50,21 +51,24 @@ def val_origins(config: Mapping[str, Any]):
     return origins
 
 
-def check_partner(config: Mapping[str, Any], model) -> None:
-    """A tokenizer run on ``objective: val_skill``: ``pretrained_predictor_path`` loads and pairs
-    with ``model`` (one line naming it otherwise). Nothing to check for a predictor run."""
-    if config.get("stage", "tokenizer") == "tokenizer":
-        from ..stages.sources import build_predictor
-
-        build_predictor(config, model)  # refuses a missing checkpoint or other bits
+def epoch_hooks(config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None) -> list:
+    """What :func:`kronos_mlflow.trainer.fit` runs after each epoch for ``config``: the scorer
+    with ``objective: val_skill``, nothing with ``val_loss``."""
+    if config.get("objective") != "val_skill":
+        return []
+    return [ValSkill(config, stage, device, rank=rank, world_size=world_size, console=console)]
 
 
 class ValSkill:
-    """The per-epoch scorer of one run (built by every rank; :meth:`score` is a collective)."""
+    """The per-epoch scorer of one run, an epoch hook of the loop
+    (:class:`kronos_mlflow.trainer.EpochHook`): built by every rank; :meth:`score` is a collective.
+    ``skills``: each scored epoch's ``val_skill_vs_persistence``, kept in the training state as
+    ``val_skill_history``."""
 
     def __init__(self, config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None):
         self.config, self.stage, self.device = config, stage, device
         self.rank, self.world_size, self.console = rank, world_size, console
+        self.skills: dict[int, float] = {}
         self.origins = val_origins(config)
         every = np.arange(len(self.origins))
         self.history = self.origins.history(every)[..., CLOSE]
@@ -99,6 +103,29 @@ class ValSkill:
                    "persistence_val_mase_close": float(np.nanmean(self.base)) if np.isfinite(self.base).any()
                    else math.nan}
         return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+
+    # the loop's epoch hook
+    def restore(self, extra: Mapping[str, Any]) -> None:
+        self.skills = {int(k): float(v) for k, v in (extra.get(HISTORY_KEY) or {}).items()}
+
+    def after_epoch(self, raw_model, epoch: int, logger, console) -> None:
+        metrics = self.score(raw_model)
+        logger.log_metrics(metrics, step=epoch)
+        if VAL_SKILL_METRIC in metrics:
+            self.skills[epoch] = metrics[VAL_SKILL_METRIC]
+            console.print(f"  {line(metrics)}")
+
+    def objective(self, epoch: int, value: float | None) -> float | None:
+        return self.skills.get(epoch)
+
+    def state(self) -> dict[str, Any]:
+        return {HISTORY_KEY: {str(k): v for k, v in self.skills.items()}} if self.skills else {}
+
+    def finish(self, best_epoch: int, logger) -> dict[str, Any]:
+        if best_epoch not in self.skills:
+            return {}
+        logger.log_metrics({BEST_VAL_SKILL: self.skills[best_epoch]}, step=best_epoch)
+        return {BEST_VAL_SKILL: self.skills[best_epoch]}
 
 
 def line(metrics: Mapping[str, float]) -> str:

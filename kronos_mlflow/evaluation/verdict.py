@@ -155,6 +155,13 @@ class HeldOut:
         return out
 
 
+def run_metrics_of(heldout: Mapping[str, Any] | None) -> dict[str, float]:
+    """:meth:`HeldOut.run_metrics` of a recorded verdict (``HeldOut.as_json``); ``{}`` without one."""
+    if not heldout or heldout.get("verdict") == "unavailable" or not heldout.get("windows_digest"):
+        return {}
+    return HeldOut(**heldout).run_metrics()
+
+
 def judge(model_losses, base_losses, metrics: Mapping[str, float], base_metrics: Mapping[str, float], *,
           min_change: float, base_label: str, loss: str = "tokenizer_loss", split: str = "test",
           windows_digest: str = "", prefix: str = TEST_PREFIX) -> HeldOut:

@@ -1,35 +1,25 @@
-"""What differs per training stage, for the one loop in :mod:`kronos_mlflow.trainer`.
+"""What differs per training stage: one folder per stage, one spec each, found by name.
 
-A stage supplies its loss and the per-step metric names, its validation (loss and metrics, a
-collective), the console line of an epoch, how its best checkpoint is drawn (plots) and
-judged on the test windows, and how a run's model is built from the config:
+- :mod:`~kronos_mlflow.stages.tokenizer`: the VQ tokenizer (stage one);
+- :mod:`~kronos_mlflow.stages.predictor`: the Kronos predictor on a frozen tokenizer's tokens
+  (stage two).
 
-- :class:`~kronos_mlflow.stages.tokenizer.TokenizerStage`: the VQ tokenizer (stage one);
-- :class:`~kronos_mlflow.stages.predictor.PredictorStage`: the Kronos predictor on a frozen
-  tokenizer's tokens (stage two).
+A stage's folder holds its training piece (loss, step metrics, validation, plots: a
+:class:`~kronos_mlflow.stages.base.TrainingStage` the loop asks), its held-out piece (a test
+window's loss and the metrics: a :class:`~kronos_mlflow.stages.base.HeldOutPiece`) and its spec
+(:class:`~kronos_mlflow.stages.registry.StageSpec`: metric names, config keys, model building,
+the logged model, the champion rule, the default study). Everything else (optimizer,
+schedule, DDP, resume, training state, tracking, stop signals, the verdict's bootstrap, the
+sweep and the pipeline) is the same code for every stage and asks the spec.
 
-Everything else (optimizer, schedule, DDP, resume, training state, tracking, stop signals,
-the verdict's bootstrap) is the same code for both.
+A new stage is one folder plus one line below (the registry keeps this order: the pipeline's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from .base import HeldOutPiece, StepOutput, TrainingStage, Validation
+from .registry import StageSpec, get, names, spec_of
 
-from .base import StepOutput, TrainingStage
-from .tokenizer import TokenizerStage
+from . import tokenizer, predictor  # noqa: E402,F401 - each registers its spec, in pipeline order
 
-__all__ = ["StepOutput", "TrainingStage", "TokenizerStage", "stage_for"]
-
-
-def stage_for(config: Mapping[str, Any], tokenizer=None) -> TrainingStage:
-    """The stage ``config["stage"]`` names; a predictor stage trains on ``tokenizer`` (the
-    frozen :class:`~kronos_mlflow.model.KronosTokenizer`, on the training device)."""
-    if str(config.get("stage", "tokenizer")) == "predictor":
-        from .predictor import PredictorStage
-
-        if tokenizer is None:
-            raise ValueError("the predictor stage needs its frozen tokenizer")
-        return PredictorStage(tokenizer, config)
-    return TokenizerStage()
+__all__ = ["HeldOutPiece", "StageSpec", "StepOutput", "TrainingStage", "Validation", "get", "names", "spec_of"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+if TYPE_CHECKING:  # the stage specs import no torch: --help and the config checks stay fast
+    import torch
 
 
 class StepOutput(NamedTuple):
@@ -23,6 +25,19 @@ class Validation(NamedTuple):
     stats: Any  # what the stage's plots and console line read (None without validation)
 
 
+@dataclass(frozen=True)
+class HeldOutPiece:
+    """What differs per stage in a held-out comparison (:mod:`kronos_mlflow.evaluation.heldout`):
+    how a model is loaded, what one window's loss is, and which metrics a run records. The
+    windows, the bootstrap and the verdict are the same for every stage."""
+
+    name: str
+    loss: str  # the metric (unprefixed) the change and verdict are computed on
+    metric_names: tuple[str, ...]  # unprefixed, as ``score`` returns them
+    score: Callable  # (model, windows, device, *, batch_size, rank, world_size, progress, desc) -> (losses, metrics)
+    load: Callable  # (checkpoint directory or hub id, device) -> model in eval mode
+
+
 class TrainingStage:
     """What the loop asks a stage. Subclasses set the names and implement the methods."""
 
@@ -33,8 +48,8 @@ class TrainingStage:
     learning_rate: str = ""
     val_metric: str = ""
     initial_val_metric: str = ""
-    #: the held-out comparison's piece (:class:`kronos_mlflow.evaluation.stage.Stage`)
-    heldout: Any = None
+    #: the held-out comparison's piece (:class:`HeldOutPiece`)
+    heldout: HeldOutPiece | None = None
 
     def loss(self, model, x: torch.Tensor, stamp: torch.Tensor, precision: str) -> StepOutput:
         raise NotImplementedError

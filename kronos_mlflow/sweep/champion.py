@@ -18,7 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..keys import TEST_LOSS, TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
+from ..keys import TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
+from ..stages import get, names, spec_of
 
 PROMOTE = ("better", "always")
 ALIAS = "champion"
@@ -27,7 +28,7 @@ ALIAS = "champion"
 def test_loss_key(config: Mapping[str, Any]) -> str:
     """The test loss the rule compares: ``test_tokenizer_loss``, or ``test_predictor_loss`` in a
     predictor sweep."""
-    return f"{TEST_PREFIX}predictor_loss" if config.get("stage") == "predictor" else TEST_LOSS
+    return spec_of(config).test_loss
 
 
 class Decision(NamedTuple):
@@ -93,21 +94,8 @@ def champion_test_loss(client, registered_model_name: str, version, champion_run
     if windows_digest and champion_run.data.tags.get(TEST_WINDOWS_DIGEST_TAG) == windows_digest \
             and key in champion_run.data.metrics:
         return float(champion_run.data.metrics[key])
-    if config.get("stage") == "predictor":
-        return None  # a predictor champion is compared on the windows it was judged on
-    from ..evaluation.sources import load_tokenizer
-    from ..evaluation.stage import TOKENIZER
-    from ..evaluation.windows import heldout_windows
-
-    windows = heldout_windows(config, "test")
-    if not len(windows) or windows.digest != windows_digest:
-        return None
-    model = load_tokenizer(f"models:/{registered_model_name}/{version.version}", "cpu",
-                           tracking_uri=client.tracking_uri, what="the champion")
-    print(f"[sweep] scoring the champion (version {version.version}) on the best trial's {len(windows):,} test "
-          "windows", flush=True)
-    _, metrics = TOKENIZER.score(model, windows, "cpu", batch_size=int(config["batch_size"]))
-    return float(metrics[TOKENIZER.loss])
+    # scored anew on these windows by the stage (a predictor champion: only on the windows it was judged on)
+    return spec_of(config).champion_test_loss(client, registered_model_name, version, config, windows_digest)
 
 
 def set_champion(client, study, registered_model_name: str, *, config: Mapping[str, Any], promote: str = "better",
@@ -174,7 +162,7 @@ def model_version_of(client, registered_model_name: str, run_id: str) -> str | N
 
 def best_trial_record(run) -> tuple[dict[str, float], dict[str, str]]:
     """The best trial's test metrics and verdict as the parent run shows them."""
-    losses = [f"{prefix}test_{stage}_loss" for prefix in ("", "base_") for stage in ("tokenizer", "predictor")]
+    losses = [f"{prefix}{get(stage).test_loss}" for prefix in ("", "base_") for stage in names()]
     metrics = {f"best_trial_{k}": float(v) for k, v in run.data.metrics.items()
                if k in (*losses, "test_loss_change", "test_loss_change_ci_low", "test_loss_change_ci_high")}
     return metrics, {"best_trial_verdict": run.data.tags.get(VERDICT_TAG, "missing")}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_USAGE, UserError
+from ..stages import get, spec_of
 from .space import DEFAULT_SPACE, PARAMS, load_search_space, suggest
 from .study import (DuplicateTrial, default_storage, make_pruner, open_storage, open_study, optimize_distinct,
                     redact_url, repeated_trial)
@@ -46,9 +47,9 @@ TRAIN_PASSTHROUGH = (
 #: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
 UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "",
                     "objective": "val_loss"}
-DEFAULT_STUDY = "kronos-lr-wd"
+DEFAULT_STUDY = get("tokenizer").default_study  # the --study-name default (a tokenizer sweep's)
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
-PREDICTOR_STUDY = "kronos-predictor-lr-wd"
+PREDICTOR_STUDY = get("predictor").default_study
 #: What each objective's trial value is (a metric of the trial's run) and the study's direction.
 OBJECTIVE_METRIC = {"val_loss": "best_val_loss", "val_skill": "best_val_skill"}
 DIRECTION = {"val_loss": "minimize", "val_skill": "maximize"}
@@ -57,7 +58,7 @@ DIRECTION = {"val_loss": "minimize", "val_skill": "maximize"}
 def default_study_name(config: Mapping[str, Any]) -> str:
     """The study of a sweep whose --study-name is left at its default: one per stage and objective
     (``kronos-lr-wd``, ``kronos-predictor-lr-wd``, and ``...-val-skill`` for ``objective: val_skill``)."""
-    name = PREDICTOR_STUDY if config.get("stage") == "predictor" else DEFAULT_STUDY
+    name = spec_of(config).default_study
     return f"{name}-val-skill" if config.get("objective") == "val_skill" else name
 
 
@@ -94,13 +95,11 @@ class SweepWorker:
 
     def __init__(self, args: argparse.Namespace, train_flags: list[str], space, storage, study, client,
                  experiment_id: str, parent_run_id: str, config: Mapping[str, Any] | None = None):
-        from ..config import stage_key
-        from ..keys import PREDICTOR_VAL_METRIC, VAL_METRIC
-
         config = config or {"stage": "tokenizer"}
+        spec = spec_of(config)
         self.args, self.train_flags, self.space = args, train_flags, space
-        self.folder_key = stage_key(config, "save_folder")  # each trial's run folder
-        self.val_metric = PREDICTOR_VAL_METRIC if config["stage"] == "predictor" else VAL_METRIC  # per epoch
+        self.folder_key = spec.keys.save_folder  # each trial's run folder
+        self.val_metric = spec.val_metric  # per epoch
         self.value_metric = OBJECTIVE_METRIC[str(config.get("objective", "val_loss"))]  # the trial's value
         self.storage, self.study, self.client = storage, study, client
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
@@ -272,7 +271,7 @@ def _summary_table(study, value_name: str = "best_val_loss") -> str:
 
 
 def build_parser():
-    from ..cli import OneLineParser
+    from ..argparsing import OneLineParser
     from ..tracking.project_run import record_failure
 
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
@@ -376,7 +375,7 @@ def parse(argv: Sequence[str] | None):
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
     from ..distributed import resolve_device
-    from ..train import check_processes
+    from ..preflight import check_processes
 
     check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
     from ..tracking.comet import check_comet
@@ -403,7 +402,7 @@ def check_trials(args, config: Mapping[str, Any]) -> None:
     (windows per rank, ``objective: val_skill``'s validation origins, the scorecard's backtest
     range) without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
     from ..preflight import DataView, check_training
-    from ..train import check_start
+    from ..preflight import check_start
 
     trial = {**config, "save_path": os.path.join(args.output_dir, args.study_name),
              "nproc_per_node": args.nproc_per_node}

@@ -17,9 +17,9 @@ PARAMS = ("learning_rate", "weight_decay")
 
 
 def _config_max() -> dict[str, float]:
-    from ..config import _MAX, ALIASES
+    from ..config import MAX_VALUES, ALIASES
 
-    return {name: float(_MAX[ALIASES[name]]) for name in PARAMS}
+    return {name: float(MAX_VALUES[ALIASES[name]]) for name in PARAMS}
 
 
 _CONFIG_MAX = _config_max()

@@ -405,9 +405,11 @@ def _log_input(client, run_id: str, entry) -> None:
 
 
 def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[str, Any], *, world_size: int,
-                  digest: str, started: float) -> None:
+                  digest: str, started: float, log_model, heldout_metrics: Mapping[str, float]) -> None:
     """Rank 0, after training: ``summary.json`` (an artifact of every backend) and the best checkpoint
-    as the MLflow Model ``best_model`` (a plain artifact on Comet)."""
+    as the MLflow Model ``best_model`` (a plain artifact on Comet), logged by the stage's
+    ``log_model`` (:meth:`kronos_mlflow.stages.StageSpec.log_model`) with ``heldout_metrics``, the
+    test verdict's run metrics (:meth:`kronos_mlflow.evaluation.verdict.HeldOut.run_metrics`)."""
     summary = {
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "elapsed_s": round(time.time() - started, 3),
@@ -423,12 +425,8 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
     if layout.best_model.is_dir():
         if tracking.comet is not None:
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
-        heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"))
-        if config.get("stage") == "predictor":
-            log_predictor_model(tracking.mlflow, layout, config, result, heldout, dataset)
-            return
-        log_best_model(tracking.mlflow, str(layout.best_model), config, step=max(result["best_epoch"], 0),
-                       metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
+        heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"), heldout_metrics)
+        log_model(tracking.mlflow, layout, config, result, heldout, dataset)
 
 
 def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
@@ -445,16 +443,14 @@ def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result
                heldout_dataset=dataset)
 
 
-def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None):
-    """The test verdict's metrics for the logged model, and the dataset (name, digest) they
+def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None,
+                   metrics: Mapping[str, float]):
+    """The test verdict's ``metrics`` for the logged model, and the dataset (name, digest) they
     are linked to, recorded as the run's test input; ``({}, None)`` without a verdict."""
     if not heldout or heldout.get("verdict") == "unavailable" or not heldout.get("windows_digest"):
         return {}, None
-    from ..evaluation.verdict import HeldOut
-
-    record = HeldOut(**heldout)
     dataset = log_heldout_dataset(mlflow_logger.client, mlflow_logger.run_id, config, heldout)
-    return record.run_metrics(), dataset
+    return dict(metrics), dataset
 
 
 def best_epoch_metrics(result: Mapping[str, Any], val_metric: str = VAL_METRIC) -> dict[str, float]:

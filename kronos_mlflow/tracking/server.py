@@ -8,6 +8,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
@@ -211,3 +212,39 @@ def is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+def resolve_tracking_uri(uri: str | None, *, flag: str | None = "--tracking-uri") -> str:
+    """The URI to read, checked: an http(s) server must answer, a sqlite file or directory exist
+    (a sqlite file holding MLflow's store). ``flag``: the command's flag for it (None: it has none).
+
+    Without the check, MLflow would retry an unreachable server for minutes, and would quietly
+    create an empty database where none was meant to be.
+    """
+    import mlflow
+
+    where = f"pass {flag} or set MLFLOW_TRACKING_URI" if flag else "set MLFLOW_TRACKING_URI"
+    given = (uri or "").strip()
+    uri = str(given or mlflow.get_tracking_uri())
+    check_uri(uri, "--tracking-uri" if given else None)
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if scheme in ("http", "https"):
+        check_tracking_server(uri, timeout=5.0)
+    elif scheme.startswith("sqlite"):
+        path = uri.split(":///", 1)[1] if ":///" in uri else ""
+        path = path.split("?", 1)[0]
+        if path and path != ":memory:" and not os.path.isfile(path):
+            raise UserError(
+                f"no MLflow database at {path} (tracking URI {redact_uri(uri)}); {where} to the database or server "
+                "your runs were logged to"
+            )
+        if path and path != ":memory:" and not sqlite_store_ready(Path(path)):  # MLflow would add its tables
+            raise UserError(
+                f"{path} holds no MLflow store (tracking URI {redact_uri(uri)}); {where} to the database or server "
+                "your runs were logged to"
+            )
+    elif scheme in ("", "file"):
+        path = urllib.parse.urlsplit(uri).path if scheme == "file" else uri
+        if not os.path.isdir(path):
+            raise UserError(
+                f"no MLflow run directory at {path}; {where} to where your runs were logged"
+            )
+    return uri

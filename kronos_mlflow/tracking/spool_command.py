@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,9 +97,3 @@ def run(args: argparse.Namespace) -> int:
               f"({counts['metrics_present']} already there), {counts['params']} params, {counts['tags']} tags, "
               f"{counts['artifacts']} artifacts{status}; spool {done}", flush=True)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - `kronos-mlflow upload-spool` is the entry
-    from ..cli import main as cli_main
-
-    return cli_main(["upload-spool", *(sys.argv[1:] if argv is None else argv)])

@@ -16,9 +16,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..features import FEATURES
-from ..keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, RECON_PRE, USAGE_FULL
-from .windows import HeldOutWindows
+from ...evaluation.windows import HeldOutWindows
+from ...features import FEATURES
+from ...keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, RECON_PRE, USAGE_FULL
+from ..base import HeldOutPiece
 
 LOSS = "tokenizer_loss"
 #: The metrics :func:`score` returns, in logging order.
@@ -42,8 +43,8 @@ def score(model, windows: HeldOutWindows, device, *, batch_size: int, rank: int 
     then the losses and statistics are summed over ranks, so every rank returns the same.
     ``progress(iterable, total, desc)`` wraps the batches (a tqdm bar on rank 0).
     """
-    from ..distributed import all_reduce_sum_
-    from ..quality import ValidationStats
+    from ...distributed import all_reduce_sum_
+    from ...quality import ValidationStats
 
     was_training = model.training
     model.eval()
@@ -71,3 +72,13 @@ def score(model, windows: HeldOutWindows, device, *, batch_size: int, rank: int 
     metrics.update({"codebook_usage_full": quality[USAGE_FULL], "codebook_perplexity_full": quality[PERPLEXITY_FULL],
                     "windows": float(len(windows))})
     return per_window, metrics
+
+
+def load(path, device):
+    """A tokenizer checkpoint directory or hub id, in eval mode."""
+    from ...model import KronosTokenizer
+
+    return KronosTokenizer.from_pretrained(path, map_location=device).eval()
+
+
+PIECE = HeldOutPiece("tokenizer", LOSS, METRIC_NAMES, score, load)

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, UserError
-from ..keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
+from ...errors import ConfigError, UserError
+from ...evaluation.sources import source_run
+from ...keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
 
 FRESH = "fresh"
 
@@ -27,19 +28,19 @@ def tokenizer_spec(config: Mapping[str, Any]) -> str:
     return str(config.get("finetuned_tokenizer_path") or config.get("pretrained_tokenizer_path") or "").strip()
 
 
-def load_tokenizer(config: Mapping[str, Any], device="cpu"):
+def configured_tokenizer(config: Mapping[str, Any], device="cpu"):
     """The tokenizer ``config`` names, in eval mode, on ``device``."""
-    from .. import config as cfg
-    from ..evaluation.sources import load_tokenizer as load_named
-    from ..model import KronosTokenizer
+    from ...evaluation.sources import resolve_tokenizer
+    from ...model import KronosTokenizer
+    from ...config import model_kwargs
 
     spec = tokenizer_spec(config)
     if spec:
         what = "finetuned_tokenizer_path" if config.get("finetuned_tokenizer_path") else "pretrained_tokenizer_path"
-        return load_named(spec, device, what=what)
+        return resolve_tokenizer(spec, device, what=what)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(config["seed"]))
-        return KronosTokenizer(**cfg.model_kwargs(config)).to(device).eval()
+        return KronosTokenizer(**model_kwargs(config)).to(device).eval()
 
 
 def tokenizer_tags(config: Mapping[str, Any]) -> dict[str, str]:
@@ -47,34 +48,18 @@ def tokenizer_tags(config: Mapping[str, Any]) -> dict[str, str]:
     ``tokenizer_run_id`` of the run that trained it (when the store says)."""
     spec = tokenizer_spec(config)
     tags = {TOKENIZER_URI_TAG: spec or FRESH}
-    run_id = _source_run(spec)
+    run_id = source_run(spec)
     if run_id:
         tags[TOKENIZER_RUN_TAG] = run_id
     return tags
-
-
-def _source_run(spec: str) -> str | None:
-    if spec.startswith("runs:/"):
-        return spec[len("runs:/"):].split("/", 1)[0] or None
-    if not spec.startswith("models:/"):
-        return None
-    try:
-        from mlflow import MlflowClient
-        from mlflow.store.artifact.utils.models import get_model_name_and_version
-
-        client = MlflowClient()
-        name, version = get_model_name_and_version(client, spec)
-        return client.get_model_version(name, version).run_id or None
-    except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
-        return None
 
 
 def build_predictor(config: Mapping[str, Any], tokenizer):
     """``pretrained_predictor_path`` loaded strictly, else a fresh ``Kronos`` at the config's
     sizes (``n_layers``, ``d_model``, ``n_heads``, ``ff_dim``) with Kronos-mini's dropouts and
     the tokenizer's bits. A predictor whose bits differ from the tokenizer's is refused."""
-    from ..model import Kronos
-    from ..model.spec import PREDICTOR_CONFIGS
+    from ...model import Kronos
+    from ...model.spec import PREDICTOR_CONFIGS
 
     path = str(config.get("pretrained_predictor_path") or "")
     if path:
@@ -94,16 +79,3 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
             "NeoQuasar/Kronos-Tokenizer-base, Kronos-mini with NeoQuasar/Kronos-Tokenizer-2k)"
         )
     return model
-
-
-def build_model(config: Mapping[str, Any], tokenizer=None):
-    """The model the run trains. The tokenizer stage: the pretrained checkpoint when a path is
-    given, else fresh weights (base architecture). The predictor stage: the pretrained predictor,
-    else fresh weights, for ``tokenizer`` (default: the one the config names)."""
-    if config.get("stage") == "predictor":
-        return build_predictor(config, tokenizer if tokenizer is not None else load_tokenizer(config))
-    from .. import config as cfg
-    from ..model import KronosTokenizer
-
-    path = config["pretrained_tokenizer_path"]
-    return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**cfg.model_kwargs(config))

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .. import config as cfg
-from ..errors import UserError
-from .windows import HELDOUT_SPLITS
+from ... import config as cfg
+from ...errors import UserError
+from ...evaluation.windows import HELDOUT_SPLITS
 
 #: The config keys this command takes as flags: the data, the windows, the evaluation.
 DATA_KEYS = (
@@ -38,7 +37,7 @@ DATA_KEYS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .sources import ACCEPTED
+    from ...evaluation.sources import ACCEPTED
 
     parser.add_argument("model", metavar="MODEL", help=f"the tokenizer to score: {ACCEPTED}")
     parser.add_argument("--base", metavar="MODEL", default="", help="the tokenizer to compare with (e.g. the one "
@@ -59,19 +58,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..console import Console
-    from ..distributed import resolve_device
-    from .heldout import compare_on
-    from .sources import load_tokenizer
-    from .stage import TOKENIZER
-    from .verdict import HeldOut
-    from .windows import heldout_windows
+    from ...console import Console
+    from ...data import provide_qlib_data
+    from ...distributed import resolve_device
+    from ...evaluation.heldout import compare_on
+    from ...evaluation.sources import resolve_tokenizer
+    from ...evaluation.verdict import HeldOut
+    from ...evaluation.windows import heldout_windows
+    from .heldout import PIECE
 
     overrides = {k[5:]: v for k, v in vars(args).items() if k.startswith("cfg__")}
     config = cfg.load_config(overrides, path=getattr(args, "_config_file", None))
     device = resolve_device(config["device"])
-    model = load_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
-    base = load_tokenizer(args.base, device, tracking_uri=args.tracking_uri, what="--base") if args.base else None
+    model = resolve_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
+    base = resolve_tokenizer(args.base, device, tracking_uri=args.tracking_uri, what="--base") if args.base else None
+    provide_qlib_data(config)  # the front door, once the models load: an empty qlib_data_path's demo market
     windows = heldout_windows(config, args.split)
     if not len(windows):
         a, b = windows.time_range
@@ -81,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     prefix = f"{args.split}_"
     if base is not None:
         result = compare_on(windows, model, base, device, config=config, label=args.base, console=console,
-                            names=("model", "base"), prefix=prefix)
+                            names=("model", "base"), prefix=prefix, stage=PIECE)
     else:  # the model alone: its metrics, no verdict
-        _, metrics = TOKENIZER.score(model, windows, device, batch_size=int(config["batch_size"]),
+        _, metrics = PIECE.score(model, windows, device, batch_size=int(config["batch_size"]),
                                      progress=console.progress, desc=f"{args.split}: model")
         result = HeldOut("", base_label="", windows=len(windows), metrics=metrics, split=args.split,
                          windows_digest=windows.digest, prefix=prefix)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(metrics: Mapping[str, float], base: Mapping[str, float] | None) -> str:
     """Metric, model and (with a base) base and relative change; one row per metric."""
-    from .verdict import percent
+    from ...evaluation.verdict import percent
 
     header = ["metric", "model"] + (["base", "change"] if base is not None else [])
     rows = [header]
@@ -129,9 +130,9 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
 
     from mlflow import MlflowClient
 
-    from ..compare import resolve_tracking_uri
-    from ..keys import TEST_WINDOWS_DIGEST_TAG
-    from ..tracking.model_logging import log_heldout_dataset
+    from ...tracking.server import resolve_tracking_uri
+    from ...keys import TEST_WINDOWS_DIGEST_TAG
+    from ...tracking.model_logging import log_heldout_dataset
 
     # An explicit --tracking-uri must exist; otherwise MLflow's own default, as training runs use.
     client = MlflowClient(tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None)
@@ -156,9 +157,3 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
                                                 "windows": result.windows})
     client.set_terminated(run_id)
     return run_id
-
-
-def main(argv=None) -> int:
-    from ..cli import main as cli_main
-
-    return cli_main(["evaluate-tokenizer", *(argv if argv is not None else sys.argv[1:])])

@@ -23,20 +23,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..distributed import dist_sum
-from ..keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
+from ...distributed import dist_sum, unwrap
+from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
                     PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
-from ..perf import autocast
-from .base import StepOutput, TrainingStage, Validation
-
-
-def _plain(model):
-    """The predictor under DDP / torch.compile wrappers (its ``dep_layer`` switch)."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
+from ...perf import autocast
+from ..base import StepOutput, TrainingStage, Validation
 
 
 def head_losses(s1_logits, s2_logits, s1_targets, s2_targets):
@@ -62,9 +53,9 @@ class PredictorStage(TrainingStage):
 
     @property
     def heldout(self):
-        from ..evaluation.stage import predictor_stage
+        from .heldout import piece
 
-        return predictor_stage(self.tokenizer)
+        return piece(self.tokenizer)
 
     def tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
@@ -81,7 +72,7 @@ class PredictorStage(TrainingStage):
         return {PREDICTOR_TRAIN_LOSS: loss, PREDICTOR_TRAIN_S1: parts["s1"], PREDICTOR_TRAIN_S2: parts["s2"]}
 
     def validate(self, model, loader, device, *, detailed=True):
-        model = _plain(model)
+        model = unwrap(model)
         was_training, causal = model.training, model.dep_layer.cross_attn.causal
         model.eval()
         model.dep_layer.cross_attn.causal = True if self.causal_validation else None
@@ -118,7 +109,7 @@ class PredictorStage(TrainingStage):
                 f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})")
 
     def best_validation(self, best_dir, loader, device):
-        from ..model import Kronos
+        from ...model import Kronos
 
         return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
@@ -126,14 +117,14 @@ class PredictorStage(TrainingStage):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``)."""
         if config.get("evaluate", "on") != "on":
             return None
-        from ..evaluation.forecast_run import evaluate_predictor_run
+        from ...evaluation.forecast_run import evaluate_predictor_run
 
         return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,
                                       console=console, step=step)
 
     def forecast_pair(self, raw_model, config, device):
         """The epoch's predictor with the frozen tokenizer."""
-        return self.tokenizer, _plain(raw_model)
+        return self.tokenizer, unwrap(raw_model)
 
     def save_start_files(self, layout) -> None:
         if not (layout.tokenizer / "model.safetensors").is_file():

@@ -12,6 +12,7 @@ number of windows.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -19,7 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .windows import HeldOutWindows
+from ...evaluation.windows import HeldOutWindows
+from ..base import HeldOutPiece
 
 LOSS = "predictor_loss"
 #: The metrics :func:`score` returns, in logging order.
@@ -44,8 +46,8 @@ def window_losses(model, tokenizer, x: torch.Tensor, stamp: torch.Tensor) -> dic
 def score(model, windows: HeldOutWindows, device, *, tokenizer, batch_size: int, rank: int = 0,
           world_size: int = 1, progress: Callable | None = None, desc: str = "") -> tuple[np.ndarray, dict[str, float]]:
     """Every window's loss (float64, in selection order) and the metrics, over all ranks (a
-    collective, as :func:`kronos_mlflow.evaluation.tokenizer.score`)."""
-    from ..distributed import all_reduce_sum_
+    collective, as :func:`kronos_mlflow.stages.tokenizer.heldout.score`)."""
+    from ...distributed import all_reduce_sum_
 
     was_training = model.training
     causal = model.dep_layer.cross_attn.causal
@@ -75,3 +77,15 @@ def score(model, windows: HeldOutWindows, device, *, tokenizer, batch_size: int,
                "s1_accuracy": float(table[3].sum()) / (len(windows) * steps),
                "s2_accuracy": float(table[4].sum()) / (len(windows) * steps), "windows": float(len(windows))}
     return per_window, metrics
+
+
+def load(path, device):
+    """A predictor checkpoint directory or hub id, in eval mode."""
+    from ...model import Kronos
+
+    return Kronos.from_pretrained(path, map_location=device).eval()
+
+
+def piece(tokenizer) -> HeldOutPiece:
+    """The predictor's part, scoring on the tokens of ``tokenizer`` (frozen, on the device)."""
+    return HeldOutPiece("predictor", LOSS, METRIC_NAMES, functools.partial(score, tokenizer=tokenizer), load)

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UserError, short_reason
+from .errors import UserError
+from .evaluation.sources import MODEL_ACCEPTED, resolve_model
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
-MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "
-                  "or a predictor run's directory")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..flags import add_config_arguments
+    from .flags import add_config_arguments
 
     parser.add_argument("--model", metavar="URI", required=True, help=f"the forecaster to score: {MODEL_ACCEPTED}")
     parser.add_argument("--zeroshot-tokenizer", "--zeroshot_tokenizer", dest="zeroshot_tokenizer", metavar="URI",
@@ -46,43 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-def _pair_dirs(root: Path) -> tuple[Path, Path] | None:
-    for tok, pred in ((root / "tokenizer", root / "predictor"),
-                      (root / "checkpoints" / "tokenizer", root / "checkpoints" / "best_model"),
-                      (root / "artifacts" / "tokenizer", root / "artifacts" / "predictor")):
-        if (tok / "model.safetensors").is_file() and (pred / "model.safetensors").is_file():
-            return tok, pred
-    return None
-
-
-def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> tuple[Path, Path, str]:
-    """``(tokenizer dir, predictor dir, predictor run id or '')`` of ``--model``."""
-    spec = str(spec or "").strip()
-    if not spec:
-        raise UserError(f"--model is empty; expected {MODEL_ACCEPTED}")
-    if spec.startswith(("runs:/", "models:/")):
-        import mlflow
-        from mlflow.exceptions import MlflowException
-
-        from ..stages.sources import _source_run
-        from .sources import mlflow_store
-
-        uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
-        try:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
-                                                             tracking_uri=uri))
-        except (MlflowException, OSError, ValueError) as exc:
-            raise UserError(f"--model '{spec}' cannot be loaded from the MLflow store ({short_reason(exc, 160)}); "
-                            f"expected {MODEL_ACCEPTED}") from None
-        dirs = _pair_dirs(local)
-        run_id = _source_run(spec) or ""
-    else:
-        dirs, run_id = _pair_dirs(Path(spec).expanduser()), ""
-    if dirs is None:
-        raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
-    return dirs[0], dirs[1], run_id
-
-
 def _run_record(run_id: str) -> tuple[dict, str]:
     """The predictor run's params and its directory (its ``run_directory`` tag, when that
     directory's ``owner.json`` says it is the run's: a tag naming a directory is only a claim;
@@ -91,7 +52,7 @@ def _run_record(run_id: str) -> tuple[dict, str]:
         return {}, ""
     from mlflow import MlflowClient
 
-    from ..ownership import evidence
+    from .ownership import evidence
 
     client = MlflowClient()
     run = client.get_run(run_id)
@@ -112,8 +73,8 @@ def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
 
 
 def _predictor(tokenizer, spec: str, config, device, what: str):
-    from ..model import Kronos
-    from .forecast_run import pair
+    from .model import Kronos
+    from .evaluation.forecast_run import pair
 
     try:
         if not Path(spec).is_dir():
@@ -124,13 +85,13 @@ def _predictor(tokenizer, spec: str, config, device, what: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..console import Console
-    from ..distributed import resolve_device
-    from ..flags import config_from_args
-    from ..preflight import check_context, check_tracking
-    from .forecast_run import ZEROSHOT_TAG
-    from .scorecard import score_forecasters
-    from .sources import load_tokenizer
+    from .console import Console
+    from .distributed import resolve_device
+    from .flags import config_from_args
+    from .preflight import check_context, check_tracking
+    from .evaluation.forecast_run import ZEROSHOT_TAG
+    from .evaluation.scorecard import score_forecasters
+    from .evaluation.sources import resolve_tokenizer
 
     config = config_from_args(args)
     device = resolve_device(config["device"])
@@ -138,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
     check_context(config)
     with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
         tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))
-        tokenizer = load_tokenizer(str(tok_dir), device, what="--model")
+        tokenizer = resolve_tokenizer(str(tok_dir), device, what="--model")
         models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
         z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
         if z_pred:
-            base_tok = load_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
+            base_tok = resolve_tokenizer(z_tok, device, what="--zeroshot-tokenizer") if z_tok != str(tok_dir) else tokenizer
             models["zeroshot"] = _predictor(base_tok, z_pred, config, device, "--zeroshot-predictor")
         check_tracking(config)  # where the run will be logged, before the scoring (never created here)
         n_origins = check_origins(config)
@@ -167,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 def check_origins(config) -> int:
     """The test origins the scorecard will score (none: one line), and the backtest's range, read
     without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
-    from ..preflight import DataView, check_scorecard
+    from .preflight import DataView, check_scorecard
 
     with DataView(quiet_splits=("train", "val", "test")) as data:  # the scorecard reads the test split only
         return check_scorecard(data.config(config))
@@ -181,10 +142,10 @@ def _log(args, config, card, console) -> str:
     claimed as this project's (:mod:`kronos_mlflow.ownership`), with a run directory of its own,
     ``{save_path}/evaluations/<run id>/`` (``owner.json`` and the ``evaluation/`` files), which
     is what lets a pipeline reuse it."""
-    from ..config import run_params
-    from ..ownership import Claim, write_owner
-    from ..tracking.mlflow import MLflowLogger
-    from .scorecard import record
+    from .config import run_params
+    from .ownership import Claim, write_owner
+    from .tracking.mlflow import MLflowLogger
+    from .evaluation.scorecard import record
 
     logger = MLflowLogger(config["experiment_name"] or None,
                           run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}",
@@ -201,13 +162,3 @@ def _log(args, config, card, console) -> str:
         raise
     logger.finalize("success")
     return logger.run_id
-
-
-def main(argv=None) -> int:
-    from ..cli import main as cli_main
-
-    return cli_main(["evaluate", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The config keys of each stage: which key plays which role (its learning rate, run folder,
+gradient clipping, starting checkpoint), what each model it builds is loaded from, its entry
+point's own MLproject parameters and the keys left out of its digest. Data only, read by
+:mod:`kronos_mlflow.config` while a config is loaded and by each stage's spec
+(:mod:`kronos_mlflow.stages`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+#: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
+EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
+                   "inference_sample_count")
+#: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
+#: run's directory and training state do not depend on them.
+PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
+                       "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
+                       "n_layers", *EVALUATION_KEYS)
+
+
+@dataclass(frozen=True)
+class StageKeys:
+    """The config keys of one stage, resolved when a config is loaded (``learning_rate`` names
+    the stage's own); the stage's spec (:mod:`kronos_mlflow.stages`) reads them from here,
+    because a config is loaded and checked before any stage code runs."""
+
+    learning_rate: str  # its learning rate
+    save_folder: str  # its run folder under save_path
+    grad_clip: str  # its gradient clipping norm
+    pretrained: str  # the checkpoint it starts from ('' : fresh weights)
+    #: what each model the run builds is loaded from (the first key set wins; none: fresh weights)
+    models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    mlproject_params: tuple[str, ...] = ()  # its entry point's own MLproject parameters (besides main's)
+    digest_excludes: tuple[str, ...] = ()  # keys it never reads: left out of its config digest
+
+
+#: Each stage's keys (upstream's names).
+STAGE_CONFIG: dict[str, StageKeys] = {
+    "tokenizer": StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
+                           "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
+                           digest_excludes=PREDICTOR_ONLY_KEYS),
+    "predictor": StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
+                           "pretrained_predictor_path",
+                           models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
+                                   "predictor": ("pretrained_predictor_path",)},
+                           mlproject_params=("tokenizer", "pretrained_predictor_path")),
+}
+STAGES = tuple(STAGE_CONFIG)
+#: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
+#: ``predictor_learning_rate``).
+STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
+
+
+def stage_keys(config: Mapping[str, Any]) -> StageKeys:
+    """The keys of the config's stage (a loaded config's ``stage`` is one of :data:`STAGES`)."""
+    return STAGE_CONFIG[str(config.get("stage", "tokenizer"))]

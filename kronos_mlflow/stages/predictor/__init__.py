@@ -1,0 +1,110 @@
+"""Stage two: the Kronos predictor on a frozen tokenizer's tokens (upstream's
+``train_predictor.py``).
+
+``training`` (loss, causal validation, head accuracy and perplexity), ``heldout`` (a test
+window's teacher-forced loss), ``sources`` (the tokenizer it trains on, the predictor it starts
+from); the spec below says the rest: its names, its model, how it is logged and judged.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS,
+                     PREDICTOR_VAL_METRIC)
+from ..registry import StageSpec, register
+
+
+
+class PredictorSpec(StageSpec):
+    name = "predictor"
+    train_loss = PREDICTOR_TRAIN_LOSS
+    learning_rate = PREDICTOR_LEARNING_RATE
+    val_metric = PREDICTOR_VAL_METRIC
+    initial_val_metric = PREDICTOR_INITIAL_VAL_METRIC
+    heldout_loss = "predictor_loss"
+    default_study = "kronos-predictor-lr-wd"  # never the tokenizer's study
+    run_name_prefix = "predictor "
+    champion_suffix = "-predictor"
+    pipeline_verdict_tag = "verdict_vs_zeroshot"  # the scorecard's verdict against the zero-shot pair
+
+    def training(self, config, layout, info):
+        """The frozen tokenizer is written once, by rank 0, into ``checkpoints/tokenizer/``
+        (unless a resumed run has it there); every rank then reads that copy."""
+        from ...distributed import barrier, broadcast_object
+        from ...errors import UserError, same_on_every_rank
+        from ...model import KronosTokenizer
+        from .sources import configured_tokenizer
+        from .training import PredictorStage
+
+        answer = "ok"
+        if info.is_main and not (layout.tokenizer / "model.safetensors").is_file():
+            try:
+                configured_tokenizer(config).save_pretrained(layout.tokenizer)
+            except UserError as exc:
+                answer = str(exc)
+        if info.distributed:
+            answer = broadcast_object(answer)
+        if answer != "ok":
+            raise same_on_every_rank(UserError(answer))
+        barrier()
+        return PredictorStage(KronosTokenizer.from_pretrained(layout.tokenizer, map_location=info.device), config)
+
+    def build_model(self, config, training=None, *, tokenizer=None):
+        """``pretrained_predictor_path``, else fresh weights, for the training piece's frozen
+        tokenizer (else ``tokenizer``, else the one the config names)."""
+        from .sources import build_predictor, configured_tokenizer
+
+        if training is not None:
+            tokenizer = training.tokenizer
+        return build_predictor(config, tokenizer if tokenizer is not None else configured_tokenizer(config))
+
+    def heldout(self, training=None):
+        from .heldout import piece
+
+        return piece(training.tokenizer)
+
+    def run_tags(self, config):
+        from .sources import tokenizer_tags
+
+        return tokenizer_tags(config)
+
+    def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
+        from ...tracking.model_logging import log_predictor_model
+
+        log_predictor_model(mlflow_logger, layout, config, result, heldout, dataset)
+
+    def model_problem(self, uri, tracking_uri):
+        """A forecaster: its tokenizer and predictor both load."""
+        from ...errors import UserError
+        from ...evaluation.sources import resolve_model
+        from ...evaluation.sources import resolve_tokenizer
+        from ...model import Kronos
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="kronos-reuse-") as scratch:
+                tokenizer, predictor, _ = resolve_model(uri, Path(scratch), tracking_uri=tracking_uri)
+                resolve_tokenizer(str(tokenizer), "cpu", what="the logged tokenizer")
+                Kronos.from_pretrained(str(predictor))
+        except UserError as exc:
+            return f"its logged model does not load ({exc})"
+        return None
+
+    def forecasts(self, config: Mapping[str, Any]) -> bool:
+        return True  # its logged model is a forecaster; its scorecard forecasts
+
+    def loads_checkpoints(self, config):
+        return True  # its tokenizer, even a fresh one, is what its bits must match
+
+    def scores_at_end(self, config):
+        return config.get("evaluate", "on") == "on"
+
+    def handed_over(self, model_uri):
+        """The tokenizer step's model; the pipeline's own evaluation step makes the scorecard."""
+        return {"finetuned_tokenizer_path": model_uri, "evaluate": "off"}
+
+
+SPEC = register(PredictorSpec())

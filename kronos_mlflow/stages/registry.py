@@ -1,0 +1,137 @@
+"""The stage registry: a stage's name maps to its spec, the one place that says what differs
+for it. Everything outside ``kronos_mlflow/stages/`` asks the spec (``stages.get(name)`` or
+``stages.spec_of(config)``) instead of comparing stage names.
+
+A stage is one folder under ``stages/`` whose ``__init__`` defines a :class:`StageSpec`
+subclass and registers it (``stages/__init__.py`` imports the folders in pipeline order).
+Specs import no torch at module level: ``--help`` and the config checks stay fast; their
+methods import the stage's training, held-out and model pieces when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..stage_keys import STAGE_CONFIG, StageKeys
+from ..errors import ConfigError
+
+
+class StageSpec:
+    """What a stage gives the loop, the sweep, the pipeline, the verdict and model logging.
+
+    Names are class attributes (the metric and tag names users see); behaviour is methods.
+    """
+
+    name: str = ""
+    #: metric names: the per-step loss and learning rate, the epoch's validation loss, the
+    #: starting weights' validation loss; the held-out loss (unprefixed: ``test_<name>``)
+    train_loss: str = ""
+    learning_rate: str = ""
+    val_metric: str = ""
+    initial_val_metric: str = ""
+    heldout_loss: str = ""
+    #: the validation metrics besides the loss that the logged model carries
+    val_metrics: tuple[str, ...] = ()
+    #: a sweep's study when --study-name is left at its default
+    default_study: str = ""
+    #: what a default run name starts with
+    run_name_prefix: str = ""
+    #: the champion rule of a pipeline step: its registered model is NAME + champion_suffix,
+    #: and its alias moves only when this verdict tag says ``better``
+    champion_suffix: str = ""
+    pipeline_verdict_tag: str = "verdict"
+
+    @property
+    def keys(self) -> StageKeys:
+        """The config keys of the stage (its learning rate, run folder, ...)."""
+        return STAGE_CONFIG[self.name]
+
+    @property
+    def test_loss(self) -> str:
+        """The test metric a champion rule compares (``test_tokenizer_loss``, ...)."""
+        return f"test_{self.heldout_loss}"
+
+    # ---- what a training run builds
+    def training(self, config: Mapping[str, Any], layout, info):
+        """The loop's piece (a :class:`~kronos_mlflow.stages.base.TrainingStage`) for a run
+        of ``config`` writing into ``layout`` on the process ``info`` describes (every rank)."""
+        raise NotImplementedError
+
+    def build_model(self, config: Mapping[str, Any], training=None, *, tokenizer=None):
+        """The model the run trains (its starting weights), for the piece ``training`` when
+        given; ``tokenizer``: the tokenizer a predictor would train on (a pipeline's checks)."""
+        raise NotImplementedError
+
+    def heldout(self, training=None):
+        """The held-out comparison's piece (:class:`~kronos_mlflow.stages.base.HeldOutPiece`)."""
+        raise NotImplementedError
+
+    def run_tags(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """Tags only this stage's runs carry (a predictor's tokenizer)."""
+        return {}
+
+    def log_model(self, mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
+                  dataset) -> None:
+        """Log the run's best checkpoint as its MLflow model ``best_model``."""
+        raise NotImplementedError
+
+    def model_problem(self, uri: str, tracking_uri: str | None) -> str | None:
+        """Why the logged model at ``uri`` cannot be what the next step loads (None: it loads)."""
+        raise NotImplementedError
+
+    def champion_test_loss(self, client, registered_model_name: str, version, config: Mapping[str, Any],
+                           windows_digest: str | None) -> float | None:
+        """A champion's test loss on other test windows, scored anew (None: not comparable)."""
+        return None
+
+    def check_objective(self, config: Mapping[str, Any], model) -> None:
+        """What ``objective: val_skill`` needs besides the run's model (a partner), checked."""
+
+    # ---- preflight
+    def forecasts(self, config: Mapping[str, Any]) -> bool:
+        """Whether a run of ``config`` forecasts (its logged model, its scorecard, val_skill)."""
+        return config.get("objective") == "val_skill"
+
+    def loads_checkpoints(self, config: Mapping[str, Any]) -> bool:
+        """Whether building the model reads a checkpoint (a preflight loads it then)."""
+        return any(str(config.get(key) or "").strip() for keys in self.keys.models.values() for key in keys)
+
+    def scores_at_end(self, config: Mapping[str, Any]) -> bool:
+        """Whether the run ends with a forecast scorecard (its backtest is checked before)."""
+        return False
+
+    def handed_over(self, model_uri: str) -> dict[str, Any]:
+        """A pipeline step's overrides for the model the step before it logged (``model_uri``)."""
+        return {}
+
+
+REGISTRY: dict[str, StageSpec] = {}
+
+
+def register(spec: StageSpec) -> StageSpec:
+    """Add a stage (once per name; its config keys must be in ``stage_keys.STAGE_CONFIG``)."""
+    if spec.name in REGISTRY:
+        raise ValueError(f"stage {spec.name!r} is registered twice")
+    if spec.name not in STAGE_CONFIG:
+        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.stage_keys.STAGE_CONFIG")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def names() -> tuple[str, ...]:
+    """The registered stages, in pipeline order."""
+    return tuple(REGISTRY)
+
+
+def get(name: str) -> StageSpec:
+    """The spec of stage ``name``; an unknown name is one line naming the accepted ones."""
+    try:
+        return REGISTRY[str(name)]
+    except KeyError:
+        raise ConfigError(f"stage: '{name}' is not one of {', '.join(REGISTRY)}") from None
+
+
+def spec_of(config: Mapping[str, Any]) -> StageSpec:
+    """The spec of the config's stage."""
+    return get(str(config.get("stage", "tokenizer")))

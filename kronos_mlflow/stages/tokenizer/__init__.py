@@ -1,0 +1,89 @@
+"""Stage one: the VQ tokenizer (upstream's ``train_tokenizer.py``).
+
+``training`` (loss, validation, plots), ``heldout`` (a test window's loss and the metrics);
+the spec below says the rest: its names, its model, how it is logged and judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
+from ..registry import StageSpec, register
+
+
+class TokenizerSpec(StageSpec):
+    name = "tokenizer"
+    train_loss = TRAIN_LOSS
+    learning_rate = LEARNING_RATE
+    val_metric = VAL_METRIC
+    initial_val_metric = INITIAL_VAL_METRIC
+    heldout_loss = "tokenizer_loss"
+    default_study = "kronos-lr-wd"
+    run_name_prefix = ""
+    champion_suffix = "-tokenizer"
+    pipeline_verdict_tag = VERDICT_TAG  # held-out token loss against the starting weights
+
+    def training(self, config, layout, info):
+        from .training import TokenizerStage
+
+        return TokenizerStage()
+
+    def build_model(self, config, training=None, *, tokenizer=None):
+        """``pretrained_tokenizer_path`` when given, else fresh weights (base architecture)."""
+        from ...config import model_kwargs
+        from ...model import KronosTokenizer
+
+        path = config["pretrained_tokenizer_path"]
+        return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**model_kwargs(config))
+
+    def heldout(self, training=None):
+        from .heldout import PIECE
+
+        return PIECE
+
+    def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
+        from ...tracking.model_logging import best_epoch_metrics, log_best_model
+
+        log_best_model(mlflow_logger, str(layout.best_model), config, step=max(result["best_epoch"], 0),
+                       metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
+
+    def model_problem(self, uri, tracking_uri):
+        from ...errors import UserError
+        from ...evaluation.sources import resolve_tokenizer
+
+        try:
+            resolve_tokenizer(uri, "cpu", tracking_uri=tracking_uri, what="the logged model")
+        except UserError as exc:
+            return f"its logged model does not load ({exc})"
+        return None
+
+    def champion_test_loss(self, client, registered_model_name, version, config: Mapping[str, Any],
+                           windows_digest):
+        """The champion's tokenizer scored on the test windows ``windows_digest`` names (rebuilt
+        from ``config``; None when they cannot be)."""
+        from ...evaluation.sources import resolve_tokenizer
+        from ...evaluation.windows import heldout_windows
+        from .heldout import PIECE
+
+        windows = heldout_windows(config, "test")
+        if not len(windows) or windows.digest != windows_digest:
+            return None
+        model = resolve_tokenizer(f"models:/{registered_model_name}/{version.version}", "cpu",
+                                  tracking_uri=client.tracking_uri, what="the champion")
+        print(f"[sweep] scoring the champion (version {version.version}) on the best trial's {len(windows):,} test "
+              "windows", flush=True)
+        _, metrics = PIECE.score(model, windows, "cpu", batch_size=int(config["batch_size"]))
+        return float(metrics[PIECE.loss])
+
+    def check_objective(self, config: Mapping[str, Any], model) -> None:
+        """``objective: val_skill`` forecasts with ``pretrained_predictor_path``'s predictor: it
+        loads and pairs with ``model`` (one line naming it otherwise)."""
+        if config.get("objective") == "val_skill":
+            from ..predictor.sources import build_predictor
+
+            build_predictor(config, model)  # refuses a missing checkpoint or other bits
+
+
+SPEC = register(TokenizerSpec())
