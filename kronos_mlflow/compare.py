@@ -20,7 +20,8 @@ run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_
 95% interval; ``verdict``), the s1 and full codebook usage at the best epoch
 (``val_codebook_usage_*``; ``used/2^s1_bits`` for s1), duration, status, a sweep trial's number
 and Optuna state when there are trials, the scorecard's ``skill_vs_zeroshot`` and
-``skill_vs_persistence`` with their 95% intervals and verdicts when a listed run has them
+``skill_vs_persistence``, ``wql_skill_vs_persistence`` with their 95% intervals and verdicts,
+and ``win_rate_vs_persistence``, when a listed run has them
 (docs/forecast-evaluation.md), and the run id.
 
 ``--url`` prints the MLflow UI's run-comparison address for the listed runs:
@@ -305,9 +306,9 @@ def _row(run, now_ms: int) -> RunRow:
         trial_number=_integer(tags.get("optuna.trial_number")),
         trial_state=tags.get("optuna.trial_state"),
         parent_run_id=tags.get(PARENT_TAG),
-        skills={base: (_number(metrics.get(f"skill_vs_{base}")), _number(metrics.get(f"skill_vs_{base}_ci_low")),
-                       _number(metrics.get(f"skill_vs_{base}_ci_high")), tags.get(f"verdict_vs_{base}"))
-                for base in SKILL_BASELINES if f"skill_vs_{base}" in metrics},
+        skills={name: (_number(metrics.get(name)), _number(metrics.get(f"{name}_ci_low")),
+                       _number(metrics.get(f"{name}_ci_high")), tags.get(verdict) if verdict else None)
+                for name, verdict in SKILL_COLUMNS if name in metrics},
         tags={k: v for k, v in tags.items() if k in (
             "instrument", "model_size", "codebook_bits", "data_digest", "mlflow.source.git.commit",
             "optuna.study_name", "optuna.trial_number", "optuna.trial_state", "best_model_uri")},
@@ -396,15 +397,18 @@ def _change(row: RunRow) -> str:
     return text
 
 
-SKILL_BASELINES = ("zeroshot", "persistence")
+#: the scorecard's columns: metric, the tag of its verdict (docs/forecast-evaluation.md)
+SKILL_COLUMNS = (("skill_vs_zeroshot", "verdict_vs_zeroshot"), ("skill_vs_persistence", "verdict_vs_persistence"),
+                 ("wql_skill_vs_persistence", "verdict_wql_vs_persistence"), ("win_rate_vs_persistence", None))
 
 
-def _skill(row: RunRow, base: str) -> str:
-    """``+0.120 [+0.050, +0.200] better``: a scorecard skill, its 95% interval and verdict."""
-    if base not in row.skills or row.skills[base][0] is None:
+def _skill(row: RunRow, name: str) -> str:
+    """``+0.120 [+0.050, +0.200] better``: a scorecard skill, its 95% interval and verdict (a
+    win rate: the share, ``0.540``)."""
+    if name not in row.skills or row.skills[name][0] is None:
         return "-"
-    value, low, high, verdict = row.skills[base]
-    text = f"{value:+.3f}"
+    value, low, high, verdict = row.skills[name]
+    text = f"{value:.3f}" if name.startswith("win_rate") else f"{value:+.3f}"
     if low is not None and high is not None:
         text += f" [{low:+.3f}, {high:+.3f}]"
     return text + (f" {verdict}" if verdict else "")
@@ -422,8 +426,8 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss"] + (
         ["best_val_skill"] if with_val_skill else []) + ["test_loss", "base_loss", "change", "verdict", "codes_s1",
                                                          "codes_full", "duration", "status"]
-    with_skills = [b for b in SKILL_BASELINES if any(b in r.skills for r in rows)]
-    header += [f"skill_vs_{b}" for b in with_skills]
+    with_skills = [name for name, _ in SKILL_COLUMNS if any(name in r.skills for r in rows)]
+    header += with_skills
     header += (["trial"] if with_trials else []) + ["run_id"]
     body = []
     for r in rows:

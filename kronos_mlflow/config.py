@@ -76,6 +76,10 @@ _SPEC: dict[str, tuple[Any, str]] = {
                                  "spaced whole dates beyond it; each costs a forecast per epoch)."),
     "eval_stride": (0, "Calendar bars between two forecast origins of the scorecard; 0 = predict_window."),
     "n_eval_windows": (2000, "Most forecast origins the scorecard scores (evenly spaced whole dates beyond it)."),
+    "eval_horizons": ("", "Forecast steps the scorecard also scores alone (test_mase_close_h<k>), comma separated, "
+                          "each in 1..predict_window; empty = 1,5,predict_window."),
+    "bootstrap_unit": ("date", "What the scorecard's bootstrap intervals resample: date (whole origin dates, since a "
+                               "date's cross-section moves together) or origin (each origin alone)."),
     "inference_T": (0.6, "Sampling temperature of the scorecard's forecasts (upstream's inference default)."),
     "inference_top_p": (0.9, "Nucleus (top-p) sampling of the scorecard's forecasts, in (0, 1]."),
     "inference_top_k": (0, "Top-k sampling of the scorecard's forecasts; 0 = off (1 = greedy)."),
@@ -188,6 +192,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cycle_momentum": ("on", "off"),
     "evaluate": ("on", "off"),
     "objective": ("val_loss", "val_skill"),
+    "bootstrap_unit": ("date", "origin"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -401,6 +406,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     if not 0.0 <= out["verdict_min_change"] < 1.0:
         raise ConfigError(f"verdict_min_change: {out['verdict_min_change']!r} must be in [0, 1): a fraction of the "
                           "starting weights' test loss (0.005 = 0.5%)")
+    horizons(out)  # eval_horizons: steps inside the forecast
     if not 0.0 < out["inference_top_p"] <= 1.0:
         raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
     for key, limit in MAX_VALUES.items():
@@ -490,6 +496,18 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
 def fresh_parameter_count(config: Mapping[str, Any]) -> int:
     """Trainable parameters of a fresh tokenizer built from ``config`` (no torch needed)."""
     return count_parameters(model_kwargs(config))
+
+
+def horizons(config: Mapping[str, Any]) -> list[int]:
+    """``eval_horizons`` as steps (ascending, distinct); empty: 1, 5 and ``predict_window`` (those inside it)."""
+    horizon, raw = int(config["predict_window"]), str(config.get("eval_horizons") or "").strip()
+    if not raw:
+        return sorted({k for k in (1, 5, horizon) if k <= horizon})
+    steps = [part.strip() for part in raw.split(",")]
+    if not all(s.isdigit() and 1 <= int(s) <= horizon for s in steps):
+        raise ConfigError(f"eval_horizons: {checks.shown(raw)} is not a comma-separated list of forecast steps; expected "
+                          f"integers in 1..predict_window ({horizon}), e.g. 1,5,{horizon}")
+    return sorted({int(s) for s in steps})
 
 
 def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None) -> dict[str, Any]:

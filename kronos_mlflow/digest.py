@@ -44,7 +44,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     "backtest_benchmark",
     # the scorecard after training (docs/forecast-evaluation.md)
     "evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-    "inference_sample_count",
+    "inference_sample_count", "eval_horizons", "bootstrap_unit",
     # what a run measures besides training (objective val_skill forecasts inside a forked
     # random state: the training numbers are the same)
     "objective", "n_val_skill_windows",

@@ -212,15 +212,12 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
     with nothing to score). With origins, the backtest the scorecard runs has a day with a
     signal in its range. Reads the data, writes nothing."""
     from .evaluation.backtest import check_signal_days
-    from .evaluation.origins import forecast_origins
+    from .evaluation.origins import forecast_origins, no_origins_reason
 
     origins = forecast_origins(config)
     if not len(origins):
         if required:
-            raise UserError(f"nothing to score: no forecast origins in test_time_range "
-                            f"{':'.join(config['test_time_range'])} (each needs lookback_window "
-                            f"{config['lookback_window']} + predict_window {config['predict_window']} bars of a series "
-                            "inside it); widen test_time_range or shorten the windows")
+            raise UserError(f"nothing to score: {no_origins_reason(origins, config)}")
         return 0
     check_signal_days(config, origins.dates)
     return len(origins)

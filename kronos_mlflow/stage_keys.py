@@ -13,7 +13,7 @@ from typing import Any
 
 #: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
 EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count")
+                   "inference_sample_count", "eval_horizons", "bootstrap_unit")
 #: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
 #: run's directory and training state do not depend on them.
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",

@@ -20,7 +20,8 @@ METRICS = ("mase_close", "crps_close", "direction_accuracy", "ic", "rank_ic", "i
 
 def _raw_origins(config) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """Origins built from the provider's files alone (calendar, instrument spans, close bins):
-    ``(symbol, lookback closes, future closes)`` of every calendar bar ``k % stride == 0``."""
+    ``(symbol, lookback closes, future closes)`` of every calendar bar ``k % stride == 0`` whose
+    first forecast bar comes after ``val_time_range``."""
     from kronos_mlflow.data.prepare import resolve_qlib_path
 
     root = resolve_qlib_path(config)
@@ -29,6 +30,7 @@ def _raw_origins(config) -> list[tuple[str, np.ndarray, np.ndarray]]:
     test = np.flatnonzero((calendar >= a) & (calendar <= b))
     lookback, horizon = config["lookback_window"], config["predict_window"]
     stride = config["eval_stride"] or horizon
+    val_end = np.datetime64(config["val_time_range"][1], "D")
     out = []
     for line in (root / "instruments" / f"{config['instrument']}.txt").read_text().splitlines():
         symbol, s0, s1 = line.split("\t")
@@ -41,7 +43,7 @@ def _raw_origins(config) -> list[tuple[str, np.ndarray, np.ndarray]]:
             continue
         series = closes[span - start]
         for i in range(lookback - 1, len(span) - horizon):
-            if (span[i] - test[0]) % stride == 0:
+            if (span[i] - test[0]) % stride == 0 and calendar[span[i + 1]] > val_end:
                 out.append((symbol, calendar[span[i]], series[i - lookback + 1:i + 1], series[i + 1:i + 1 + horizon]))
     return out
 
@@ -137,7 +139,8 @@ def test_skills_verdicts_and_signals(tiny, isolated):
     assert list(signal.index.names) == ["datetime", "instrument"] and list(signal.columns) == ["score"]
     assert len(signal) == card.metrics["eval_origins"]
     names = {p.name for p in write_artifacts(card, isolated / "evaluation")}
-    assert names == {"scorecard.json", "scorecard.png", "forecasts.png", "origins.parquet"}
+    assert names == {"scorecard.json", "scorecard.png", "forecasts.png", "origins.parquet", "horizons.png",
+                     "forecasts.parquet"}
 
 
 def _greedy_mase_recomputed(config, predictor) -> None:
@@ -208,9 +211,28 @@ def _assert_scorecard(client, run):
         assert {skill, f"{skill}_ci_low", f"{skill}_ci_high"} <= set(metrics)
     assert tags["verdict_vs_zeroshot"] in ("better", "worse", "inconclusive")
     assert tags["verdict_vs_persistence"] in ("better", "worse", "inconclusive")
+    for base in ("zeroshot", "persistence"):
+        for kind in ("wql_skill", "gm_skill"):
+            assert {f"{kind}_vs_{base}", f"{kind}_vs_{base}_ci_low", f"{kind}_vs_{base}_ci_high"} <= set(metrics)
+        assert f"win_rate_vs_{base}" in metrics and tags[f"verdict_wql_vs_{base}"] in ("better", "worse", "inconclusive")
+    for prefix in ("test_", "zeroshot_test_", "persistence_test_"):
+        assert {f"{prefix}wql_close", f"{prefix}coverage_80", f"{prefix}mase_close_h1", f"{prefix}mase_close_h5"} <= set(metrics)
+    assert {"direction_baseline", "test_direction_accuracy_ci_low", "test_direction_accuracy_ci_high"} <= set(metrics)
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
-    assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png",
-                                                 "origins.parquet", "backtest.png")}
+    assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png", "horizons.png",
+                                                 "origins.parquet", "forecasts.parquet", "backtest.png")}
+    # the saved forecasts give the logged WQL back (docs/forecast-evaluation.md's recipe)
+    import mlflow
+    import pandas as pd
+
+    path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="evaluation/forecasts.parquet",
+                                               tracking_uri=client.tracking_uri)
+    rows = pd.read_parquet(path)
+    rows = rows[rows["forecaster"] == "finetuned"]
+    levels = [round(0.1 * i, 1) for i in range(1, 10)]
+    wql = np.mean([2 * np.maximum(lv * (rows.actual - rows[f"q{lv:.1f}"]), (lv - 1) * (rows.actual - rows[f"q{lv:.1f}"])
+                                  ).sum() / rows.actual.abs().sum() for lv in levels])
+    assert metrics["test_wql_close"] == pytest.approx(wql, rel=1e-6)
     # Qlib's backtest of both pairs' signals against the demo market's benchmark
     for signal in ("fine_tuned", "zero_shot"):
         for m in ("excess_return_with_cost", "information_ratio", "max_drawdown"):

@@ -1,7 +1,8 @@
 """The scorecard's pictures (PNG, matplotlib's object API on the Agg canvas).
 
-- :func:`scorecard_figure`: each skill (1 - MASE ratio) as a dot with its 95% interval, the
-  zero line (no better than the baseline) and the verdict margin.
+- :func:`scorecard_figure`: each skill (1 - MASE ratio, 1 - WQL ratio, fev's geometric-mean
+  skill) as a dot with its 95% interval, and the zero line (no better than the baseline).
+- :func:`horizons_figure`: MASE at each forecast step alone, per forecaster.
 - :func:`forecasts_figure`: a few origins: the lookback closes, the actual closes, the
   fine-tuned pair's median path with its 10-90% band, the zero-shot pair's median, persistence.
 """
@@ -12,24 +13,25 @@ import numpy as np
 
 from ..plots import new_figure
 
+SKILL_KINDS = ("skill_vs_", "wql_skill_vs_", "gm_skill_vs_")
 COLORS = {"finetuned": "#1f77b4", "zeroshot": "#ff7f0e", "persistence": "#7f7f7f", "seasonal_naive": "#2ca02c"}
 
 
 def scorecard_figure(card):
-    names = [k for k in card.metrics if k.startswith("skill_vs_") and not k.endswith(("_ci_low", "_ci_high"))]
+    names = [k for k in card.metrics if k.startswith(SKILL_KINDS) and not k.endswith(("_ci_low", "_ci_high"))]
     fig = new_figure(6.4, 1.2 + 0.7 * max(1, len(names)))
     ax = fig.add_subplot(1, 1, 1)
     for i, name in enumerate(names):
         value = card.metrics[name]
         low, high = card.metrics.get(f"{name}_ci_low", value), card.metrics.get(f"{name}_ci_high", value)
-        ax.errorbar([value], [i], xerr=[[value - low], [high - value]], fmt="o", capsize=5,
-                    color=COLORS.get(name[len("skill_vs_"):], "k"))
+        ax.errorbar([value], [i], xerr=[[max(0.0, value - low)], [max(0.0, high - value)]], fmt="o", capsize=5,
+                    color=COLORS.get(name.rsplit("_vs_", 1)[1], "k"))
         ax.annotate(f"{value:+.3f} [{low:+.3f}, {high:+.3f}]", (value, i), textcoords="offset points", xytext=(0, 8),
                     ha="center", fontsize=8)
     ax.axvline(0.0, color="k", lw=0.8)
-    ax.set_yticks(range(len(names)), [n.replace("skill_vs_", "vs ") for n in names])
+    ax.set_yticks(range(len(names)), [n.replace("_skill_vs_", " vs ").replace("skill_vs_", "mase vs ") for n in names])
     ax.set_ylim(-0.7, len(names) - 0.3)
-    ax.set_xlabel("skill = 1 - MASE(fine-tuned) / MASE(baseline)   (> 0: fine-tuned forecasts better)")
+    ax.set_xlabel("skill = 1 - error(fine-tuned) / error(baseline)   (> 0: fine-tuned forecasts better)")
     ax.set_title(f"scorecard: {card.description}", fontsize=9)
     return fig
 
@@ -59,4 +61,17 @@ def forecasts_figure(card):
         if i == 0:
             ax.legend(fontsize=7, ncol=3, loc="upper left")
     fig.axes[-1].set_xlabel("bars from the origin")
+    return fig
+
+
+def horizons_figure(card):
+    fig = new_figure(6.4, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, values in card.horizon_mase.items():
+        if values:
+            ax.plot(np.arange(1, len(values) + 1), values, marker="o", ms=3, color=COLORS.get(name, "k"), label=name)
+    ax.set_xlabel("forecast step (bars after the origin)")
+    ax.set_ylabel("MASE of the step alone")
+    ax.set_title(f"error by horizon: {card.description}", fontsize=9)
+    ax.legend(fontsize=8)
     return fig

@@ -7,7 +7,9 @@ inside ``test_time_range``; ``k`` counted from its first bar; ``s = eval_stride`
 ``predict_window``) at which a series of the prepared test split has a bar, with
 ``lookback_window`` bars of that series ending at it (the origin included) and
 ``predict_window`` bars after it, all inside the test range. Origins are calendar positions, so
-on one date several symbols share an origin.
+on one date several symbols share an origin. On the test split, an origin whose first forecast
+bar is not after ``val_time_range``'s end is left out (validation chose the checkpoint: a test
+forecast of its bars would be flattered); ``in_validation`` counts them.
 
 When there are more than ``n_eval_windows`` candidates, whole origin dates are kept: the
 largest number ``k`` of dates, evenly spaced (``floor(i * D / k)`` of the ``D`` dates), whose
@@ -95,6 +97,7 @@ class Origins:
     stride: int
     candidates: int  # origins before the n_eval_windows limit
     data_key: str
+    in_validation: int = 0  # test origins left out: their first forecast bar lies inside val_time_range
 
     def __len__(self) -> int:
         return int(len(self.rows))
@@ -139,7 +142,9 @@ class Origins:
     def describe(self) -> str:
         shown = f"{len(self):,}" if len(self) == self.candidates else f"{len(self):,} of {self.candidates:,}"
         dates = len(np.unique(self.dates)) if len(self) else 0
-        return f"{shown} origins on {dates:,} dates (stride {self.stride})"
+        left = (f"; {self.in_validation:,} left out, their first forecast bar inside val_time_range"
+                if self.in_validation else "")
+        return f"{shown} origins on {dates:,} dates (stride {self.stride}){left}"
 
 
 def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
@@ -157,12 +162,12 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
         ds = QlibDataset(split, config, progress=False)
     bar_times = np.load(ds.cache_dir / f"{split}_dates.npy", allow_pickle=False).astype("datetime64[s]")
     calendar = calendar_of_range(config, split)
-    after = None
-    if split == "val":
-        from ..config import time_bounds
+    from ..config import time_bounds
 
-        after = time_bounds(*config["train_time_range"])[1]
-    rows, series, positions = [], [], []
+    # nothing forecast is a bar the split before saw: validation's forecasts start after
+    # training's range, the test's after validation's (which chose the checkpoint)
+    after = time_bounds(*config["train_time_range" if split == "val" else "val_time_range"])[1]
+    rows, series, positions, inside = [], [], [], 0
     for j in range(len(ds.symbols)):
         first, end = int(ds.offsets[j]), int(ds.offsets[j + 1])
         r = np.arange(first + lookback - 1, end - horizon, dtype=np.int64)
@@ -171,8 +176,8 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
         k = np.searchsorted(calendar, bar_times[r])
         on_calendar = (k < len(calendar)) & (calendar[np.minimum(k, len(calendar) - 1)] == bar_times[r])
         keep = on_calendar & (k % stride == 0)
-        if after is not None:  # validation: nothing forecast is a bar training saw
-            keep &= bar_times[r + 1] > after
+        inside += int((keep & (bar_times[r + 1] <= after)).sum())
+        keep &= bar_times[r + 1] > after
         rows.append(r[keep])
         positions.append(k[keep])
         series.append(np.full(int(keep.sum()), j, dtype=np.int64))
@@ -186,4 +191,17 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
     return Origins(rows=rows_a[keep], series=series_a[keep], positions=pos_a[keep], dates=bar_times[rows_a[keep]],
                    symbols=list(ds.symbols), x=ds.x, bar_times=bar_times, lookback=lookback, horizon=horizon,
                    stride=stride, candidates=int(len(rows_a)),
-                   data_key=ds.cache_dir.name if split == "test" else f"{ds.cache_dir.name}/{split}")
+                   data_key=ds.cache_dir.name if split == "test" else f"{ds.cache_dir.name}/{split}",
+                   in_validation=inside if split == "test" else 0)
+
+
+def no_origins_reason(origins: Origins, config: Mapping[str, Any]) -> str:
+    """Why the test split has no origin to score, in the words of one line."""
+    test = ":".join(config["test_time_range"])
+    if origins.in_validation:
+        return (f"every one of the {origins.in_validation:,} forecast origins of test_time_range {test} forecasts bars "
+                f"inside val_time_range (to {config['val_time_range'][1]}), which chose the checkpoint; expected "
+                "test_time_range to reach past val_time_range's end by lookback_window + predict_window bars")
+    return (f"no forecast origins in test_time_range {test} (each needs lookback_window {config['lookback_window']} + "
+            f"predict_window {config['predict_window']} bars of a series inside it); widen test_time_range or shorten "
+            "the windows")

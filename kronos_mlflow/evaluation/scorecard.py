@@ -7,10 +7,16 @@ persistence (and, intraday, seasonal naive), on the same test-split origins?
 
 Metric names: ``test_<m>`` (fine-tuned), ``zeroshot_test_<m>``, ``persistence_test_<m>``,
 ``seasonal_naive_test_<m>``; ``skill_vs_zeroshot`` / ``skill_vs_persistence`` (and
-``skill_vs_seasonal_naive``) = 1 - MASE ratio with ``_ci_low`` / ``_ci_high``; tags
-``verdict_vs_zeroshot`` / ``verdict_vs_persistence``: ``better`` when the whole interval lies
-above ``verdict_min_change``, ``worse`` below ``-verdict_min_change``, else ``inconclusive``
-(the verdict's rule, :func:`~kronos_mlflow.evaluation.verdict.decide`). docs/forecast-evaluation.md.
+``skill_vs_seasonal_naive``) = 1 - MASE ratio with ``_ci_low`` / ``_ci_high``;
+``wql_skill_vs_<base>`` = 1 - WQL ratio, ``gm_skill_vs_<base>`` (fev's geometric mean of the
+clipped ratios), both with intervals, and ``win_rate_vs_<base>``, for the zero-shot pair and
+persistence; tags ``verdict_vs_<base>`` and ``verdict_wql_vs_<base>``: ``better`` when the whole
+interval lies above ``verdict_min_change``, ``worse`` below ``-verdict_min_change``, else
+``inconclusive`` (the verdict's rule, :func:`~kronos_mlflow.evaluation.verdict.decide`). Every
+interval resamples whole origin dates (``bootstrap_unit: date``) or origins
+(``bootstrap_unit: origin``). ``Scorecard.forecasts`` is ``evaluation/forecasts.parquet``: one
+row per (origin, forecaster, step) with the actual close, the mean, the median and the nine
+deciles of the paths. docs/forecast-evaluation.md.
 """
 
 from __future__ import annotations
@@ -28,13 +34,16 @@ import pandas as pd
 
 from . import forecasters as fc
 from . import scores as sc
-from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins
+from ..config import horizons
+from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason
 
 #: forecaster -> metric prefix; the order of the scorecard
 PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
             "seasonal_naive": "seasonal_naive_test_"}
 BASELINES = ("zeroshot", "persistence", "seasonal_naive")
 VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence"}
+WQL_VERDICT_TAGS = {"zeroshot": "verdict_wql_vs_zeroshot", "persistence": "verdict_wql_vs_persistence"}
+QUANTILE_COLUMNS = [f"q{level:.1f}" for level in sc.LEVELS]
 
 
 @dataclass
@@ -52,6 +61,8 @@ class Scorecard:
     digest: str = ""
     reason: str = ""  # why nothing was scored
     sample: dict[str, Any] = field(default_factory=dict)  # what forecasts.png draws
+    forecasts: pd.DataFrame = field(default_factory=pd.DataFrame)  # evaluation/forecasts.parquet
+    horizon_mase: dict[str, list[float]] = field(default_factory=dict)  # per forecaster: MASE at steps 1..H
 
     def line(self) -> str:
         if self.reason:
@@ -88,20 +99,42 @@ def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, 
     return paths, seconds
 
 
-def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float) -> tuple[dict, dict]:
+def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float, groups=None) -> tuple[dict, dict]:
     from .verdict import decide
 
     metrics, tags = {}, {}
     for base in BASELINES:
         if base not in per or "finetuned" not in per:
             continue
-        value, low, high = sc.skill(per["finetuned"]["mase"], per[base]["mase"])
-        name = f"skill_vs_{base}"
-        metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high})
-        if base in VERDICT_TAGS:
-            # decide() reads a change of the loss (negative = better): the skill's interval, negated
-            tags[VERDICT_TAGS[base]] = decide(-high, -low, min_change)
+        model, other = per["finetuned"], per[base]
+        kinds = [("skill", sc.skill(model["mase"], other["mase"], groups), VERDICT_TAGS)]
+        if base in VERDICT_TAGS:  # the probabilistic and fev's summaries, against the two that matter
+            kinds += [("wql_skill", sc.skill(model["quantile_loss"], other["quantile_loss"], groups), WQL_VERDICT_TAGS),
+                      ("gm_skill", sc.gm_skill(model["mase"], other["mase"], groups), {})]
+            metrics[f"win_rate_vs_{base}"] = sc.win_rate(model["mase"], other["mase"])
+        for kind, (value, low, high), verdicts in kinds:
+            name = f"{kind}_vs_{base}"
+            metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high})
+            if base in verdicts:
+                # decide() reads a change of the loss (negative = better): the skill's interval, negated
+                tags[verdicts[base]] = decide(-high, -low, min_change)
     return metrics, tags
+
+
+def forecasts_frame(origins: Origins, per: Mapping[str, Mapping[str, np.ndarray]], actual: np.ndarray) -> pd.DataFrame:
+    """One row per (origin, forecaster, step): what ``evaluation/forecasts.parquet`` holds."""
+    n, horizon = actual.shape
+    frames = []
+    for name, scores in per.items():
+        q = np.asarray(scores["quantiles"])  # (n, 9, H)
+        frame = pd.DataFrame({
+            "datetime": np.repeat(pd.DatetimeIndex(origins.dates), horizon), "instrument": np.repeat(origins.instruments, horizon),
+            "forecaster": name, "step": np.tile(np.arange(1, horizon + 1), n), "actual": actual.reshape(-1),
+            "mean": np.asarray(scores["mean"]).reshape(-1), "median": q[:, 4].reshape(-1)})
+        for i, column in enumerate(QUANTILE_COLUMNS):
+            frame[column] = q[:, i].reshape(-1)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _ic_intervals(per, dates) -> dict[str, float]:
@@ -121,26 +154,33 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     (a collective when ``world_size > 1``: every rank calls it)."""
     origins = origins if origins is not None else forecast_origins(config)
     if not len(origins):
-        return Scorecard(reason=f"no forecast origins in test_time_range {':'.join(config['test_time_range'])} "
-                                f"(each needs lookback_window + predict_window bars of a series inside it)")
+        return Scorecard(reason=no_origins_reason(origins, config))
     period = fc.bars_per_session(calendar_of_test_range(config)) if config.get("freq", "day") != "day" else 1
     paths, seconds = _paths_of(predictors, origins, config, rank=rank, world_size=world_size, console=console,
                                period=period)
     every = np.arange(len(origins))
     history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
     per = {name: sc.origin_scores(p, history, actual) for name, p in paths.items()}
+    groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
+    steps = tuple(horizons(config))
     metrics: dict[str, float] = {}
     table = pd.DataFrame({"datetime": pd.DatetimeIndex(origins.dates), "instrument": origins.instruments,
                           "position": origins.positions, "last_close": history[:, -1],
                           "actual_return": per["persistence"]["actual_return"]})
     for name, scores in per.items():
-        kept = sc.summary(scores, origins.dates, direction=name != "persistence")
+        kept = sc.summary(scores, origins.dates, direction=name != "persistence", horizons=steps)
         metrics.update({f"{PREFIXES[name]}{k}": v for k, v in kept.items()})
         for column in ("mase", "crps") + (("direction", "forecast_return") if name != "persistence" else ()):
             table[f"{name}_{column}"] = scores[column]
-    skills, tags = _skills(per, float(config["verdict_min_change"]))
+    skills, tags = _skills(per, float(config["verdict_min_change"]), groups)
     metrics.update(skills)
     metrics.update(_ic_intervals(per, origins.dates))
+    metrics["direction_baseline"] = sc.direction_baseline(per["persistence"]["actual_return"])
+    for name in ("finetuned", "zeroshot"):
+        if name in per:
+            low, high = sc.grouped_mean_interval(per[name]["direction"], groups)
+            metrics.update({f"{PREFIXES[name]}direction_accuracy_ci_low": low,
+                            f"{PREFIXES[name]}direction_accuracy_ci_high": high})
     metrics["eval_origins"] = float(len(origins))
     signals = {name: pd.DataFrame({"score": per[name]["forecast_return"]}, index=origins.index())
                for name in ("finetuned", "zeroshot") if name in per}
@@ -148,16 +188,20 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     sample = {"history": history[shown], "actual": actual[shown], "labels": [
         f"{origins.instruments[i]} {str(origins.dates[i])[:16]}" for i in shown],
         "paths": {name: p[shown] for name, p in paths.items()}}
+    step_means = {name: [float(v) for v in np.nanmean(scores["step_mase"], axis=0)] if np.isfinite(
+        scores["step_mase"]).any() else [] for name, scores in per.items()}
     return Scorecard(metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}, tags=tags,
                      origins=table, signals=signals, seconds=seconds, description=origins.describe(),
-                     digest=origins.digest, sample=sample)
+                     digest=origins.digest, sample=sample, forecasts=forecasts_frame(origins, per, actual),
+                     horizon_mase=step_means)
 
 
 def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
-    """``scorecard.json``, ``scorecard.png``, ``forecasts.png`` and ``origins.parquet`` in
-    ``directory`` (each written whole, then renamed)."""
+    """``scorecard.json``, ``scorecard.png``, ``forecasts.png``, ``horizons.png``,
+    ``origins.parquet`` and ``forecasts.parquet`` in ``directory`` (each written whole, then
+    renamed)."""
     from ..fsutil import write_atomic
-    from .figures import forecasts_figure, scorecard_figure
+    from .figures import forecasts_figure, horizons_figure, scorecard_figure
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -165,15 +209,17 @@ def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
     write_atomic(out[0], json.dumps(card.as_json(), indent=2, sort_keys=True))
     if card.reason:
         return out
-    for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure)):
+    for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure),
+                       ("horizons.png", horizons_figure)):
         tmp = directory / f".{name}.tmp"
         draw(card).savefig(tmp, format="png", dpi=110)
         tmp.replace(directory / name)
         out.append(directory / name)
-    tmp = directory / ".origins.parquet.tmp"
-    card.origins.to_parquet(tmp, index=False)
-    tmp.replace(directory / "origins.parquet")
-    out.append(directory / "origins.parquet")
+    for name, frame in (("origins.parquet", card.origins), ("forecasts.parquet", card.forecasts)):
+        tmp = directory / f".{name}.tmp"
+        frame.to_parquet(tmp, index=False)
+        tmp.replace(directory / name)
+        out.append(directory / name)
     return out
 
 

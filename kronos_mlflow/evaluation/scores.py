@@ -4,9 +4,18 @@ docs/forecast-evaluation.md). Everything here takes arrays, never a model.
 Per origin, with ``c`` the lookback closes (the origin's close ``c[-1]`` last), ``y`` the
 ``H`` actual closes after it, ``P`` the ``S`` sample paths ``(S, H)`` and ``f = mean(P)``:
 
-- ``mase = mean_h |f_h - y_h| / mean_t |c_t - c_{t-1}|`` (NaN when the lookback never moves);
-- ``crps = mean_h CRPS(P[:, h], y_h) / (std(c) + 1e-5)``, with the empirical
-  ``CRPS = mean_i |P_i - y| - 1/2 mean_ij |P_i - P_j|`` and the population std;
+- ``mase = mean_h |f_h - y_h| / mean_t |c_t - c_{t-1}|`` (NaN when the lookback never moves),
+  and ``step_mase`` the same error at each step alone (``(n, H)``: the horizons);
+- ``crps = mean_h CRPS(P[:, h], y_h) / (std(c) + 1e-5)``, with the fair ensemble estimator
+  ``CRPS = mean_i |P_i - y| - sum_ij |P_i - P_j| / (2 S (S - 1))`` (Ferro 2014; unbiased for
+  the distribution the ``S`` paths are drawn from; ``S = 1``: the absolute error) and the
+  population std;
+- ``quantiles``: the nine deciles ``q0.1 .. q0.9`` of the paths at each step (numpy's linear
+  interpolation; one path: all equal to it), ``(n, 9, H)``;
+- ``quantile_loss = sum_h mean_l 2 max(l (y_h - q_l), (l - 1) (y_h - q_l))`` and
+  ``abs_actual = sum_h |y_h|``: WQL (GluonTS/Chronos) over origins is
+  ``sum quantile_loss / sum abs_actual``;
+- ``coverage_80``: the share of steps with ``q0.1 <= y_h <= q0.9``;
 - ``direction = [sign(f_H - c[-1]) == sign(y_H - c[-1])]`` (NaN when ``y_H == c[-1]``);
 - forecast return ``f_H / c[-1] - 1`` and actual return ``y_H / c[-1] - 1``.
 
@@ -26,6 +35,8 @@ import pandas as pd
 
 NORM_EPS = 1e-5
 MIN_SYMBOLS = 5
+LEVELS = np.round(np.arange(1, 10) / 10.0, 1)  # the nine deciles the quantile metrics read
+GM_CLIP = (0.01, 100.0)  # fev's clipping of each relative error before the geometric mean
 
 
 def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np.ndarray) -> dict[str, np.ndarray]:
@@ -38,16 +49,26 @@ def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np
     scale = np.abs(np.diff(c, axis=1)).mean(axis=1) if c.shape[1] > 1 else np.zeros(len(c))
     with np.errstate(divide="ignore", invalid="ignore"):
         mase = np.where(scale > 0, np.abs(f - y).mean(axis=1) / scale, np.nan)
-    spread = np.abs(paths[:, :, None, :] - paths[:, None, :, :]).mean(axis=(1, 2))  # (n, H)
-    crps_steps = np.abs(paths - y[:, None, :]).mean(axis=1) - 0.5 * spread
+    n_paths = paths.shape[1]
+    pairs = np.abs(paths[:, :, None, :] - paths[:, None, :, :]).sum(axis=(1, 2))  # (n, H)
+    spread = pairs / (2.0 * n_paths * (n_paths - 1)) if n_paths > 1 else np.zeros_like(pairs)
+    crps_steps = np.abs(paths - y[:, None, :]).mean(axis=1) - spread
     crps = crps_steps.mean(axis=1) / (c.std(axis=1) + NORM_EPS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step_mase = np.where(scale[:, None] > 0, np.abs(f - y) / scale[:, None], np.nan)
+    q = np.moveaxis(np.quantile(paths, LEVELS, axis=1), 0, 1)  # (n, 9, H)
+    diff = y[:, None, :] - q
+    levels = LEVELS[None, :, None]
+    quantile_loss = (2.0 * np.maximum(levels * diff, (levels - 1.0) * diff)).mean(axis=1).sum(axis=1)
+    coverage = ((y >= q[:, 0]) & (y <= q[:, -1])).mean(axis=1)
     last = c[:, -1]
     actual_sign, forecast_sign = np.sign(y[:, -1] - last), np.sign(f[:, -1] - last)
     direction = np.where(actual_sign != 0, (actual_sign == forecast_sign).astype(np.float64), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         forecast_return, actual_return = f[:, -1] / last - 1.0, y[:, -1] / last - 1.0
     return {"mase": mase, "crps": crps, "direction": direction, "forecast_return": forecast_return,
-            "actual_return": actual_return}
+            "actual_return": actual_return, "step_mase": step_mase, "quantiles": q, "mean": f,
+            "quantile_loss": quantile_loss, "abs_actual": np.abs(y).sum(axis=1), "coverage_80": coverage}
 
 
 def daily_ic(dates, forecast_return, actual_return, min_symbols: int = MIN_SYMBOLS) -> pd.DataFrame:
@@ -72,34 +93,97 @@ def _mean(values) -> float:
     return float(values.mean()) if values.size else float("nan")
 
 
-def summary(scores: Mapping[str, np.ndarray], dates, *, direction: bool = True) -> dict[str, float]:
-    """The metrics over origins (unprefixed): ``mase_close``, ``crps_close``, and, for a
-    forecaster that forecasts a change (``direction``), ``direction_accuracy``, ``ic``,
-    ``rank_ic``, ``icir`` (each only when defined)."""
-    out = {"mase_close": _mean(scores["mase"]), "crps_close": _mean(scores["crps"])}
+def wql(scores: Mapping[str, np.ndarray]) -> float:
+    """Weighted quantile loss over the origins: ``sum quantile_loss / sum abs_actual``."""
+    loss, scale = np.asarray(scores["quantile_loss"]), np.asarray(scores["abs_actual"])
+    ok = np.isfinite(loss) & np.isfinite(scale)
+    return float(loss[ok].sum() / scale[ok].sum()) if ok.any() and scale[ok].sum() > 0 else float("nan")
+
+
+def summary(scores: Mapping[str, np.ndarray], dates, *, direction: bool = True,
+            horizons: tuple[int, ...] = ()) -> dict[str, float]:
+    """The metrics over origins (unprefixed): ``mase_close``, ``crps_close``, ``wql_close``,
+    ``coverage_80``, ``mase_close_h<k>`` for each of ``horizons``, and, for a forecaster that
+    forecasts a change (``direction``), ``direction_accuracy``, ``ic``, ``rank_ic``, ``icir``,
+    ``rank_icir`` (each only when defined)."""
+    out = {"mase_close": _mean(scores["mase"]), "crps_close": _mean(scores["crps"]), "wql_close": wql(scores),
+           "coverage_80": _mean(scores["coverage_80"])}
+    for k in horizons:
+        out[f"mase_close_h{k}"] = _mean(np.asarray(scores["step_mase"])[:, k - 1])
     if direction:
         out["direction_accuracy"] = _mean(scores["direction"])
         per_date = daily_ic(dates, scores["forecast_return"], scores["actual_return"])
         if len(per_date):
             out["ic"], out["rank_ic"] = float(per_date["ic"].mean()), float(per_date["rank_ic"].mean())
-            std = float(per_date["ic"].std()) if len(per_date) > 1 else float("nan")
-            if math.isfinite(std) and std > 0:
-                out["icir"] = out["ic"] / std
+            for name in ("ic", "rank_ic"):
+                std = float(per_date[name].std()) if len(per_date) > 1 else float("nan")
+                if math.isfinite(std) and std > 0:
+                    out[f"{name}ir"] = out[name] / std
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
-def skill(model_mase, base_mase) -> tuple[float, float, float]:
+def direction_baseline(actual_return) -> float:
+    """The share of the more frequent sign of the actual change among the origins (zero changes
+    left out): the best constant guess of the direction, known only in hindsight."""
+    sign = np.sign(np.asarray(actual_return, dtype=np.float64))
+    sign = sign[np.isfinite(sign) & (sign != 0)]
+    return float(max((sign > 0).mean(), (sign < 0).mean())) if sign.size else float("nan")
+
+
+def skill(model_mase, base_mase, groups=None) -> tuple[float, float, float]:
     """``1 - mean(model) / mean(base)`` and its 95% paired-bootstrap interval over the origins
-    both score (the verdict's bootstrap: :func:`~kronos_mlflow.evaluation.verdict.paired_bootstrap`,
-    whose change is ``ratio - 1``)."""
-    from .verdict import paired_bootstrap
+    both score (the verdict's bootstrap, whose change is ``ratio - 1``): whole ``groups``
+    resampled when given (:func:`~kronos_mlflow.evaluation.verdict.grouped_bootstrap`, the
+    origins' dates), else each origin alone (:func:`~kronos_mlflow.evaluation.verdict.paired_bootstrap`)."""
+    from .verdict import grouped_bootstrap, paired_bootstrap
 
     m, b = np.asarray(model_mase, dtype=np.float64), np.asarray(base_mase, dtype=np.float64)
     both = np.isfinite(m) & np.isfinite(b)
     if not both.any():
         return float("nan"), float("nan"), float("nan")
-    change, low, high = paired_bootstrap(m[both], b[both])
+    if groups is None:
+        change, low, high = paired_bootstrap(m[both], b[both])
+    else:
+        change, low, high = grouped_bootstrap(m[both], b[both], np.asarray(groups)[both])
     return -change, -high, -low
+
+
+def gm_skill(model_mase, base_mase, groups=None) -> tuple[float, float, float]:
+    """fev's summary: ``1 - exp(mean log r)`` over the origins both score, ``r`` the MASE ratio
+    clipped to ``GM_CLIP``; its 95% bootstrap interval (whole ``groups`` resampled when given)."""
+    m, b = np.asarray(model_mase, dtype=np.float64), np.asarray(base_mase, dtype=np.float64)
+    ok = np.isfinite(m) & np.isfinite(b) & (b > 0)
+    if not ok.any():
+        return float("nan"), float("nan"), float("nan")
+    logs = np.log(np.clip(m[ok] / b[ok], *GM_CLIP))
+    low, high = grouped_mean_interval(logs, np.asarray(groups)[ok] if groups is not None else None)
+    return 1.0 - math.exp(float(logs.mean())), 1.0 - math.exp(high), 1.0 - math.exp(low)
+
+
+def win_rate(model_mase, base_mase) -> float:
+    """The share of the origins both score where the model's MASE is lower (ties count half)."""
+    m, b = np.asarray(model_mase, dtype=np.float64), np.asarray(base_mase, dtype=np.float64)
+    ok = np.isfinite(m) & np.isfinite(b)
+    return float((m[ok] < b[ok]).mean() + 0.5 * (m[ok] == b[ok]).mean()) if ok.any() else float("nan")
+
+
+def grouped_mean_interval(values, groups=None, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the mean of ``values`` resampling whole
+    ``groups`` (each value alone without them; the verdict's seed); NaNs with fewer than two."""
+    from .verdict import group_sums, resampled_groups
+
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    g = np.arange(v.size) if groups is None else np.asarray(groups).reshape(-1)
+    ok = np.isfinite(v)
+    if ok.sum() < 2:
+        return float("nan"), float("nan")
+    sums, counts = group_sums(v[ok], g[ok])
+    means = np.empty(n_resamples, dtype=np.float64)
+    for start, idx in resampled_groups(len(sums), n_resamples):
+        means[start:start + len(idx)] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def mean_interval(values, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:

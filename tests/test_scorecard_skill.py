@@ -1,0 +1,171 @@
+"""The scorecard's probabilistic skill and fev's summaries, recomputed by hand: WQL, the 10-90%
+coverage, fev's geometric-mean skill and win rate, MASE by horizon and the direction baseline
+from ``evaluation/forecasts.parquet`` plus the lookback closes read from the raw Qlib files;
+the fair CRPS against a direct double loop; a date bootstrap against an origin bootstrap on a
+constructed case; no test origin forecasting validation's bars."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_forecast_eval import _raw_origins, _tiny_pair
+
+from kronos_mlflow.evaluation import scores as sc
+
+LEVELS = [round(0.1 * i, 1) for i in range(1, 10)]
+QCOLS = [f"q{level:.1f}" for level in LEVELS]
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, monkeypatch_module):
+    """A scorecard of two different tiny pairs on the demo market, its artifacts written."""
+    from kronos_mlflow.data import provide_qlib_data
+    from kronos_mlflow.evaluation.scorecard import score_forecasters, write_artifacts
+    from tiny_runs import isolated_vars, tiny_config
+
+    tmp = tmp_path_factory.mktemp("scorecard")
+    for name, value in isolated_vars(tmp).items():
+        monkeypatch_module.setenv(name, value)
+    config = tiny_config(tmp, n_eval_windows=400, inference_sample_count=4, eval_horizons="1,3,5")
+    provide_qlib_data(config)
+    card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)})
+    write_artifacts(card, tmp / "evaluation")
+    return config, card, pd.read_parquet(tmp / "evaluation" / "forecasts.parquet")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _by_forecaster(frame: pd.DataFrame, config) -> dict[str, dict[str, np.ndarray]]:
+    """Per forecaster: actual, mean, deciles as (origins, steps[, 9]) arrays, in origin order,
+    with the lookback closes of each origin from the raw Qlib files."""
+    horizon = config["predict_window"]
+    raw = {(s, str(d)): past for s, d, past, _ in _raw_origins(config)}
+    out = {}
+    for name, rows in frame.groupby("forecaster", sort=False):
+        rows = rows.sort_values(["datetime", "instrument", "step"], kind="stable")
+        keys = rows[rows["step"] == 1][["instrument", "datetime"]]
+        past = np.stack([raw[(s, str(pd.Timestamp(d).date()))] for s, d in keys.itertuples(index=False)])
+        out[name] = {"actual": rows["actual"].to_numpy().reshape(-1, horizon),
+                     "mean": rows["mean"].to_numpy().reshape(-1, horizon),
+                     "q": rows[QCOLS].to_numpy().reshape(-1, horizon, 9), "past": past,
+                     "dates": keys["datetime"].to_numpy()}
+    return out
+
+
+def test_forecasts_parquet_has_a_row_per_origin_forecaster_and_step(scored):
+    config, card, frame = scored
+    n, horizon = int(card.metrics["eval_origins"]), config["predict_window"]
+    assert list(frame.columns[:7]) == ["datetime", "instrument", "forecaster", "step", "actual", "mean", "median"]
+    assert list(frame.columns[7:]) == QCOLS
+    assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence"}
+    assert len(frame) == 3 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
+    assert (frame["median"] == frame["q0.5"]).all()
+    naive = frame[frame["forecaster"] == "persistence"]
+    assert (naive[QCOLS].to_numpy() == naive[["mean"]].to_numpy()).all(), "persistence's deciles are its forecast"
+    assert (np.diff(frame[QCOLS].to_numpy(), axis=1) >= -1e-9).all(), "deciles ascend"
+
+
+def test_every_new_number_is_recomputed_from_the_saved_forecasts(scored):
+    config, card, frame = scored
+    m = card.metrics
+    per = _by_forecaster(frame, config)
+    mase = {}
+    for name, prefix in (("finetuned", "test_"), ("zeroshot", "zeroshot_test_"), ("persistence", "persistence_test_")):
+        f = per[name]
+        y, q, past = f["actual"], f["q"], f["past"]
+        scale = np.abs(np.diff(past, axis=1)).mean(axis=1)
+        levels = np.array(LEVELS)
+        diff = y[:, :, None] - q
+        wql = np.mean([2 * np.maximum(lv * diff[..., i], (lv - 1) * diff[..., i]).sum() / np.abs(y).sum()
+                       for i, lv in enumerate(levels)])
+        assert m[f"{prefix}wql_close"] == pytest.approx(wql, rel=1e-9)
+        covered = ((y >= q[..., 0]) & (y <= q[..., -1])).mean()
+        assert m[f"{prefix}coverage_80"] == pytest.approx(covered, rel=1e-12)
+        step_err = np.abs(f["mean"] - y) / scale[:, None]
+        for k in (1, 3, 5):
+            assert m[f"{prefix}mase_close_h{k}"] == pytest.approx(step_err[:, k - 1].mean(), rel=1e-9)
+        mase[name] = step_err.mean(axis=1)
+        assert m[f"{prefix}mase_close"] == pytest.approx(mase[name].mean(), rel=1e-9)
+    for base in ("zeroshot", "persistence"):
+        ratio = np.clip(mase["finetuned"] / mase[base], 0.01, 100)
+        assert m[f"gm_skill_vs_{base}"] == pytest.approx(1 - np.exp(np.log(ratio).mean()), rel=1e-9)
+        wins = (mase["finetuned"] < mase[base]).mean() + 0.5 * (mase["finetuned"] == mase[base]).mean()
+        assert m[f"win_rate_vs_{base}"] == pytest.approx(wins, rel=1e-12)
+        assert m[f"wql_skill_vs_{base}"] == pytest.approx(1 - m["test_wql_close"] / m[f"{'zeroshot_' if base == 'zeroshot' else 'persistence_'}test_wql_close"], rel=1e-9)
+        for kind in ("skill", "wql_skill", "gm_skill"):
+            name = f"{kind}_vs_{base}"
+            assert m[f"{name}_ci_low"] <= m[name] + 1e-12 and m[name] <= m[f"{name}_ci_high"] + 1e-12, name
+        assert card.tags[f"verdict_wql_vs_{base}"] in ("better", "worse", "inconclusive")
+    actual_sign = np.sign(per["persistence"]["actual"][:, -1] - per["persistence"]["past"][:, -1])
+    actual_sign = actual_sign[actual_sign != 0]
+    assert m["direction_baseline"] == pytest.approx(max((actual_sign > 0).mean(), (actual_sign < 0).mean()))
+    assert m["test_direction_accuracy_ci_low"] <= m["test_direction_accuracy"] <= m["test_direction_accuracy_ci_high"]
+    assert "test_rank_icir" in m or "test_rank_ic" not in m
+
+
+def test_no_test_origin_forecasts_a_bar_of_validation(scored):
+    """``lookback_window: 20`` on the demo market: test_time_range starts inside validation,
+    so some origins are left out, and none that stays forecasts a validation bar."""
+    config, card, frame = scored
+    val_end = pd.Timestamp(config["val_time_range"][1])
+    from kronos_mlflow.evaluation.origins import forecast_origins
+
+    origins = forecast_origins({**config, "n_eval_windows": 10**6})
+    _, future = origins.times(np.arange(len(origins)))
+    assert (future[:, 0] > np.datetime64(val_end)).all()
+    assert origins.in_validation > 0 and "left out" in card.description
+
+
+def test_fair_crps_is_the_direct_double_sum():
+    rng = np.random.default_rng(3)
+    paths, history, actual = rng.normal(10, 1, (7, 5, 4)), rng.normal(10, 1, (7, 12)), rng.normal(10, 1, (7, 4))
+    got = sc.origin_scores(paths, history, actual)["crps"]
+    for o in range(7):
+        steps = []
+        for h in range(4):
+            x, y, s = paths[o, :, h], actual[o, h], paths.shape[1]
+            spread = sum(abs(x[i] - x[j]) for i in range(s) for j in range(s) if i != j) / (2 * s * (s - 1))
+            steps.append(np.mean(np.abs(x - y)) - spread)
+        assert got[o] == pytest.approx(np.mean(steps) / (history[o].std() + 1e-5), rel=1e-12)
+    one = sc.origin_scores(paths[:, :1], history, actual)["crps"]  # one path: the absolute error
+    assert one == pytest.approx(np.abs(paths[:, 0] - actual).mean(axis=1) / (history.std(axis=1) + 1e-5))
+
+
+def test_a_date_bootstrap_is_wider_than_an_origin_bootstrap_when_a_date_moves_together():
+    """50 dates x 20 symbols; each date's errors share one shock. Resampling origins treats
+    1,000 draws as independent and gives a far narrower interval than resampling dates."""
+    rng = np.random.default_rng(0)
+    dates = np.repeat(np.arange(50), 20)
+    shock = rng.normal(0, 0.5, 50)[dates]
+    model = np.exp(shock + rng.normal(0, 0.05, dates.size))
+    base = np.exp(rng.normal(0, 0.05, dates.size)) * 1.05
+    by_origin, by_date = sc.skill(model, base), sc.skill(model, base, dates)
+    assert by_origin[0] == pytest.approx(by_date[0])
+    width = lambda s: s[2] - s[1]  # noqa: E731
+    assert width(by_date) > 2 * width(by_origin)
+    # every origin its own group: the same interval as the origin bootstrap
+    same = sc.skill(model, base, np.arange(dates.size))
+    assert same[1] == pytest.approx(by_origin[1], rel=1e-9) and same[2] == pytest.approx(by_origin[2], rel=1e-9)
+    low, high = sc.grouped_mean_interval(shock, dates)
+    narrow = sc.grouped_mean_interval(shock)
+    assert (high - low) > 2 * (narrow[1] - narrow[0]) and math.isfinite(low)
+
+
+def test_a_test_range_inside_validation_is_refused_in_one_line_before_any_forecast(scored, capsys):
+    """Every test origin forecasting validation's bars: the check every front door makes before
+    forecasting (``kronos-mlflow evaluate`` and its ``--check``, a predictor run, the pipeline)
+    refuses, naming why."""
+    from kronos_mlflow.errors import UserError
+    from kronos_mlflow.preflight import check_scorecard
+
+    config, _, _ = scored
+    inside = {**config, "val_time_range": [config["val_time_range"][0], config["test_time_range"][1]]}
+    with pytest.raises(UserError, match="inside val_time_range .* which chose the checkpoint"):
+        check_scorecard(inside)
