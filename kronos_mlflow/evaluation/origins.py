@@ -27,6 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..config import time_bounds
+from ..data import QlibDataset
+from ..data.prepare import resolve_qlib_path
 from .windows import evenly_spaced
 
 CLOSE = 3  # the close column of the six features
@@ -43,9 +46,6 @@ SPLITS = ("test", "val")
 def calendar_of_range(config: Mapping[str, Any], split: str = "test") -> np.ndarray:
     """The provider's calendar bars inside the split's time range (``test_time_range`` or
     ``val_time_range``; ``datetime64[s]``, ascending)."""
-    from ..config import time_bounds
-    from ..data.prepare import resolve_qlib_path
-
     path = resolve_qlib_path(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
     lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     calendar = np.array(lines, dtype="datetime64[s]")
@@ -147,8 +147,6 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
     only origins whose forecast bars all lie after ``train_time_range``, since the validation
     range overlaps training to give its first windows a lookback, and at most
     ``n_val_skill_windows`` of them), prepared on first use."""
-    from ..data import QlibDataset
-
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     lookback, horizon, stride = int(config["lookback_window"]), int(config["predict_window"]), eval_stride(config)
@@ -159,8 +157,6 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
     calendar = calendar_of_range(config, split)
     after = None
     if split == "val":
-        from ..config import time_bounds
-
         after = time_bounds(*config["train_time_range"])[1]
     rows, series, positions = [], [], []
     for j in range(len(ds.symbols)):

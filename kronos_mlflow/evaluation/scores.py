@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from .verdict import BOOTSTRAP_SEED, paired_bootstrap
+
 NORM_EPS = 1e-5
 MIN_SYMBOLS = 5
 
@@ -92,8 +94,6 @@ def skill(model_mase, base_mase) -> tuple[float, float, float]:
     """``1 - mean(model) / mean(base)`` and its 95% paired-bootstrap interval over the origins
     both score (the verdict's bootstrap: :func:`~kronos_mlflow.evaluation.verdict.paired_bootstrap`,
     whose change is ``ratio - 1``)."""
-    from .verdict import paired_bootstrap
-
     m, b = np.asarray(model_mase, dtype=np.float64), np.asarray(base_mase, dtype=np.float64)
     both = np.isfinite(m) & np.isfinite(b)
     if not both.any():
@@ -105,8 +105,6 @@ def skill(model_mase, base_mase) -> tuple[float, float, float]:
 def mean_interval(values, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
     """The 95% percentile bootstrap interval of the mean of ``values`` (the verdict's seed),
     e.g. of the per-date IC; NaNs with fewer than two values."""
-    from .verdict import BOOTSTRAP_SEED
-
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if v.size < 2:
