@@ -26,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        from .secrets import is_secret_name, redact
+        from .secrets import is_secret_name, redact  # lazy: ~40 ms on --help (only bad flags need it)
 
         text = " ".join(message.split())
         if text.startswith("unrecognized arguments:"):
@@ -71,7 +71,7 @@ def shorten_quoted(text: str) -> str:
     """The value quoted in one of argparse's own messages, cut to a readable length."""
     import re
 
-    from .validate import shown
+    from .validate import shown  # lazy: ~8 ms on --help (only bad flags need it)
 
     for pattern in _ARGPARSE_ECHOES:
         match = re.match(pattern, text)
@@ -82,7 +82,7 @@ def shorten_quoted(text: str) -> str:
 
 def unexpected_arguments_message(text: str) -> str:
     """``unrecognized arguments: a b c`` (values without a flag) -> one short line."""
-    from .validate import shown
+    from .validate import shown  # lazy: ~8 ms on --help (only bad flags need it)
 
     tokens = text[len("unrecognized arguments:"):].split()
     if not tokens:
@@ -106,6 +106,6 @@ def unknown_flag_message(parser: argparse.ArgumentParser, text: str) -> str | No
     if close and close[0].replace("_", "-") in known:  # the dashed spelling, as --help lists it
         close = [close[0].replace("_", "-")]
     hint = f" (did you mean {close[0]}?)" if close else " (see --help for the flags)"
-    from .validate import shown
+    from .validate import shown  # lazy: ~8 ms on --help (only bad flags need it)
 
     return f"unknown flag {shown(flag)}{hint}; flags are never abbreviated"

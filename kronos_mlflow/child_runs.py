@@ -66,7 +66,7 @@ def experiment_id_of(client, experiment_name: str | None) -> str:
 def log_param_once(client, run_id: str, key: str, value: Any) -> None:
     """Params cannot change: one already there (``mlflow run`` logs its -P values, spelled its
     own way) stays; a different value goes to a tag of the same name instead."""
-    from .tracking.protocol import same_param
+    from .tracking.protocol import same_param  # lazy: numpy, urllib/http
 
     existing = client.get_run(run_id).data.params.get(key)
     if existing is None:

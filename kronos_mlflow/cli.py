@@ -22,8 +22,9 @@ import sys
 from collections.abc import Sequence
 
 from .argparsing import OneLineParser
+from .console import install_warning_format
 from .errors import EXIT_USAGE, UserError
-from .stopping import TrainingStopped, exit_code
+from .stopping import TrainingStopped, exit_code, stop_reason
 
 #: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
 NO_SETTINGS = {"import-csv", "compare"}
@@ -67,8 +68,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .console import install_warning_format
-
     install_warning_format()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -76,11 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
-    from .tracking.project_run import record_failure
+    from .tracking.project_run import record_failure  # lazy: tracking package, http/urllib/ssl: ~60 ms on --help
 
     try:
         if args.command not in NO_SETTINGS:
-            from .settings import check_environment
+            from .settings import check_environment  # lazy: ~10 ms on --help
 
             check_environment()
         return int(args._run(args) or 0)
@@ -90,8 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         record_failure(line)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
-        from .stopping import stop_reason
-
         print(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}", file=sys.stderr)
         return exit_code(exc.signum)
     except KeyboardInterrupt:

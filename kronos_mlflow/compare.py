@@ -47,9 +47,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UserError
+from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1,
+                   VAL_METRIC, VERDICT_TAG)
+from .secrets import redact_uri
 from .tracking.server import resolve_tracking_uri
-from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL,
-                   USAGE_S1, VAL_METRIC, VERDICT_TAG)
 
 # mlflow is imported inside the functions: `kronos-mlflow compare --help` and bad flags answer at once.
 
@@ -96,8 +97,6 @@ def run(args: argparse.Namespace) -> int:
     rows, experiment_ids, skipped = collect(client, experiment=args.experiment, parent=args.parent, top=args.top)
     url = compare_url(uri, [r.run_id for r in rows], experiment_ids=_unique(r.experiment_id for r in rows))
     if args.json:
-        from .secrets import redact_uri
-
         json.dump({"tracking_uri": redact_uri(uri), "experiment_ids": experiment_ids,
                    "runs": [r.as_json() for r in rows], "compare_url": url if rows else None},
                   sys.stdout, indent=2, default=str)
@@ -127,8 +126,6 @@ def _is_http(uri: str) -> bool:
 
 
 def _shown_uri(uri: str) -> str:
-    from .secrets import redact_uri
-
     return redact_uri(uri)
 
 
@@ -387,7 +384,7 @@ def _usage(used: int | None, bits: int | None) -> str:
 
 def _change(row: RunRow) -> str:
     """``-2.9% [-3.4%, -2.5%]``: the test loss change and its 95% interval."""
-    from .evaluation.verdict import percent
+    from .evaluation.verdict import percent  # lazy: numpy
 
     if row.test_loss_change is None:
         return "-"

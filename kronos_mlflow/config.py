@@ -27,9 +27,9 @@ from typing import Any
 from . import validate as checks
 from .errors import ConfigError
 from .keys import MLPROJECT_PARAMS
-from .yamlfile import read_mapping
-from .model.spec import BASE_CONFIG, MAX_PARAMETERS, count_parameters
+from .model.spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
 from .validate import SEED_MAX
+from .yamlfile import read_mapping
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
 # (ints accept integral floats such as "1e5"; floats accept ints).
@@ -462,8 +462,6 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
     models = stage_keys(out).models
     fresh = {model for model, keys in models.items() if not any(str(out[key]).strip() for key in keys)}
     if "predictor" in fresh:
-        from .model.spec import PREDICTOR_CONFIGS, count_predictor_parameters
-
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
                                                                              "s1_bits", "s2_bits")}}
         n = count_predictor_parameters(sizes)

@@ -25,15 +25,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from .config import run_params
+from .console import Console
 from .errors import UserError
-from .evaluation.sources import MODEL_ACCEPTED, resolve_model
+from .evaluation.forecast_run import ZEROSHOT_TAG, pair
+from .evaluation.sources import MODEL_ACCEPTED, resolve_model, resolve_tokenizer
+from .flags import add_config_arguments, config_from_args
+from .ownership import Claim, evidence, write_owner
+from .preflight import DataView, check_context, check_scorecard, check_tracking
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .flags import add_config_arguments
-
     parser.add_argument("--model", metavar="URI", required=True, help=f"the forecaster to score: {MODEL_ACCEPTED}")
     parser.add_argument("--zeroshot-tokenizer", "--zeroshot_tokenizer", dest="zeroshot_tokenizer", metavar="URI",
                         default="", help="the zero-shot pair's tokenizer (a checkpoint directory or hub id)")
@@ -51,8 +55,6 @@ def _run_record(run_id: str) -> tuple[dict, str]:
     if not run_id:
         return {}, ""
     from mlflow import MlflowClient
-
-    from .ownership import evidence
 
     client = MlflowClient()
     run = client.get_run(run_id)
@@ -73,8 +75,7 @@ def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
 
 
 def _predictor(tokenizer, spec: str, config, device, what: str):
-    from .model import Kronos
-    from .evaluation.forecast_run import pair
+    from .model import Kronos  # lazy: torch
 
     try:
         if not Path(spec).is_dir():
@@ -85,13 +86,8 @@ def _predictor(tokenizer, spec: str, config, device, what: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .console import Console
-    from .distributed import resolve_device
-    from .flags import config_from_args
-    from .preflight import check_context, check_tracking
-    from .evaluation.forecast_run import ZEROSHOT_TAG
-    from .evaluation.scorecard import score_forecasters
-    from .evaluation.sources import resolve_tokenizer
+    from .distributed import resolve_device  # lazy: torch, numpy
+    from .evaluation.scorecard import score_forecasters  # lazy: torch, mlflow, pandas
 
     config = config_from_args(args)
     device = resolve_device(config["device"])
@@ -128,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
 def check_origins(config) -> int:
     """The test origins the scorecard will score (none: one line), and the backtest's range, read
     without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
-    from .preflight import DataView, check_scorecard
-
     with DataView(quiet_splits=("train", "val", "test")) as data:  # the scorecard reads the test split only
         return check_scorecard(data.config(config))
 
@@ -142,10 +136,8 @@ def _log(args, config, card, console) -> str:
     claimed as this project's (:mod:`kronos_mlflow.ownership`), with a run directory of its own,
     ``{save_path}/evaluations/<run id>/`` (``owner.json`` and the ``evaluation/`` files), which
     is what lets a pipeline reuse it."""
-    from .config import run_params
-    from .ownership import Claim, write_owner
-    from .tracking.mlflow import MLflowLogger
-    from .evaluation.scorecard import record
+    from .tracking.mlflow import MLflowLogger  # lazy: numpy, urllib/http
+    from .evaluation.scorecard import record  # lazy: torch, mlflow, pandas
 
     logger = MLflowLogger(config["experiment_name"] or None,
                           run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}",

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .errors import short_reason
+
 
 def fsync_file(path: str | os.PathLike) -> None:
     """Flush a written file's data to disk."""
@@ -57,8 +59,6 @@ def read_json(path: Path, *, what: str, max_bytes: int, advice: str, error: type
     """The JSON value in ``path``; every way the file can be wrong (unreadable, too large, not
     UTF-8, not JSON, nested too deeply) raises ``error`` with one line naming ``what`` and the
     path, ending in ``advice``. A missing file raises FileNotFoundError (callers word that case)."""
-    from .errors import short_reason
-
     label = f"{what} '{path}'"
     try:
         size = path.stat().st_size

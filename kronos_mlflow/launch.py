@@ -22,6 +22,12 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import validate
+from .argparsing import OneLineParser
+from .errors import UserError
+from .tracking.project_run import record_failure
+from .train import MAX_RESTARTS, add_arguments
+
 TRAIN_MODULE = "kronos_mlflow.train"
 TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
 QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
@@ -35,9 +41,6 @@ def check_train_flags(argv: Sequence[str]) -> None:
     module = next((m for m in TRAIN_MODULES if m in argv), None)
     if module is None:
         return
-    from .argparsing import OneLineParser
-    from .train import add_arguments
-    from .tracking.project_run import record_failure
 
     parser = OneLineParser(prog=f"python -m {module}")
     parser.on_error = record_failure
@@ -60,12 +63,6 @@ def _launcher_value(argv: Sequence[str], *names: str) -> str | None:
 def check_launcher_flags(argv: Sequence[str]) -> None:
     """torchrun's own numbers, checked as the training checks its flags (one line, exit 2,
     recorded on the ``mlflow run`` run) instead of torchrun's usage text."""
-    from . import validate
-    from .argparsing import OneLineParser
-    from .errors import UserError
-    from .tracking.project_run import record_failure
-    from .train import MAX_RESTARTS
-
     parser = OneLineParser(prog="python -m kronos_mlflow.launch")
     parser.on_error = record_failure
     restarts = _launcher_value(argv, "--max-restarts", "--max_restarts")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config import stage_keys
 from .digest import config_digest
 
 
@@ -47,8 +48,6 @@ class RunLayout:
     def folder(config: Mapping[str, Any]) -> Path:
         """``{save_path}/{tokenizer_save_folder_name}`` (a predictor run:
         ``predictor_save_folder_name``): every run of this name, one directory each."""
-        from .config import stage_keys
-
         return Path(os.path.expanduser(str(config["save_path"]))) / str(config[stage_keys(config).save_folder])
 
     @property

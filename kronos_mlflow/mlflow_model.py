@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UserError
 from .features import FEATURES, normalize_windows
 
 MODEL_NAME = "best_model"
@@ -85,8 +86,6 @@ def bad_input_as_invalid_parameter() -> Iterator[None]:
     """A ``ValueError`` (or the project's ``TypeError`` of a bad argument) raised inside becomes
     MLflow's ``INVALID_PARAMETER_VALUE`` with the same one-line message: a 400 when served, one
     short line (never the whole array)."""
-    from .errors import UserError
-
     try:
         yield
     except (ValueError, UserError) as exc:
@@ -103,7 +102,7 @@ try:  # the class needs mlflow; the helpers above do not
         """Loads the checkpoint directory from the model's artifacts; see the module doc."""
 
         def load_context(self, context):
-            from .model import KronosTokenizer  # torch: loaded with the model, not on import
+            from .model import KronosTokenizer  # lazy: torch, loaded with the model, not on import
 
             model_config = dict(getattr(context, "model_config", None) or {})
             self.lookback = int(model_config.get("lookback_window", 90))
@@ -146,7 +145,7 @@ def checkpoint_dir(model_uri: str, tracking_uri: str | None = None) -> Iterator[
 
 def load_tokenizer(model_uri: str, map_location: str = "cpu", tracking_uri: str | None = None):
     """The ``KronosTokenizer`` of a logged model, loaded into memory (no files left behind)."""
-    from .model import KronosTokenizer
+    from .model import KronosTokenizer  # lazy: torch
 
     with checkpoint_dir(model_uri, tracking_uri) as path:
         return KronosTokenizer.from_pretrained(path, map_location=map_location)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .fsutil import read_json, write_atomic
 
 #: The run's tag: ``sha256:<hex>`` of the token its files hold.
 TAG = "kronos.owner"
@@ -85,8 +86,6 @@ def owner_path(directory: str | os.PathLike) -> Path:
 
 def read_owner(directory: str | os.PathLike) -> Owner | None:
     """The directory's ``owner.json``, or None when it has none; a damaged one is one line."""
-    from .fsutil import read_json
-
     path = owner_path(directory)
     advice = "delete it to let this directory's next run claim it"
     try:
@@ -104,8 +103,6 @@ def read_owner(directory: str | os.PathLike) -> Owner | None:
 
 def write_owner(directory: str | os.PathLike, token: str, run_id: str | None, experiment_id: str | None) -> Path:
     """Write ``owner.json`` atomically (the directory is created when missing)."""
-    from .fsutil import write_atomic
-
     path = owner_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"format": FORMAT, "version": VERSION, "token": token, "run_id": run_id, "experiment_id": experiment_id}

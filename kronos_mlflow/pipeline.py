@@ -34,7 +34,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import validate as checks
+from .child_runs import as_flags, child_env, create_child, experiment_id_of, log_param_once, train_command
+from .config import EVALUATION_KEYS, load_config
+from .digest import config_digest, digest_config
 from .errors import UserError
+from .keys import VERDICT_TAG
+from .ownership import evidence
+from .pipeline_champions import move_champions
+from .preflight import DataView, check_context, check_scorecard, check_start, check_tracking, check_training
+from .reuse import continue_problem, reuse_problem
+from .runlock import hold
+from .stages import get, names
+from .sweep.champion import PROMOTE
+from .train import check_resume
 
 STEPS = ("tokenizer", "predictor", "evaluation")
 TAG_STEP = "pipeline.step"
@@ -59,8 +72,6 @@ SWITCH = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .sweep.champion import PROMOTE
-
     parser.add_argument("--config", dest="config_file", default="", metavar="FILE.yaml",
                         help="YAML config for every step")
     for name, (help_text, _) in FLAGS.items():
@@ -99,16 +110,11 @@ def _overrides(args, step: str) -> dict[str, str]:
 
 
 def _load(args, overrides: Mapping[str, Any]) -> dict:
-    from .config import load_config
-
     return load_config(dict(overrides), path=args.config_file or None)
 
 
 def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
     """The evaluation step's config digest: the model, the data and windows, the scorecard's keys."""
-    from .config import EVALUATION_KEYS
-    from .digest import digest_config
-
     body = {"model": model, "config": digest_config(config), "scorecard": {k: config[k] for k in EVALUATION_KEYS}}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -117,8 +123,6 @@ def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
 def check(args) -> None:
     """Every value, and everything a step would refuse at its start or its end, before any run
     is made (:func:`check_steps`): one UserError naming the bad value and the step."""
-    from . import validate as checks
-
     text = str(args.force).strip().lower()
     if text not in SWITCH:
         raise UserError(f"argument --force: '{checks.shown(args.force)}' is not a switch; expected true or false")
@@ -129,7 +133,6 @@ def check(args) -> None:
     for step in STEPS:
         with _step_named(step):  # the predictor's `epochs` is --predictor-epochs: say which step
             configs[step] = _load(args, check_overrides(args, step))
-    from .preflight import check_tracking
 
     check_tracking(configs["tokenizer"])  # the parent's experiment (experiment_name, MLFLOW_EXPERIMENT_NAME)
     check_steps(args, configs)  # the last check: its data cache is written once every check passed
@@ -145,7 +148,6 @@ def check_overrides(args, step: str) -> dict[str, Any]:
     checks pass it in: :func:`check_steps`)."""
     if step == "evaluation":
         return _overrides(args, step)
-    from .stages import get
 
     extra = get(step).handed_over(HANDED_OVER)  # what the step before hands it ({} for the first)
     return {**_overrides(args, step), "stage": step, "nproc_per_node": args.nproc_per_node, **extra}
@@ -169,10 +171,6 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
     ``--force``; the predictor's run folder is named after the tokenizer step's run, which does
     not exist yet), and the evaluation's test origins and backtest range
     (:mod:`kronos_mlflow.preflight`)."""
-    from .preflight import DataView, check_context, check_scorecard, check_start, check_training
-    from .stages import get, names
-    from .train import check_resume
-
     world = args.nproc_per_node
     with DataView() as data:
         handed = None  # what the step before starts from and hands over: its bits stay
@@ -190,9 +188,7 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
 
 
 def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
-    from .child_runs import as_flags, train_command
-    from .data import data_digest
-    from .digest import config_digest
+    from .data import data_digest  # lazy: numpy
 
     overrides = {**_overrides(args, name), "stage": name, **extra}
     config = _load(args, overrides)
@@ -205,8 +201,7 @@ def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
 
 
 def evaluation_step(args, model: str) -> Step:
-    from .child_runs import as_flags
-    from .data import data_digest
+    from .data import data_digest  # lazy: numpy
 
     overrides = _overrides(args, "evaluation")
     config = _load(args, overrides)
@@ -220,8 +215,6 @@ def claim_step(step: Step):
     ``{save_path}/.claims/``, held while this process runs the step. A second pipeline of the
     same config waits for it, saying so in one line."""
     from pathlib import Path
-
-    from .runlock import hold
 
     folder = Path(os.path.expanduser(str(step.config["save_path"]))) / ".claims"
     return hold(folder / f"{step.name}-{step.digest[:16]}.lock", f"pipeline step {step.name}", wait=True,
@@ -252,8 +245,6 @@ class Pipeline:
         reused (:func:`kronos_mlflow.reuse.reuse_problem`: made by this project, its model or
         scorecard there and loadable), or None. A run that matches by its tags alone is named,
         with why it is not reused, in one line."""
-        from .reuse import reuse_problem
-
         runs = self._search(f"tags.config_digest = '{step.digest}' and tags.data_digest = '{step.data_digest}' "
                             "and attributes.status = 'FINISHED'")
         return self._first_with_evidence(step, runs, lambda run: reuse_problem(self.client, run, step.name), "reused")
@@ -262,8 +253,6 @@ class Pipeline:
         """The newest run of this step and config that did not finish (stopped, failed) and whose
         run directory holds its own training state (:func:`kronos_mlflow.reuse.continue_problem`),
         or None."""
-        from .reuse import continue_problem
-
         runs = self._search(f"tags.config_digest = '{step.digest}' and tags.`{TAG_STEP}` = '{step.name}'")
         runs = [r for r in runs if r.info.status != "FINISHED"]
         return self._first_with_evidence(
@@ -287,8 +276,7 @@ class Pipeline:
             return self._run_step(step)
 
     def _run_step(self, step: Step) -> str:
-        from .child_runs import child_env, create_child
-        from .tracking.project_run import end_failed
+        from .tracking.project_run import end_failed  # lazy: numpy, urllib/http
 
         self.configs[step.name] = step.config
         match = None if self.args.force else self.finished_match(step)
@@ -325,8 +313,6 @@ class Pipeline:
         """``(run id, run)`` of the step: training that resumed a stopped run of the same config
         made outside the pipeline continued in that run (tag ``kronos.continued_in_run``), which
         becomes the step's; the child made for the launch holds only its parameters and ends."""
-        from .ownership import evidence
-
         run = self.client.get_run(run_id)
         moved = run.data.tags.get("kronos.continued_in_run")
         if not moved or moved == run_id:
@@ -343,7 +329,7 @@ class Pipeline:
             if returncode == 0:
                 self.client.set_terminated(run_id, "FINISHED")
             else:
-                from .tracking.project_run import end_failed
+                from .tracking.project_run import end_failed  # lazy: numpy, urllib/http
 
                 end_failed(self.client, run_id, f"the training it launched continued in run {moved}, whose process "
                            f"exited with code {returncode}")
@@ -359,8 +345,6 @@ class Pipeline:
 
     def summarize(self) -> None:
         """The verdicts and the scorecard's skills on the parent run."""
-        from .keys import VERDICT_TAG
-
         tokenizer = self.client.get_run(self.runs["tokenizer"])
         predictor = self.client.get_run(self.runs["predictor"])
         evaluation = self.client.get_run(self.runs["evaluation"])
@@ -382,10 +366,7 @@ def run(args: argparse.Namespace) -> int:
     import mlflow
     from mlflow import MlflowClient
 
-    from .child_runs import experiment_id_of, log_param_once
-    from .stages import get
-    from .stages import names as stage_names
-    from .tracking.project_run import end_run
+    from .tracking.project_run import end_run  # lazy: numpy, urllib/http
     from .tracking.server import ensure_sqlite_store
 
     check(args)
@@ -404,14 +385,12 @@ def run(args: argparse.Namespace) -> int:
     pipeline, status, reason = Pipeline(args, client, experiment_id, parent_id), "FAILED", None
     try:
         model = None  # each training step hands its logged model to the next
-        for step in stage_names():
+        for step in names():
             run_id = pipeline.run_step(training_step(args, step, get(step).handed_over(model) if model else {}))
             model = f"runs:/{run_id}/best_model"
         pipeline.run_step(evaluation_step(args, model))
         pipeline.summarize()
         if args.registered_model_name:
-            from .pipeline_champions import move_champions
-
             move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
         status = "FINISHED"
     except KeyboardInterrupt:  # Ctrl-C reaches the step's process too: it ends KILLED and continues next time

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .stages import get, names
+from .sweep.champion import promotion, register_as_champion
 
 
 def move_champions(client, parent_id: str, runs: Mapping[str, str], configs: Mapping[str, Mapping], args) -> dict[str, str]:
     """Register and promote each stage's model; returns step -> what happened (tagged on the parent)."""
-    from .sweep.champion import promotion, register_as_champion
-
     done = {}
     for step in names():  # each stage's rule: its name suffix, the verdict that must be better
         spec = get(step)

@@ -146,7 +146,7 @@ def plot_reconstruction(raw: np.ndarray, x_norm: np.ndarray, z_pre: np.ndarray, 
 def plot_token_usage(s1_ids: np.ndarray, s1_counts: np.ndarray, full_ids: np.ndarray, full_counts: np.ndarray,
                      s1_bits: int, s2_bits: int, out_path: str, title: str = "") -> str:
     """Token usage on validation: counts per s1 code, and rank-frequency of s1 and full codes."""
-    from .quality import perplexity
+    from .quality import perplexity  # lazy: torch
 
     s1_counts = np.asarray(s1_counts, dtype=np.int64)
     full_counts = np.asarray(full_counts, dtype=np.int64)
@@ -252,7 +252,7 @@ def log_validation_plots(logger, config: Mapping[str, Any], save_dir: str, val_d
     warning and an empty list returned; the run goes on.
     """
     try:
-        from .model import KronosTokenizer
+        from .model import KronosTokenizer  # lazy: torch
 
         best_dir = RunLayout(Path(save_dir)).best_model
         if not os.path.isdir(best_dir):

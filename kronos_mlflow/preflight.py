@@ -31,14 +31,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, UserError
+from .config import check_paths
+from .errors import ConfigError, DataError, UserError
+from .evaluation.backtest import check_signal_days
+from .stages import spec_of
+from .validate import sqlite_path
 
 
 def forecasts(config: Mapping[str, Any]) -> bool:
     """Whether a training run with ``config`` forecasts: a predictor run (its logged forecaster,
     its scorecard) or a run on ``objective: val_skill`` (every epoch)."""
-    from .stages import spec_of
-
     return spec_of(config).forecasts(config)
 
 
@@ -76,10 +78,9 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
     """What a run refuses before it reads any data, the same on every rank: output paths,
     device and process count, speed settings, Comet's key, the forecast window of a run that
     forecasts against ``max_context``."""
-    from . import perf
-    from .config import check_paths
-    from .distributed import resolve_device
-    from .tracking.comet import check_comet
+    from . import perf  # lazy: torch
+    from .distributed import resolve_device  # lazy: torch, numpy
+    from .tracking.comet import check_comet  # lazy: numpy, urllib/http
 
     check_paths(config)
     world = int(world_size or config["nproc_per_node"])
@@ -118,7 +119,7 @@ class DataView:
         """``config`` with a ``dataset_path`` that holds its prepared splits: its own when the
         cache is complete there, else a scratch folder's, prepared now (a refusal of the data
         is the one ``kronos-mlflow prepare`` gives)."""
-        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits, provide_qlib_data
+        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits, provide_qlib_data  # lazy: numpy
 
         provide_qlib_data(config)  # the front door's data: an empty qlib_data_path's demo market, made once
         final = cache_dir_for(config)
@@ -144,7 +145,7 @@ class DataView:
         written it: a complete cache published at once, never over a complete one), and say the
         data's warnings (bars dropped, an empty validation split), bar the empty splits of
         ``quiet_splits`` (an empty test split is the verdict's or the scorecard's to say)."""
-        from .data import provider as pv
+        from .data import provider as pv  # lazy: numpy
         from .data.prepare import MANIFEST
 
         for w in self._warnings:
@@ -164,8 +165,6 @@ class DataView:
             try:
                 pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
             except OSError as exc:
-                from .errors import DataError
-
                 raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
                                 "choose a writable dataset_path") from None
 
@@ -185,8 +184,6 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     the forecast window against ``max_context``, the data (one optimizer step per rank, the
     validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
     Returns the model the run starts from when it loaded one (else None)."""
-    from .stages import spec_of
-
     spec = spec_of(config)
     if spec.forecasts(config):
         check_context(config)
@@ -197,7 +194,7 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
         spec.check_objective(config, model if model is not None else spec.build_model(config))
     ready = data.config(config)
     if config["objective"] == "val_skill":
-        from .evaluation.val_skill import val_origins
+        from .evaluation.val_skill import val_origins  # lazy: torch, mlflow, pandas
 
         val_origins(ready)  # some validation origin forecasts bars after training
     if spec.scores_at_end(config):
@@ -211,8 +208,7 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
     prepared: a :meth:`DataView.config`); none is a refusal when ``required`` (an evaluation
     with nothing to score). With origins, the backtest the scorecard runs has a day with a
     signal in its range. Reads the data, writes nothing."""
-    from .evaluation.backtest import check_signal_days
-    from .evaluation.origins import forecast_origins, no_origins_reason
+    from .evaluation.origins import forecast_origins, no_origins_reason  # lazy: torch, pandas, numpy
 
     origins = forecast_origins(config)
     if not len(origins):
@@ -229,9 +225,8 @@ def check_tracking(config: Mapping[str, Any]) -> None:
     experiment not deleted: :func:`~kronos_mlflow.tracking.mlflow.check_run_target`)."""
     import mlflow
 
-    from .tracking.mlflow import check_run_target
+    from .tracking.mlflow import check_run_target  # lazy: numpy, urllib/http
     from .tracking.server import check_tracking_server, sqlite_store_ready
-    from .validate import sqlite_path
 
     check_tracking_server(create=False)
     db = sqlite_path(str(mlflow.get_tracking_uri()))
@@ -242,7 +237,7 @@ def check_tracking(config: Mapping[str, Any]) -> None:
 def check_windows(config: Mapping[str, Any], world_size: int) -> None:
     """Each rank gets at least one optimizer step per epoch (as :func:`kronos_mlflow.trainer.fit`
     requires), from the prepared splits' manifest."""
-    from .data import prepare_splits
+    from .data import prepare_splits  # lazy: numpy
     from .data.prepare import read_manifest
 
     windows = int(read_manifest(prepare_splits(config, progress=False))["splits"]["train"]["windows"])

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from .distributed import all_gather_varlen, all_reduce_sum_, dist_sum, unwrap
 from .features import FEATURES
 from .keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, PERPLEXITY_S1, RECON_PRE, USAGE_FULL, USAGE_S1
 
@@ -171,8 +172,6 @@ class CodeHistogram:
 
     def all_reduce(self) -> None:
         """Sum the counts over every rank (a no-op in one process). Every rank must call it."""
-        from .distributed import all_gather_varlen, all_reduce_sum_
-
         self._flush()
         if self.dense:
             all_reduce_sum_(self._hist)
@@ -234,8 +233,6 @@ class ValidationStats:
     @classmethod
     def for_model(cls, model, device: torch.device | str | None = None, **kwargs) -> ValidationStats:
         """Stats sized for a ``KronosTokenizer`` (or a DDP wrapper of one)."""
-        from .distributed import unwrap
-
         raw = unwrap(model)
         return cls(raw.s1_bits, raw.s2_bits, n_features=raw.d_in, device=device, **kwargs)
 
@@ -248,8 +245,6 @@ class ValidationStats:
 
     def all_reduce(self) -> None:
         """Sum everything over ranks; every rank calls it once, after its validation pass."""
-        from .distributed import dist_sum
-
         if self._reduced:
             raise RuntimeError("ValidationStats.all_reduce was already called")
         self._reduced = True

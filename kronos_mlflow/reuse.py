@@ -22,6 +22,7 @@ import warnings
 
 from .errors import UserError
 from .ownership import evidence, owned_state
+from .stages import get
 
 #: The artifact an evaluation run's scorecard is read from.
 SCORECARD_ARTIFACT = "evaluation/scorecard.json"
@@ -30,8 +31,6 @@ SCORECARD_ARTIFACT = "evaluation/scorecard.json"
 def model_problem(uri: str, stage: str, tracking_uri: str | None = None) -> str | None:
     """Why the model at ``uri`` (``runs:/<id>/best_model`` in ``tracking_uri``'s store) cannot be
     what the next step loads, as the stage ``stage`` logs it (its spec says what must load)."""
-    from .stages import get
-
     return get(stage).model_problem(uri, tracking_uri)
 
 
@@ -65,7 +64,7 @@ def continue_problem(client, run, config, world_size: int) -> str | None:
     """Why the stopped run ``run`` cannot be continued from its run directory's training state:
     that state must be the run's own (it names the run and holds its token) and one the step's
     ``config`` resumes (the same config, epochs left)."""
-    from .checkpoint import find_resumable
+    from .checkpoint import find_resumable  # lazy: torch, safetensors, numpy
 
     if run.info.status == "FINISHED":
         return "it is FINISHED"

@@ -58,7 +58,7 @@ def git_commit(path: str | os.PathLike | None = None, timeout: float = 5.0) -> s
 
 
 def parameter_count(model: Any) -> int:
-    from .distributed import unwrap
+    from .distributed import unwrap  # lazy: torch, numpy
 
     raw = unwrap(model)
     return int(sum(p.numel() for p in raw.parameters()))
@@ -66,7 +66,7 @@ def parameter_count(model: Any) -> int:
 
 def run_tags(config: Mapping[str, Any], model: Any = None) -> dict[str, str]:
     """The tags above for ``config`` and (optionally) the built ``model``."""
-    from .distributed import unwrap
+    from .distributed import unwrap  # lazy: torch, numpy
 
     tags = {"instrument": str(config["instrument"])}
     if model is not None:

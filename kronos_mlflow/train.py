@@ -39,10 +39,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import config as cfg
+from . import config as cfg, stopping, validate
+from .argparsing import OneLineParser
+from .console import Console, install_warning_format
+from .digest import config_digest
 from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
+from .layout import RunLayout
+from .ownership import STATE_ADVICE, Claim, OwnershipError, check_claimable, check_writable, read_owner, token_of
+from .preflight import DataView, check_start, check_training
+from .runlock import WRITER_LOCK, Busy, hold, holder
+from .secrets import redact_uri
+from .settings import check_environment
 from .stages import spec_of
+from .stopping import TrainingStopped
+from .sweep.trial import EXIT_PRUNED, TrialReporter
+from .tags import run_tags
 
 # torch, the data and the trackers load inside main(): `--help` and `--check` of bad flags stay fast.
 
@@ -62,8 +74,6 @@ class DirectoryWriter:
         self.layout, self.lock = layout, None
 
     def claim(self) -> None:
-        from .runlock import WRITER_LOCK, hold
-
         self.lock = hold(self.layout.root / WRITER_LOCK, f"run directory {self.layout.root}",
                          advice="wait for it to end (the same command then resumes it, or starts a new run once it "
                                 "finished), or use another save_path")
@@ -83,7 +93,7 @@ def open_run(config: Mapping[str, Any], layout, info):
     """``(writer, resume_state, tracking)``: rank 0 claims the run directory (:class:`DirectoryWriter`)
     and finds its training state, every rank gets that answer (or the same refusal), then the
     run's tracking starts (:func:`start_tracking`). A refusal leaves nothing of the claim behind."""
-    from .checkpoint import find_resumable_everywhere
+    from .checkpoint import find_resumable_everywhere  # lazy: torch, safetensors, numpy
 
     writer = DirectoryWriter(layout)  # rank 0: the one process that writes this run directory
     try:
@@ -104,8 +114,7 @@ def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: M
     a resumed state's run only when that run carries the state's token, is in this command's
     experiment and is not FINISHED; else a new run (or the one ``MLFLOW_RUN_ID`` hands over, when
     no other training owns it), claimed with a token that ``owner.json`` and every state keep."""
-    from .ownership import Claim, token_of
-    from .tracking import build_tracking
+    from .tracking import build_tracking  # lazy: numpy, urllib/http
 
     saved = (resume_state or {}).get("run_ids") or {}
     if rank != 0:
@@ -113,8 +122,6 @@ def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: M
     elif resume_state is not None:
         named_by = f"the training state in {resume_state['directory']}"
         if not saved.get("mlflow_run_id"):
-            from .ownership import STATE_ADVICE, OwnershipError
-
             raise OwnershipError(f"{named_by} names no MLflow run, so no run wrote it; nothing was written: "
                                  f"{STATE_ADVICE}")
         claim = Claim(token=token_of(saved), named_by=named_by, directory=layout.root)
@@ -135,17 +142,15 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     Such callers pass their ``rank`` in, so it decides here, once, who prints and writes files
     (see :func:`kronos_mlflow.trainer.fit`).
     """
-    from .console import Console
-    from .data import provide_qlib_data
-    from .evaluation.val_skill import epoch_hooks
-    from .layout import RunLayout
-    from .tracking.protocol import NullLogger
+    from .data import provide_qlib_data  # lazy: numpy
+    from .evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
+    from .tracking.protocol import NullLogger  # lazy: numpy, urllib/http
     from .trainer import RunFiles, fit
 
     import torch
     import torch.distributed as dist
 
-    from .distributed import DistInfo
+    from .distributed import DistInfo  # lazy: torch, numpy
 
     main = rank == 0
     provide_qlib_data(config)  # the front door: the demo market made here (once, safe on every rank), not in the loop
@@ -167,8 +172,6 @@ MAX_RESTARTS = 1000  # torchrun restarts of a failed worker group (MLproject's m
 
 def check_start_everywhere(config: Mapping[str, Any]) -> None:
     """:func:`~kronos_mlflow.preflight.check_start` on each rank; its refusal is the same on all of them."""
-    from .preflight import check_start
-
     try:
         check_start(config)
     except UserError as exc:
@@ -180,7 +183,7 @@ def prepare_data(config: Mapping[str, Any]) -> None:
     run's verdict says so, in one line, at the end."""
     import warnings
 
-    from .data import prepare_splits
+    from .data import prepare_splits  # lazy: numpy
     from .data.prepare import DataWarning
 
     with warnings.catch_warnings():
@@ -191,7 +194,7 @@ def prepare_data(config: Mapping[str, Any]) -> None:
 def prepare_everywhere(config: Mapping[str, Any], layout, info) -> None:
     """Rank 0 prepares the data splits once (and makes the run's checkpoint folder); the other
     ranks wait, then read the cache, or raise rank 0's refusal, which only rank 0 prints."""
-    from .distributed import barrier, broadcast_object
+    from .distributed import barrier, broadcast_object  # lazy: torch, numpy
 
     answer, refusal = ("ok", None), None
     if info.is_main:
@@ -213,9 +216,7 @@ def check_resume(config: Mapping[str, Any], world_size: int) -> dict[str, Any] |
     """The ``resume`` setting can be honoured: ``must`` finds a state saved with this config, and a
     saved state is not damaged (the same lookup the run makes at its start); no other process
     writes the run directory now. Returns the state found (None: the run starts fresh)."""
-    from .checkpoint import find_resumable
-    from .layout import RunLayout
-    from .runlock import WRITER_LOCK, Busy, holder
+    from .checkpoint import find_resumable  # lazy: torch, safetensors, numpy
 
     root = RunLayout.of(config, world_size).root
     busy = holder(root / WRITER_LOCK)
@@ -232,10 +233,7 @@ def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[s
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from .layout import RunLayout
-    from .ownership import STATE_ADVICE, OwnershipError, check_claimable, check_writable, read_owner, token_of
-    from .secrets import redact_uri
-    from .tracking.mlflow import command_experiment
+    from .tracking.mlflow import command_experiment  # lazy: numpy, urllib/http
 
     client = MlflowClient()
     store = redact_uri(client.tracking_uri)
@@ -274,8 +272,7 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     the tracking store (its URI, its server, the run and experiment the run would use, created
     once when it is a fresh sqlite file). The data cache is written once all of it passed, so
     workers find it ready; a refusal leaves none."""
-    from .preflight import DataView, check_start, check_training
-    from .tracking.mlflow import check_run_target
+    from .tracking.mlflow import check_run_target  # lazy: numpy, urllib/http
     from .tracking.server import check_tracking_server
 
     world = int(config["nproc_per_node"])
@@ -296,22 +293,15 @@ def main(config: Mapping[str, Any]) -> dict:
     """
     import torch
 
-    from . import perf
-    from .console import Console
-    from .data import data_digest
-    from .digest import config_digest
-    from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown
-    from .layout import RunLayout
-    from .sweep.trial import TrialReporter
-    from .evaluation.val_skill import epoch_hooks
+    from . import perf  # lazy: torch
+    from .data import data_digest  # lazy: numpy
+    from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown  # lazy: torch
+    from .evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
     from .evaluation.verdict import run_metrics_of
-    from .tags import run_tags
-    from .tracking import Tracking
+    from .tracking import Tracking  # lazy: numpy, urllib/http
     from .tracking.model_logging import log_dataset_input, record_result
     from .tracking.protocol import NullLogger
     from .trainer import RunFiles, TrainingPruned, fit, prepare_model
-
-    from . import stopping
 
     stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
     config = cfg.validate(dict(config))
@@ -401,9 +391,6 @@ def config_of(args: argparse.Namespace) -> dict:
     """What a training command reads before any work, from its parsed flags: the
     ``KRONOS_MLFLOW_*`` settings, ``--max-restarts`` and the config (defaults, ``--config``, flags),
     validated. A refusal is a UserError every rank of a group reaches alike."""
-    from . import validate
-    from .settings import check_environment
-
     try:
         check_environment()
         if getattr(args, "_max_restarts", None) is not None:
@@ -428,15 +415,9 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     """The command line of a training process; ``stage`` is the default of ``--stage``."""
     import signal
 
-    from . import stopping
-    from .argparsing import OneLineParser
-    from .stopping import TrainingStopped
-    from .sweep.trial import EXIT_PRUNED
-    from .trainer import TrainingPruned
+    from .trainer import TrainingPruned  # lazy: torch, mlflow, pandas
 
-    from .tracking.project_run import record_failure
-
-    from .console import install_warning_format
+    from .tracking.project_run import record_failure  # lazy: numpy, urllib/http
 
     install_warning_format()
     rank = os.environ.get("RANK")

@@ -35,6 +35,7 @@ from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
 from .distributed import barrier, dist_sum, unwrap
 from .errors import ConfigError, UserError
+from .evaluation.heldout import evaluate_run
 from .keys import BEST_METRIC
 from .layout import RunLayout
 from .optim import build_optimizer, build_scheduler
@@ -354,8 +355,6 @@ def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger:
                   console: Console, *, rank: int, world_size: int, stage: TrainingStage) -> dict[str, Any]:
     """The best checkpoint against the starting weights on the test windows (a collective:
     every rank), logged at the best epoch; its record for the result (docs/verdict.md)."""
-    from .evaluation.heldout import evaluate_run
-
     layout = files.layout
     heldout = evaluate_run(config, layout.best_model, layout.start_model, device, rank=rank, world_size=world_size,
                            logger=logger, console=console, step=max(progress.best_epoch, 0), stage=stage.heldout)

@@ -187,6 +187,46 @@ def test_no_private_name_is_imported_from_another_module():
     assert not found, f"private names imported across modules (make them public or keep them home): {found}"
 
 
+def _own_function_imports(tree: ast.Module):
+    """The imports of the package's own modules (relative, or ``kronos_mlflow...``) made inside a
+    function, each with that function."""
+    def walk(node, function):
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else function
+            if function is not None and isinstance(child, ast.ImportFrom) and (
+                    child.level or (child.module or "").split(".")[0] == PACKAGE.name):
+                yield child, function
+            elif function is not None and isinstance(child, ast.Import) and any(
+                    a.name.split(".")[0] == PACKAGE.name for a in child.names):
+                yield child, function
+            yield from walk(child, inner)
+    yield from walk(tree, None)
+
+
+def test_own_imports_are_at_module_level_or_say_why():
+    """The package's own modules are imported at module level; an import left inside a function
+    says why on its line (``# lazy: torch``: what it would load when the module is imported, on a
+    path such as ``kronos-mlflow <cmd> --help`` that must stay light). One such comment covers the
+    rest of that function's own imports."""
+    bare = []
+    for name, (path, tree) in _trees().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        explained = set()
+        for node, function in _own_function_imports(tree):
+            said = any("# lazy:" in line for line in lines[node.lineno - 1:node.end_lineno])
+            if said:
+                explained.add(id(function))
+            elif id(function) not in explained:
+                bare.append(f"{name}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    assert not bare, f"function-level imports of the package's own modules without '# lazy: <why>': {bare}"
+
+
+def test_own_function_import_detection():
+    tree = ast.parse("import os\nfrom . import a\ndef f():\n    import json\n    from .b import c\n"
+                     "    import kronos_mlflow.d\n    from mlflow import e\n")
+    assert [node.lineno for node, _ in _own_function_imports(tree)] == [5, 6]
+
+
 def test_the_code_map_names_every_module():
     """docs/code-map.md names each module (by its path, or by its bare name in its folder's row),
     and every ``kronos_mlflow/...`` path it names exists."""

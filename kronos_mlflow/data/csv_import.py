@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import DataError
 from ..features import amount_from_ohlcv
 from . import provider as pv
+from .prepare import DataWarning
 
 DATE_COLUMNS = ("timestamps", "date", "datetime")
 PRICE_COLUMNS = ("open", "high", "low", "close", "volume")
@@ -291,7 +292,6 @@ def _drop_bad_bars(path: Path, sym: str, vals: dict, rows: np.ndarray) -> dict:
     bad = huge | inverted
     if not bad.any():
         return vals
-    from .prepare import DataWarning
 
     reasons = [f"{int(n)} with {why}" for n, why in ((huge.sum(), "an infinite value or one beyond float32"),
                                                      (inverted.sum(), "high below low")) if n]

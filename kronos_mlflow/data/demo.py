@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..settings import home
+from ..validate import integer, seed as check_seed
 from . import provider as pv
 
 GENERATOR_VERSION = 1
@@ -61,8 +63,6 @@ class DemoMarket:
 def kronos_home() -> Path:
     """``$KRONOS_MLFLOW_HOME`` or ``~/.cache/kronos_mlflow`` (a malformed value is refused:
     :mod:`kronos_mlflow.settings`)."""
-    from ..settings import home
-
     return home()
 
 
@@ -96,8 +96,6 @@ def _garch(rng: np.random.Generator, n_days: int, n: int, sigma: np.ndarray, alp
 
 
 def _check_size(n_symbols: int, seed: int) -> None:
-    from ..validate import integer, seed as check_seed
-
     integer("--symbols", n_symbols, 1, MAX_SYMBOLS, error=DataError)
     check_seed("--seed", seed, error=DataError)
 
@@ -337,8 +335,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import time
-
-    from ..validate import integer, seed as check_seed
 
     t0 = time.perf_counter()
     symbols = args.symbols if args.symbols is not None else (

@@ -47,9 +47,11 @@ from typing import Any
 
 import numpy as np
 
+from ..config import HELP, load_config, time_bounds, validate
 from ..errors import DataError
 from ..features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
 from . import provider as pv
+from .demo import default_demo_path, ensure_demo_market
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,6 @@ class DataWarning(UserWarning):
 
 def validated(config: Mapping[str, Any]) -> dict[str, Any]:
     """Accept a full or partial config; return a validated one (cheap)."""
-    from ..config import validate
-
     return validate(dict(config))
 
 
@@ -85,8 +85,6 @@ def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
     raw = str(config.get("qlib_data_path") or "").strip()
     freq = str(config.get("freq") or "day")
     if not raw:
-        from .demo import default_demo_path
-
         path = default_demo_path(freq)
         if not (path / pv.calendar_file(freq)).is_file():
             raise DataError(f"qlib_data_path is empty and the demo market ({freq}) is not made yet at {path}; it is "
@@ -100,8 +98,6 @@ def provide_qlib_data(config: Mapping[str, Any]) -> Path:
     """:func:`resolve_qlib_path`, making the cached demo market first when ``qlib_data_path`` is
     empty (once; safe under concurrent ranks): the one place data is generated."""
     if not str(config.get("qlib_data_path") or "").strip():
-        from .demo import ensure_demo_market
-
         return ensure_demo_market(freq=str(config.get("freq") or "day"))
     return resolve_qlib_path(config)
 
@@ -172,8 +168,6 @@ def _init_qlib(path: Path, n_symbols: int) -> None:
 
 def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: int, predict: int, path: Path):
     """Upstream's read range: begin - lookback bars .. end + predict bars, clipped to the calendar."""
-    from ..config import time_bounds
-
     b, e = time_bounds(begin, end)
     cal = calendar.astype("datetime64[s]")
     start = int(np.searchsorted(cal, b, side="left"))
@@ -434,8 +428,6 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
     never the market. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
     (bar times); ``starts`` int64 (each window's first row); ``offsets`` (each series' first row)."""
-    from ..config import time_bounds
-
     t0 = time.perf_counter()
     lookback, predict = cfg["lookback_window"], cfg["predict_window"]
     window = lookback + predict + 1
@@ -559,8 +551,6 @@ _FLAGS = ("qlib_data_path", "freq", "membership_gaps", "instrument", "dataset_be
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..config import HELP
-
     parser.add_argument("--config", default=None, help="YAML config file (flags override it)")
     for key in _FLAGS:
         parser.add_argument("--" + key.replace("_", "-"), dest=key, default=None, metavar="VALUE", help=HELP[key])
@@ -568,8 +558,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-
     overrides = {k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None}
     cfg = load_config(overrides, path=args.config)
     t0 = time.perf_counter()

@@ -179,7 +179,7 @@ def _risk(returns) -> dict[str, float]:
 def skip_reason(config: Mapping[str, Any]) -> str | None:
     """The one line that says why :func:`backtest_signals` skips the backtest of ``config``'s
     data (intraday bars, a provider without the benchmark's series), or None when it runs."""
-    from ..data.prepare import resolve_qlib_path
+    from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     benchmark = benchmark_of(config)
     if str(config.get("freq", "day")) != "day":
@@ -200,7 +200,7 @@ def check_signal_days(config: Mapping[str, Any], dates) -> None:
     import numpy as np
     import pandas as pd
 
-    from ..data.prepare import resolve_qlib_path
+    from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     if skip_reason(config) or not len(dates):
         return
@@ -220,7 +220,7 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
 
     A provider without the benchmark's series, or a config with intraday bars, gives a result
     with ``skipped`` set (one line) instead. Bad signals raise :class:`DataError`."""
-    from ..data.prepare import resolve_qlib_path
+    from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     if not signals:
         raise DataError("backtest: no signal given; expected a mapping of name -> DataFrame with a 'score' column")

@@ -17,12 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .sources import resolve_tokenizer
+
 ZEROSHOT_TAG = "zeroshot_pair"
 
 
 def pair(tokenizer, predictor_dir, config: Mapping[str, Any], device):
     """A ``KronosPredictor`` of a loaded tokenizer and a predictor checkpoint directory."""
-    from ..model import Kronos, KronosPredictor
+    from ..model import Kronos, KronosPredictor  # lazy: torch, pandas, numpy
 
     model = Kronos.from_pretrained(str(predictor_dir), map_location=device).eval()
     return KronosPredictor(model, tokenizer, device=str(device), max_context=int(config["max_context"]),
@@ -39,9 +41,8 @@ def zeroshot_label(config: Mapping[str, Any]) -> str:
 def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
                            step: int):
     """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded."""
-    from ..model import KronosTokenizer
-    from .scorecard import record, score_forecasters
-    from .sources import resolve_tokenizer
+    from ..model import KronosTokenizer  # lazy: torch
+    from .scorecard import record, score_forecasters  # lazy: torch, mlflow, pandas
 
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
     # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the

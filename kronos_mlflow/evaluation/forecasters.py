@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..distributed import all_reduce_sum_
 from .origins import CLOSE, Origins
 
 
@@ -37,8 +38,7 @@ def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank
                  progress: Callable | None = None, desc: str = "") -> np.ndarray:
     """Close sample paths ``(len(origins), sample_count, horizon)`` float64 of a Kronos pair,
     over every rank (a collective when ``world_size > 1``)."""
-    from ..distributed import all_reduce_sum_
-    from ..forecasting.pyfunc import forecast
+    from ..forecasting.pyfunc import forecast  # lazy: mlflow
 
     settings = sampling(config)
     seed, batch_size = int(config["seed"]), int(config["batch_size"])

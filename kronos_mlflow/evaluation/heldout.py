@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import format_time_range, stage_keys
+from ..distributed import dist_sum
 from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
 from .verdict import HeldOut, judge, unavailable
 from .windows import HeldOutWindows, heldout_windows
@@ -62,8 +63,6 @@ def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | No
                  world_size: int, logger, console, step: int, stage) -> HeldOut:
     """Judge the run's best checkpoint (``best_dir``) against its starting weights on the test
     windows; log the metrics at ``step`` (the best epoch), the tags, and the console line."""
-    from ..distributed import dist_sum
-
     started = time.time()
     label = base_label(config)
     windows = heldout_windows(config, "test")

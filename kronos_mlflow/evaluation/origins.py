@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..config import time_bounds
+from ..data import QlibDataset
+from ..data.prepare import resolve_qlib_path
 from .windows import evenly_spaced
 
 CLOSE = 3  # the close column of the six features
@@ -45,9 +48,6 @@ SPLITS = ("test", "val")
 def calendar_of_range(config: Mapping[str, Any], split: str = "test") -> np.ndarray:
     """The provider's calendar bars inside the split's time range (``test_time_range`` or
     ``val_time_range``; ``datetime64[s]``, ascending)."""
-    from ..config import time_bounds
-    from ..data.prepare import resolve_qlib_path
-
     path = resolve_qlib_path(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
     lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     calendar = np.array(lines, dtype="datetime64[s]")
@@ -152,8 +152,6 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
     only origins whose forecast bars all lie after ``train_time_range``, since the validation
     range overlaps training to give its first windows a lookback, and at most
     ``n_val_skill_windows`` of them), prepared on first use."""
-    from ..data import QlibDataset
-
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
     lookback, horizon, stride = int(config["lookback_window"]), int(config["predict_window"]), eval_stride(config)
@@ -162,8 +160,6 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
         ds = QlibDataset(split, config, progress=False)
     bar_times = np.load(ds.cache_dir / f"{split}_dates.npy", allow_pickle=False).astype("datetime64[s]")
     calendar = calendar_of_range(config, split)
-    from ..config import time_bounds
-
     # nothing forecast is a bar the split before saw: validation's forecasts start after
     # training's range, the test's after validation's (which chose the checkpoint)
     after = time_bounds(*config["train_time_range" if split == "val" else "val_time_range"])[1]

@@ -32,10 +32,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import forecasters as fc
-from . import scores as sc
 from ..config import horizons
+from ..fsutil import write_atomic
+from . import forecasters as fc, scores as sc
+from .backtest import backtest_signals
+from .figures import forecasts_figure, horizons_figure, scorecard_figure
 from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason
+from .verdict import decide
 
 #: forecaster -> metric prefix; the order of the scorecard
 PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
@@ -100,8 +103,6 @@ def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, 
 
 
 def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float, groups=None) -> tuple[dict, dict]:
-    from .verdict import decide
-
     metrics, tags = {}, {}
     for base in BASELINES:
         if base not in per or "finetuned" not in per:
@@ -200,9 +201,6 @@ def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
     """``scorecard.json``, ``scorecard.png``, ``forecasts.png``, ``horizons.png``,
     ``origins.parquet`` and ``forecasts.parquet`` in ``directory`` (each written whole, then
     renamed)."""
-    from ..fsutil import write_atomic
-    from .figures import forecasts_figure, horizons_figure, scorecard_figure
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     out = [directory / "scorecard.json"]
@@ -250,8 +248,6 @@ def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, lo
     """Qlib's TopkDropoutStrategy on the fine-tuned and zero-shot signals (docs/backtest.md):
     its metrics join the card's, ``backtest.png`` is logged under ``evaluation/``; a provider
     without the benchmark's series is one line and no backtest."""
-    from .backtest import backtest_signals
-
     signals = {BACKTEST_NAMES[name]: frame for name, frame in card.signals.items()
                if name in BACKTEST_NAMES and frame is not None and len(frame)}
     if card.reason or not signals:

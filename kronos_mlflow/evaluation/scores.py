@@ -33,6 +33,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from .verdict import BOOTSTRAP_SEED, group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
+
 NORM_EPS = 1e-5
 MIN_SYMBOLS = 5
 LEVELS = np.round(np.arange(1, 10) / 10.0, 1)  # the nine deciles the quantile metrics read
@@ -135,8 +137,6 @@ def skill(model_mase, base_mase, groups=None) -> tuple[float, float, float]:
     both score (the verdict's bootstrap, whose change is ``ratio - 1``): whole ``groups``
     resampled when given (:func:`~kronos_mlflow.evaluation.verdict.grouped_bootstrap`, the
     origins' dates), else each origin alone (:func:`~kronos_mlflow.evaluation.verdict.paired_bootstrap`)."""
-    from .verdict import grouped_bootstrap, paired_bootstrap
-
     m, b = np.asarray(model_mase, dtype=np.float64), np.asarray(base_mase, dtype=np.float64)
     both = np.isfinite(m) & np.isfinite(b)
     if not both.any():
@@ -170,8 +170,6 @@ def win_rate(model_mase, base_mase) -> float:
 def grouped_mean_interval(values, groups=None, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
     """The 95% percentile bootstrap interval of the mean of ``values`` resampling whole
     ``groups`` (each value alone without them; the verdict's seed); NaNs with fewer than two."""
-    from .verdict import group_sums, resampled_groups
-
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     g = np.arange(v.size) if groups is None else np.asarray(groups).reshape(-1)
     ok = np.isfinite(v)
@@ -189,8 +187,6 @@ def grouped_mean_interval(values, groups=None, n_resamples: int = 1000, level: f
 def mean_interval(values, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
     """The 95% percentile bootstrap interval of the mean of ``values`` (the verdict's seed),
     e.g. of the per-date IC; NaNs with fewer than two values."""
-    from .verdict import BOOTSTRAP_SEED
-
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if v.size < 2:

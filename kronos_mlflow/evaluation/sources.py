@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError, short_reason
+from ..secrets import redact_uri
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
 ACCEPTED = ("a checkpoint directory (config.json + model.safetensors), runs:/<run id>/best_model, "
@@ -24,7 +25,7 @@ def resolve_tokenizer(spec: str, device="cpu", *, tracking_uri: str | None = Non
         raise UserError(f"{what} is empty; expected {ACCEPTED}")
     if is_mlflow_uri(spec):
         return _from_mlflow(spec, device, tracking_uri, what)
-    from ..model import KronosTokenizer
+    from ..model import KronosTokenizer  # lazy: torch
 
     try:
         return KronosTokenizer.from_pretrained(spec, map_location=device).eval()
@@ -36,7 +37,7 @@ def mlflow_store(spec: str, what: str, tracking_uri: str | None = None) -> str:
     """The tracking URI that holds the run or model ``spec`` names: an existing store (never a new
     empty database: :func:`~kronos_mlflow.tracking.server.resolve_tracking_uri`), with ``spec``'s run
     usable (:func:`check_logged_run`). A refusal is one line naming ``what`` and ``spec``."""
-    from ..tracking.server import resolve_tracking_uri
+    from ..tracking.server import resolve_tracking_uri  # lazy: numpy, urllib/http
 
     try:
         uri = resolve_tracking_uri(tracking_uri, flag="--tracking-uri" if tracking_uri else None)
@@ -54,8 +55,7 @@ def check_logged_run(spec: str, what: str, tracking_uri: str) -> None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from ..tracking.server import hide_uri_printing
-    from ..secrets import redact_uri
+    from ..tracking.server import hide_uri_printing  # lazy: numpy, urllib/http
 
     run_id = spec[len("runs:/"):].split("/", 1)[0]
     hide_uri_printing(tracking_uri)
@@ -77,7 +77,7 @@ def check_logged_run(spec: str, what: str, tracking_uri: str) -> None:
 def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
     from mlflow.exceptions import MlflowException
 
-    from ..mlflow_model import load_tokenizer as load_logged
+    from ..mlflow_model import load_tokenizer as load_logged  # lazy: torch, mlflow, numpy
 
     uri = mlflow_store(spec, what, tracking_uri)  # an existing store: never a new empty database
     try:
@@ -127,7 +127,6 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
     if spec.startswith(("runs:/", "models:/")):
         import mlflow
         from mlflow.exceptions import MlflowException
-
 
         uri = mlflow_store(spec, "--model", tracking_uri)  # an existing store, the run there and ended: nothing created
         try:

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from . import forecasters as fc
-from . import scores as sc
+from ..model import KronosPredictor
+from . import forecasters as fc, scores as sc
 from .origins import CLOSE, forecast_origins
 
 VAL_SKILL_METRIC = "val_skill_vs_persistence"
@@ -81,8 +81,6 @@ class ValSkill:
 
     def predictor(self, raw_model):
         """A ``KronosPredictor`` of the epoch's weights and their partner."""
-        from ..model import KronosPredictor
-
         tokenizer, model = self.stage.forecast_pair(raw_model, self.config, self.device)
         return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.config["max_context"]),
                                clip=float(self.config["clip"]))

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data import QlibDataset
 from ..features import normalize_windows
 
 HELDOUT_SPLITS = ("test", "val")
@@ -112,8 +113,6 @@ class HeldOutWindows:
 def heldout_windows(config: Mapping[str, Any], split: str = "test") -> HeldOutWindows:
     """The windows of ``split`` (test or val) the held-out evaluation scores, from the prepared
     splits of ``config`` (prepared on first use)."""
-    from ..data import QlibDataset
-
     if split not in HELDOUT_SPLITS:
         raise ValueError(f"split '{split}' is not one of {', '.join(HELDOUT_SPLITS)}")
     with warnings.catch_warnings():

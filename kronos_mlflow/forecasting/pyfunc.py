@@ -50,7 +50,7 @@ def load_forecaster(tokenizer_dir: str, predictor_dir: str, *, max_context: int 
                     device: str | None = None):
     """A ``KronosPredictor`` over the two checkpoint directories (``config.json`` +
     ``model.safetensors`` each, loaded strictly); ``device`` None: KronosPredictor's choice."""
-    from ..model import Kronos, KronosPredictor, KronosTokenizer
+    from ..model import Kronos, KronosPredictor, KronosTokenizer  # lazy: torch, pandas
 
     tokenizer = KronosTokenizer.from_pretrained(tokenizer_dir)
     model = Kronos.from_pretrained(predictor_dir)
@@ -62,7 +62,7 @@ def forecast_inputs(model_input: Any, pred_len: int) -> tuple[np.ndarray, np.nda
     if not isinstance(model_input, Mapping) or sorted(model_input) != sorted(INPUT_KEYS):
         got = sorted(model_input) if isinstance(model_input, Mapping) else type(model_input).__name__
         raise DataError(f"input is {got}; expected a dict {_INPUT_SHAPE}")
-    from ..model.predictor import MIN_LOOKBACK
+    from ..model.predictor import MIN_LOOKBACK  # lazy: torch, pandas
 
     bars = _numbers(model_input["bars"], "bars")
     if bars.ndim != 3 or bars.shape[-1] != len(COLUMNS) or bars.shape[0] < 1 or bars.shape[1] < MIN_LOOKBACK:
@@ -118,7 +118,7 @@ def _numbers(value: Any, name: str) -> np.ndarray:
 
 def sampling_params(params: Mapping[str, Any] | None, pred_len_default: int) -> dict[str, Any]:
     """The sampling settings: ``params`` over the defaults, each checked (one-line errors)."""
-    from ..model.sampling import check_sampling
+    from ..model.sampling import check_sampling  # lazy: torch
 
     merged = {"pred_len": int(pred_len_default), **SAMPLING_DEFAULTS}
     for key, value in (params or {}).items():

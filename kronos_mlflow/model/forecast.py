@@ -28,6 +28,8 @@ import torch.nn as nn
 
 from ..errors import ArgumentTypeError, ConfigError, DataError, MemoryBudgetError
 from .decoding import CROSS_ROPE_CHOICES, IncrementalDecoder, s2_logits_from_context
+from .kronos import Kronos
+from .network import KronosTokenizer
 from .sampling import check_sampling, sample_from_logits
 from .spec import TIME_FEATURE_SIZES
 
@@ -52,9 +54,6 @@ def check_models(model, tokenizer) -> None:
     """``model`` a loaded :class:`~kronos_mlflow.model.Kronos` and ``tokenizer`` a loaded
     :class:`~kronos_mlflow.model.KronosTokenizer`, in that order, with float32 weights (what the
     loop computes in); then :func:`check_pair`. One-line :class:`ArgumentTypeError` otherwise."""
-    from .kronos import Kronos
-    from .network import KronosTokenizer
-
     _loaded(model, "model", "Kronos", "NeoQuasar/Kronos-small")
     _loaded(tokenizer, "tokenizer", "KronosTokenizer", "NeoQuasar/Kronos-Tokenizer-base")
     if isinstance(model, KronosTokenizer) and isinstance(tokenizer, Kronos):

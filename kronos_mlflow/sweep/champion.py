@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..keys import TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
+from ..reuse import model_problem
 from ..stages import get, names, spec_of
 
 PROMOTE = ("better", "always")
@@ -51,8 +52,6 @@ def promotion(client, registered_model_name: str, run, config: Mapping[str, Any]
     """May the alias move to ``run``'s model (a trial's or a pipeline step's MLflow run)? See the
     module doc; ``verdict_tag`` is the verdict that must be ``better`` (a predictor step's:
     ``verdict_vs_zeroshot``). A model whose files are missing or do not load never moves it."""
-    from ..reuse import model_problem
-
     tags, metrics = run.data.tags, run.data.metrics
     number = tags.get("optuna.trial_number")
     who = f"best trial {number}" if number is not None else f"run {run.info.run_id}"

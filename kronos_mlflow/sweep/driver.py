@@ -28,14 +28,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import config as cfg, validate as checks
+from ..argparsing import OneLineParser
+from ..child_runs import (as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
+                          train_command as _train_command)
+from ..console import install_warning_format
+from ..distributed import resolve_device
 from ..errors import EXIT_USAGE, UserError
+from ..preflight import DataView, check_processes, check_start, check_tracking, check_training
+from ..settings import check_environment
 from ..stages import get, spec_of
+from ..tracking.comet import check_comet
+from ..tracking.project_run import end_failed, end_run, record_failure
+from ..tracking.server import ensure_sqlite_store
+from .champion import PROMOTE, best_trial_record, set_champion
+from .dashboard import study_tags
 from .space import DEFAULT_SPACE, PARAMS, load_search_space, suggest
 from .study import (DuplicateTrial, default_storage, make_pruner, open_storage, open_study, optimize_distinct,
                     redact_url, repeated_trial)
-from ..child_runs import as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once
-from ..child_runs import train_command as _train_command
-from .champion import PROMOTE, best_trial_record, set_champion
 from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
 TRAIN_PASSTHROUGH = (
@@ -195,8 +205,6 @@ class SweepWorker:
         return float(best)
 
     def _end(self, run_id: str, status: str | None, state: str, reason: str = "") -> None:
-        from ..tracking.project_run import end_failed
-
         self.client.set_tag(run_id, "optuna.trial_state", state)
         run = self.client.get_run(run_id)
         if status == "FAILED" and run.info.status in ("RUNNING", "SCHEDULED"):  # its process did not end it
@@ -271,9 +279,6 @@ def _summary_table(study, value_name: str = "best_val_loss") -> str:
 
 
 def build_parser():
-    from ..argparsing import OneLineParser
-    from ..tracking.project_run import record_failure
-
     p = OneLineParser(prog="sweeps/sweep.py", description="Optuna sweep over learning_rate and weight_decay; "
                       "one parent MLflow run, one child run per trial. Unlisted --key value flags go to training.")
     p.on_error = record_failure  # under `mlflow run -e sweep`: the parent run ends FAILED with this line
@@ -317,18 +322,12 @@ def _stage_of(extra: Sequence[str]) -> str:
 
 
 def parse(argv: Sequence[str] | None):
-    from .. import config as cfg
-
-    from .. import validate as checks
-
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.objective is not None:  # a training key too: every trial records what the sweep ranks by
         extra = [*extra, "--objective", args.objective]
     # The sweep's own flags, each with its range (MLproject passes every -P value as text).
     try:
-        from ..settings import check_environment
-
         check_environment()  # KRONOS_MLFLOW_*: what every trial's training reads
         args.n_trials = checks.integer("n_trials", args.n_trials, 1, 1_000_000, what="argument --n-trials")
         args.timeout = checks.number("timeout", args.timeout, 0.0, 1e9, what="argument --timeout")
@@ -374,11 +373,8 @@ def parse(argv: Sequence[str] | None):
             continue  # the MLproject default: what the config file (or the config's default) says stands
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
-    from ..distributed import resolve_device
-    from ..preflight import check_processes
 
     check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
-    from ..tracking.comet import check_comet
 
     check_comet(config)
     if not args.output_dir:
@@ -401,9 +397,6 @@ def check_trials(args, config: Mapping[str, Any]) -> None:
     as a predictor, with the same bits), the forecast window against ``max_context``, the data
     (windows per rank, ``objective: val_skill``'s validation origins, the scorecard's backtest
     range) without writing the data cache before they pass (:mod:`kronos_mlflow.preflight`)."""
-    from ..preflight import DataView, check_training
-    from ..preflight import check_start
-
     trial = {**config, "save_path": os.path.join(args.output_dir, args.study_name),
              "nproc_per_node": args.nproc_per_node}
     check_start(trial, args.nproc_per_node)
@@ -418,9 +411,6 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     from mlflow import MlflowClient
 
     import optuna
-
-    from ..preflight import check_tracking
-    from ..tracking.server import ensure_sqlite_store
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
@@ -448,7 +438,6 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     parent_id = os.environ.get("MLFLOW_RUN_ID")
     parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent", "sweep.objective": objective,
                    "optuna.storage": redact_url(args.storage)}
-    from .dashboard import study_tags
 
     parent_tags.update(study_tags(args.storage, study.study_name))  # how to open the study's dashboard
     if parent_id:
@@ -511,8 +500,6 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
             client.log_artifact(parent_id, str(Path(tmp) / "trials.txt"))
         print(table, flush=True)
     finally:
-        from ..tracking.project_run import end_run
-
         end_run(client, parent_id, status, reason or "sweep: it stopped before its trials ended")
 
 
@@ -536,9 +523,6 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..console import install_warning_format
-    from ..tracking.project_run import record_failure
-
     install_warning_format()
     try:
         return run_sweep(argv)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config import ALIASES, MAX_VALUES
 from ..errors import ConfigError
 from ..validate import shown
 from ..yamlfile import read_mapping
@@ -17,8 +18,6 @@ PARAMS = ("learning_rate", "weight_decay")
 
 
 def _config_max() -> dict[str, float]:
-    from ..config import MAX_VALUES, ALIASES
-
     return {name: float(MAX_VALUES[ALIASES[name]]) for name in PARAMS}
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError, UserError
+from ..secrets import redact
 
 # Successive halving on epochs: a trial must be in the best third of the trials that reached
 # epoch 2 to go on to epoch 4, then again to epoch 10, 28, ... (docs/sweeps.md, Pruning). The
@@ -119,8 +120,6 @@ def open_storage(url: str, heartbeat: bool = True, max_retry: int = 1):
 
 
 def redact_url(url: str) -> str:
-    from ..secrets import redact
-
     return redact(url)
 
 

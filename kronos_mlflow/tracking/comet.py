@@ -14,8 +14,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from ..secrets import redact, redact_uri, scrub_params, secret_values
+from ..validate import directory
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line
 
 log = logging.getLogger("kronos_mlflow.tracking")
@@ -251,8 +252,6 @@ def comet_key_configured() -> bool:
 def check_comet(config: Mapping[str, Any]) -> None:
     """``comet: online`` insists on Comet: without an API key the run is refused before it
     starts (``auto`` is then off, ``offline`` needs no key)."""
-    from ..errors import UserError
-
     mode = comet_mode(config)
     if mode == "online" and not comet_key_configured():
         raise UserError("comet: 'online' needs a Comet API key, and none is set (COMET_API_KEY, or api_key in "
@@ -260,8 +259,6 @@ def check_comet(config: Mapping[str, Any]) -> None:
     if mode == "offline" and not config.get("comet_offline_directory"):
         folder = os.environ.get("COMET_OFFLINE_DIRECTORY", "").strip()
         if folder:
-            from ..validate import directory
-
             directory("COMET_OFFLINE_DIRECTORY", folder, error=UserError)
 
 

@@ -14,10 +14,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UserError, short_reason
-from ..ownership import STATE_ADVICE, TAG, Claim, OwnershipError, read_owner, token_hash
+from ..ownership import (STATE_ADVICE, TAG, Claim, OwnershipError, check_claimable, check_writable, new_token,
+                         read_owner, token_hash, write_owner)
 from ..secrets import redact, redact_uri, scrub_params, secret_values
+from ..validate import mlflow_experiment_name
 from .outage import QUEUES, OutageQueue, flush_at_exit
-from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line, same_param
+from .protocol import (FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line,
+                       same_param)
 from .server import ensure_sqlite_store, hide_uri_printing, mlflow_limits, probe_tracking_server
 
 log = logging.getLogger("kronos_mlflow.tracking")
@@ -135,8 +138,6 @@ class MLflowLogger(OutageQueue):
         elsewhere only when it is such a bare run: never another training's."""
         from mlflow.exceptions import MlflowException
 
-        from ..ownership import check_claimable
-
         try:
             run = self.client.get_run(launcher_run_id)
         except MlflowException:
@@ -166,8 +167,6 @@ class MLflowLogger(OutageQueue):
         ``MLFLOW_RUN_ID`` hands over (claimed when it carries no owner yet; see
         :func:`kronos_mlflow.ownership.check_claimable`). Every check comes before any write."""
         from mlflow.exceptions import MlflowException
-
-        from ..ownership import check_claimable, check_writable, new_token, write_owner
 
         source = claim.named_by if claim is not None and claim.resume else "MLFLOW_RUN_ID"
         try:
@@ -272,7 +271,6 @@ class MLflowLogger(OutageQueue):
             run_tags = resolve_tags(run_tags)
         except Exception as exc:  # context providers are best effort
             log.debug("could not resolve MLflow context tags: %s", exc)
-        from ..ownership import new_token, write_owner
 
         self.owner_token = (claim.token if claim is not None else None) or new_token()
         if claim is not None and claim.directory is not None:  # the claim first: a restart finds its token
@@ -518,8 +516,6 @@ def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None)
             return
         name = str(config.get("experiment_name") or "") or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
         if name:
-            from ..validate import mlflow_experiment_name
-
             source = "experiment_name" if config.get("experiment_name") else "MLFLOW_EXPERIMENT_NAME"
             mlflow_experiment_name(source, name, error=UserError)
             experiment = client.get_experiment_by_name(name)

@@ -30,6 +30,8 @@ import numpy as np
 
 from .. import mlflow_model
 from ..config import format_time_range, run_params
+from ..data import resolve_qlib_path
+from ..forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
 from ..fsutil import write_atomic
 from ..keys import BEST_METRIC, PREDICTOR_VAL_METRIC, VAL_METRIC
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
@@ -59,7 +61,7 @@ def _example_windows(config: Mapping[str, Any], n: int, with_times: bool = True
     """``n`` raw windows of the validation split (else the training split), float32
     ``(n, lookback + predict + 1, 6)``, and (``with_times``) their bars' timestamps (ISO text);
     synthetic windows and None where the config's data has no windows."""
-    from ..data import QlibDataset
+    from ..data import QlibDataset  # lazy: torch
 
     window = config["lookback_window"] + config["predict_window"] + 1
     for split in ("val", "train"):
@@ -214,7 +216,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     The model is reloaded and its prediction compared with the in-memory computation before
     anything is registered.
     """
-    from ..model import KronosTokenizer
+    from ..model import KronosTokenizer  # lazy: torch
 
     x = example_windows(config)
     model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
@@ -239,8 +241,6 @@ def forecaster_signature(pred_len: int):
     (MLflow's own schema check would print the whole array)."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
-
-    from ..forecasting import SAMPLING_DEFAULTS
 
     float32 = np.dtype("float32")
     outputs = Schema([TensorSpec(float32, (-1, -1, -1, 6), "paths"), TensorSpec(float32, (-1, -1, 6), "mean")])
@@ -272,8 +272,6 @@ def _forecaster_artifacts(tokenizer_dir: str, predictor_dir: str, staging: str) 
     """The two checkpoint directories under ``staging`` as ``tokenizer/`` and ``predictor/``
     (MLflow names an artifact directory after its source): hard links where the file system
     allows, copies otherwise."""
-    from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT
-
     def link_or_copy(src, dst):
         try:
             os.link(src, dst)
@@ -288,8 +286,6 @@ def _forecaster_artifacts(tokenizer_dir: str, predictor_dir: str, staging: str) 
 
 def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping[str, Any], step: int,
                     metrics, heldout_metrics, heldout_dataset):
-    from ..forecasting import PREDICTOR_ARTIFACT, TOKENIZER_ARTIFACT, forecast, load_forecaster
-
     pred_len = int(config["predict_window"])
     model_config = {"pred_len": pred_len, "max_context": int(config["max_context"]), "clip": float(config["clip"])}
     predictor = load_forecaster(artifacts[TOKENIZER_ARTIFACT], artifacts[PREDICTOR_ARTIFACT],
@@ -362,8 +358,6 @@ def dataset_name(config: Mapping[str, Any]) -> str:
 
 def _source(config: Mapping[str, Any]):
     from mlflow.data.dataset_source_registry import resolve_dataset_source
-
-    from ..data import resolve_qlib_path
 
     path = str(resolve_qlib_path(config))
     with warnings.catch_warnings():

@@ -16,13 +16,12 @@ import time
 import weakref
 from typing import Any
 
-from .. import stopping
+from .. import settings, stopping, validate
 from ..errors import UserError
 from ..secrets import redact, redact_uri
 from .protocol import one_line
 from .server import is_connection_error, mlflow_limits
-from .spool import (append_records, artifacts_dir, default_spool_dir, read_spool, spool_path, spoolable_tag,
-                    upload_spool)
+from .spool import append_records, artifacts_dir, default_spool_dir, read_spool, spool_path, spoolable_tag, upload_spool
 
 log = logging.getLogger("kronos_mlflow.tracking")
 
@@ -39,11 +38,8 @@ def _metric_record(metric: Any) -> dict[str, Any]:
 def env_float(name: str, default: float) -> float:
     """A number of seconds from the environment (:mod:`kronos_mlflow.settings`), ``default`` when
     unset; a malformed value is refused (a ``ConfigError`` naming the variable), never replaced."""
-    from .. import settings
-
     if name in settings.SECONDS:
         return settings.seconds(name)
-    from .. import validate
 
     text = os.environ.get(name, "").strip()
     return validate.number(name, text, 0.0, what=f"environment variable {name}") if text else default
@@ -221,7 +217,6 @@ class OutageQueue:
         return True
 
     def _spool_path(self) -> str:
-
         return str(spool_path(self._spool_dir or default_spool_dir(), self.run_id))
 
     def _spool_header(self) -> dict[str, Any]:

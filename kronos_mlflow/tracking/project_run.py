@@ -15,6 +15,7 @@ import os
 from ..ownership import TAG as OWNER_TAG
 from ..secrets import redact
 from .protocol import FAILURE_REASON_MAX_CHARS, one_line
+from .server import hide_uri_printing
 
 
 def record_failure(line: str) -> bool:
@@ -26,8 +27,6 @@ def record_failure(line: str) -> bool:
         return False
     try:
         from mlflow import MlflowClient
-
-        from .server import hide_uri_printing
 
         client = MlflowClient()
         hide_uri_printing(client.tracking_uri)

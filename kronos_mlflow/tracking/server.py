@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..secrets import redact, redact_uri
+from ..validate import sqlite_path, tracking_uri
 from .protocol import one_line
 
 
@@ -122,8 +123,6 @@ def check_tracking_server(uri: str | None = None, timeout: float = 5.0, *, creat
 def check_uri(uri: str, source: str | None = None, kind: str = "MLflow tracking URI") -> str:
     """:func:`kronos_mlflow.validate.tracking_uri`, ``source`` defaulting to MLFLOW_TRACKING_URI
     when the URI came from there."""
-    from ..validate import tracking_uri
-
     if source is None:
         from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == str(uri).strip()
         source = "MLFLOW_TRACKING_URI" if from_env else "tracking URI"
@@ -154,12 +153,10 @@ def ensure_sqlite_store(uri: str) -> None:
     (``<db>.lock``): processes started together on a fresh store (sweep workers, torchrun
     ranks) would otherwise race in MLflow's schema migration ("duplicate column name", "expected
     to match one row"). A store that is ready is not touched."""
-    from ..validate import sqlite_path
-
     db = sqlite_path(str(uri))
     if db is None or sqlite_store_ready(db):
         return
-    from ..data.provider import file_lock
+    from ..data.provider import file_lock  # lazy: numpy
 
     with file_lock(db.with_name(db.name + ".lock")):
         if sqlite_store_ready(db):

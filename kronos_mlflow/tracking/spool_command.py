@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserError
+from ..secrets import install_secret_filter, redact, redact_uri
+from ..validate import sqlite_path
+from .server import check_uri, hide_uri_printing, probe_tracking_server
 from .spool import (UPLOADED_SUFFIX, SpoolError, apply_upload, default_spool_dir, describe_plan, find_spools,
                     plan_upload, read_spool)
 
@@ -43,10 +46,6 @@ def resolve_uri(cli_uri: str | None, header: Mapping[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
-
-    from .server import check_uri, hide_uri_printing, probe_tracking_server
-    from ..secrets import install_secret_filter, redact, redact_uri
-    from ..validate import sqlite_path
 
     install_secret_filter()
     if args.path is None and not default_spool_dir().exists():

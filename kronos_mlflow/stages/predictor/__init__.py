@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS,
-                     PREDICTOR_VAL_METRIC)
+from ...errors import UserError, same_on_every_rank
+from ...evaluation.sources import resolve_model, resolve_tokenizer
+from ...keys import PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_VAL_METRIC
 from ..registry import StageSpec, register
 
 
@@ -34,10 +35,9 @@ class PredictorSpec(StageSpec):
     def training(self, config, layout, info):
         """The frozen tokenizer is written once, by rank 0, into ``checkpoints/tokenizer/``
         (unless a resumed run has it there); every rank then reads that copy."""
-        from ...distributed import barrier, broadcast_object
-        from ...errors import UserError, same_on_every_rank
-        from ...model import KronosTokenizer
-        from .sources import configured_tokenizer
+        from ...distributed import barrier, broadcast_object  # lazy: torch, numpy
+        from ...model import KronosTokenizer  # lazy: torch
+        from .sources import configured_tokenizer  # lazy: torch, mlflow, pandas
         from .training import PredictorStage
 
         answer = "ok"
@@ -56,33 +56,30 @@ class PredictorSpec(StageSpec):
     def build_model(self, config, training=None, *, tokenizer=None):
         """``pretrained_predictor_path``, else fresh weights, for the training piece's frozen
         tokenizer (else ``tokenizer``, else the one the config names)."""
-        from .sources import build_predictor, configured_tokenizer
+        from .sources import build_predictor, configured_tokenizer  # lazy: torch, mlflow, pandas
 
         if training is not None:
             tokenizer = training.tokenizer
         return build_predictor(config, tokenizer if tokenizer is not None else configured_tokenizer(config))
 
     def heldout(self, training=None):
-        from .heldout import piece
+        from .heldout import piece  # lazy: torch, mlflow, pandas
 
         return piece(training.tokenizer)
 
     def run_tags(self, config):
-        from .sources import tokenizer_tags
+        from .sources import tokenizer_tags  # lazy: torch, mlflow, pandas
 
         return tokenizer_tags(config)
 
     def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
-        from ...tracking.model_logging import log_predictor_model
+        from ...tracking.model_logging import log_predictor_model  # lazy: torch, mlflow, pandas
 
         log_predictor_model(mlflow_logger, layout, config, result, heldout, dataset)
 
     def model_problem(self, uri, tracking_uri):
         """A forecaster: its tokenizer and predictor both load."""
-        from ...errors import UserError
-        from ...evaluation.sources import resolve_model
-        from ...evaluation.sources import resolve_tokenizer
-        from ...model import Kronos
+        from ...model import Kronos  # lazy: torch
 
         try:
             with tempfile.TemporaryDirectory(prefix="kronos-reuse-") as scratch:

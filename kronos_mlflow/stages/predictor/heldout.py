@@ -20,7 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...distributed import all_reduce_sum_
 from ...evaluation.windows import HeldOutWindows
+from ...model import Kronos
 from ..base import HeldOutPiece
 
 LOSS = "predictor_loss"
@@ -47,8 +49,6 @@ def score(model, windows: HeldOutWindows, device, *, tokenizer, batch_size: int,
           world_size: int = 1, progress: Callable | None = None, desc: str = "") -> tuple[np.ndarray, dict[str, float]]:
     """Every window's loss (float64, in selection order) and the metrics, over all ranks (a
     collective, as :func:`kronos_mlflow.stages.tokenizer.heldout.score`)."""
-    from ...distributed import all_reduce_sum_
-
     was_training = model.training
     causal = model.dep_layer.cross_attn.causal
     model.eval()
@@ -81,8 +81,6 @@ def score(model, windows: HeldOutWindows, device, *, tokenizer, batch_size: int,
 
 def load(path, device):
     """A predictor checkpoint directory or hub id, in eval mode."""
-    from ...model import Kronos
-
     return Kronos.from_pretrained(path, map_location=device).eval()
 
 

@@ -16,9 +16,12 @@ from typing import Any
 
 import torch
 
+from ...config import model_kwargs
 from ...errors import ConfigError, UserError
-from ...evaluation.sources import source_run
+from ...evaluation.sources import resolve_tokenizer, source_run
 from ...keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
+from ...model import Kronos, KronosTokenizer
+from ...model.spec import PREDICTOR_CONFIGS
 
 FRESH = "fresh"
 
@@ -30,10 +33,6 @@ def tokenizer_spec(config: Mapping[str, Any]) -> str:
 
 def configured_tokenizer(config: Mapping[str, Any], device="cpu"):
     """The tokenizer ``config`` names, in eval mode, on ``device``."""
-    from ...evaluation.sources import resolve_tokenizer
-    from ...model import KronosTokenizer
-    from ...config import model_kwargs
-
     spec = tokenizer_spec(config)
     if spec:
         what = "finetuned_tokenizer_path" if config.get("finetuned_tokenizer_path") else "pretrained_tokenizer_path"
@@ -58,9 +57,6 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
     """``pretrained_predictor_path`` loaded strictly, else a fresh ``Kronos`` at the config's
     sizes (``n_layers``, ``d_model``, ``n_heads``, ``ff_dim``) with Kronos-mini's dropouts and
     the tokenizer's bits. A predictor whose bits differ from the tokenizer's is refused."""
-    from ...model import Kronos
-    from ...model.spec import PREDICTOR_CONFIGS
-
     path = str(config.get("pretrained_predictor_path") or "")
     if path:
         try:

@@ -24,10 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from ...distributed import dist_sum, unwrap
+from ...evaluation.forecast_run import evaluate_predictor_run
 from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
-                    PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
+                     PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
+from ...model import Kronos
 from ...perf import autocast
 from ..base import StepOutput, TrainingStage, Validation
+from .heldout import piece
 
 
 def head_losses(s1_logits, s2_logits, s1_targets, s2_targets):
@@ -53,8 +56,6 @@ class PredictorStage(TrainingStage):
 
     @property
     def heldout(self):
-        from .heldout import piece
-
         return piece(self.tokenizer)
 
     def tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,15 +110,12 @@ class PredictorStage(TrainingStage):
                 f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})")
 
     def best_validation(self, best_dir, loader, device):
-        from ...model import Kronos
-
         return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
     def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``)."""
         if config.get("evaluate", "on") != "on":
             return None
-        from ...evaluation.forecast_run import evaluate_predictor_run
 
         return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,
                                       console=console, step=step)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...config import model_kwargs
+from ...errors import UserError
+from ...evaluation.sources import resolve_tokenizer
 from ...keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
 from ..registry import StageSpec, register
 
@@ -26,33 +29,29 @@ class TokenizerSpec(StageSpec):
     pipeline_verdict_tag = VERDICT_TAG  # held-out token loss against the starting weights
 
     def training(self, config, layout, info):
-        from .training import TokenizerStage
+        from .training import TokenizerStage  # lazy: torch, mlflow, pandas
 
         return TokenizerStage()
 
     def build_model(self, config, training=None, *, tokenizer=None):
         """``pretrained_tokenizer_path`` when given, else fresh weights (base architecture)."""
-        from ...config import model_kwargs
-        from ...model import KronosTokenizer
+        from ...model import KronosTokenizer  # lazy: torch
 
         path = config["pretrained_tokenizer_path"]
         return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**model_kwargs(config))
 
     def heldout(self, training=None):
-        from .heldout import PIECE
+        from .heldout import PIECE  # lazy: torch, mlflow, pandas
 
         return PIECE
 
     def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
-        from ...tracking.model_logging import best_epoch_metrics, log_best_model
+        from ...tracking.model_logging import best_epoch_metrics, log_best_model  # lazy: torch, mlflow, pandas
 
         log_best_model(mlflow_logger, str(layout.best_model), config, step=max(result["best_epoch"], 0),
                        metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)
 
     def model_problem(self, uri, tracking_uri):
-        from ...errors import UserError
-        from ...evaluation.sources import resolve_tokenizer
-
         try:
             resolve_tokenizer(uri, "cpu", tracking_uri=tracking_uri, what="the logged model")
         except UserError as exc:
@@ -63,9 +62,8 @@ class TokenizerSpec(StageSpec):
                            windows_digest):
         """The champion's tokenizer scored on the test windows ``windows_digest`` names (rebuilt
         from ``config``; None when they cannot be)."""
-        from ...evaluation.sources import resolve_tokenizer
-        from ...evaluation.windows import heldout_windows
-        from .heldout import PIECE
+        from ...evaluation.windows import heldout_windows  # lazy: torch, numpy
+        from .heldout import PIECE  # lazy: torch, mlflow, pandas
 
         windows = heldout_windows(config, "test")
         if not len(windows) or windows.digest != windows_digest:
@@ -81,7 +79,7 @@ class TokenizerSpec(StageSpec):
         """``objective: val_skill`` forecasts with ``pretrained_predictor_path``'s predictor: it
         loads and pairs with ``model`` (one line naming it otherwise)."""
         if config.get("objective") == "val_skill":
-            from ..predictor.sources import build_predictor
+            from ..predictor.sources import build_predictor  # lazy: torch, mlflow, pandas
 
             build_predictor(config, model)  # refuses a missing checkpoint or other bits
 

@@ -25,8 +25,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import config as cfg
+from ...console import Console
+from ...data import provide_qlib_data
+from ...distributed import resolve_device
 from ...errors import UserError
-from ...evaluation.windows import HELDOUT_SPLITS
+from ...evaluation.heldout import compare_on
+from ...evaluation.sources import ACCEPTED, resolve_tokenizer
+from ...evaluation.verdict import HeldOut, percent
+from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
+from ...keys import TEST_WINDOWS_DIGEST_TAG
+from .heldout import PIECE
 
 #: The config keys this command takes as flags: the data, the windows, the evaluation.
 DATA_KEYS = (
@@ -37,8 +45,6 @@ DATA_KEYS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...evaluation.sources import ACCEPTED
-
     parser.add_argument("model", metavar="MODEL", help=f"the tokenizer to score: {ACCEPTED}")
     parser.add_argument("--base", metavar="MODEL", default="", help="the tokenizer to compare with (e.g. the one "
                         "MODEL was fine-tuned from); without it only MODEL is scored")
@@ -58,15 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...console import Console
-    from ...data import provide_qlib_data
-    from ...distributed import resolve_device
-    from ...evaluation.heldout import compare_on
-    from ...evaluation.sources import resolve_tokenizer
-    from ...evaluation.verdict import HeldOut
-    from ...evaluation.windows import heldout_windows
-    from .heldout import PIECE
-
     overrides = {k[5:]: v for k, v in vars(args).items() if k.startswith("cfg__")}
     config = cfg.load_config(overrides, path=getattr(args, "_config_file", None))
     device = resolve_device(config["device"])
@@ -101,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(metrics: Mapping[str, float], base: Mapping[str, float] | None) -> str:
     """Metric, model and (with a base) base and relative change; one row per metric."""
-    from ...evaluation.verdict import percent
-
     header = ["metric", "model"] + (["base", "change"] if base is not None else [])
     rows = [header]
     for name, value in metrics.items():
@@ -130,9 +125,8 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
 
     from mlflow import MlflowClient
 
-    from ...tracking.server import resolve_tracking_uri
-    from ...keys import TEST_WINDOWS_DIGEST_TAG
-    from ...tracking.model_logging import log_heldout_dataset
+    from ...tracking.server import resolve_tracking_uri  # lazy: urllib/http
+    from ...tracking.model_logging import log_heldout_dataset  # lazy: mlflow, pandas, urllib/http
 
     # An explicit --tracking-uri must exist; otherwise MLflow's own default, as training runs use.
     client = MlflowClient(tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None)

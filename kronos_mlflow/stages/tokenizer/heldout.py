@@ -16,9 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ...distributed import all_reduce_sum_
 from ...evaluation.windows import HeldOutWindows
 from ...features import FEATURES
 from ...keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, RECON_PRE, USAGE_FULL
+from ...model import KronosTokenizer
+from ...quality import ValidationStats
 from ..base import HeldOutPiece
 
 LOSS = "tokenizer_loss"
@@ -43,9 +46,6 @@ def score(model, windows: HeldOutWindows, device, *, batch_size: int, rank: int 
     then the losses and statistics are summed over ranks, so every rank returns the same.
     ``progress(iterable, total, desc)`` wraps the batches (a tqdm bar on rank 0).
     """
-    from ...distributed import all_reduce_sum_
-    from ...quality import ValidationStats
-
     was_training = model.training
     model.eval()
     positions = windows.shard(rank, world_size)
@@ -76,8 +76,6 @@ def score(model, windows: HeldOutWindows, device, *, batch_size: int, rank: int 
 
 def load(path, device):
     """A tokenizer checkpoint directory or hub id, in eval mode."""
-    from ...model import KronosTokenizer
-
     return KronosTokenizer.from_pretrained(path, map_location=device).eval()
 
 

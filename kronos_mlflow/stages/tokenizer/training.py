@@ -16,11 +16,14 @@ import torch.nn.functional as F
 
 from ...distributed import dist_sum
 from ...keys import (INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON, TRAIN_RECON_PRE,
-                    VAL_METRIC)
+                     VAL_METRIC)
+from ...model import KronosTokenizer
 from ...perf import autocast
-from ...quality import ValidationStats
-from ...quality import describe as describe_quality
+from ...plots import log_validation_plots
+from ...quality import ValidationStats, describe as describe_quality
 from ..base import StepOutput, TrainingStage, Validation
+from ..predictor.sources import build_predictor
+from .heldout import PIECE
 
 
 def compute_loss(model, x, precision: str = "fp32"):
@@ -79,8 +82,6 @@ class TokenizerStage(TrainingStage):
 
     @property
     def heldout(self):
-        from .heldout import PIECE
-
         return PIECE
 
     def loss(self, model, x, stamp, precision):
@@ -102,20 +103,14 @@ class TokenizerStage(TrainingStage):
         return describe_quality(validation.metrics, stats.s1_bits, stats.s2_bits)
 
     def best_validation(self, best_dir, loader, device):
-        from ...model import KronosTokenizer
-
         return self.validate(KronosTokenizer.from_pretrained(best_dir, map_location=device), loader, device)
 
     def forecast_pair(self, raw_model, config, device):
         """The epoch's tokenizer with ``pretrained_predictor_path``'s predictor (loaded once)."""
         partner = getattr(self, "_partner", None)
         if partner is None:
-            from ..predictor.sources import build_predictor
-
             partner = self._partner = build_predictor(config, raw_model).to(device).eval()
         return raw_model, partner
 
     def log_plots(self, logger, config: Mapping[str, Any], root, val_ds, stats, best_epoch):
-        from ...plots import log_validation_plots
-
         log_validation_plots(logger, config, str(root), val_ds, stats, best_epoch)
