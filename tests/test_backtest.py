@@ -76,6 +76,25 @@ def test_oracle_beats_the_benchmark_and_its_negation_loses(oracle_run):
     assert result.plot == out / PNG and (out / PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market, tmp_path):
+    """Twenty random signals and the negated one on the same days and symbols: an oracle's
+    excess return lies above the random signals' 95% point (``better``), a random signal's
+    does not; the negated oracle loses."""
+    oracle = _oracle(market)
+    result = backtest_signals(_config(market), {"oracle": oracle}, tmp_path, control="oracle")
+    m = result.metrics
+    assert result.tags == {"backtest_verdict": "better"}
+    assert m["backtest_random_excess_return_with_cost_p05"] <= m["backtest_random_excess_return_with_cost"] \
+        <= m["backtest_random_excess_return_with_cost_p95"] < m["backtest_oracle_excess_return_with_cost"]
+    assert m["backtest_negated_excess_return_with_cost"] < m["backtest_random_excess_return_with_cost_p05"]
+    noise = oracle.assign(score=np.random.default_rng(7).standard_normal(len(oracle)))
+    plain = backtest_signals(_config(market), {"noise": noise}, tmp_path, control="noise")
+    assert plain.tags["backtest_verdict"] != "better"
+    assert all(math.isfinite(v) for v in plain.metrics.values())
+    with pytest.raises(DataError, match="backtest control 'other' is not one of the signals"):
+        backtest_signals(_config(market), {"noise": noise}, tmp_path, control="other")
+
+
 def test_repeated_calls_in_one_process_read_their_own_provider(oracle_run, market, tmp_path):
     """Qlib's init is process-global: after Qlib reads another directory, a backtest gives the
     same numbers again."""

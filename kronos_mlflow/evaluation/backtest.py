@@ -15,6 +15,14 @@ with upstream's exchange: 0.1% to buy, 0.15% to sell, 5 minimum, no trade at +-9
 hundred million to start, against ``backtest_benchmark``. Per signal, Qlib's ``risk_analysis``
 of the daily excess return over the benchmark (with and without cost) gives the metrics;
 ``backtest.png`` draws the cumulative curves. docs/backtest.md says how to read them.
+
+With ``control`` (a signal's name), the same backtest runs on controls of that signal, on its
+days and symbols: ``N_RANDOM`` random signals (independent normal scores from ``CONTROL_SEED``)
+and the signal negated. ``backtest_random_excess_return_with_cost`` is the random signals'
+median, ``_p05`` / ``_p95`` their 5% and 95% points; ``backtest_negated_*`` the negated
+signal's metrics; the tag ``backtest_verdict`` is ``better`` when the controlled signal's excess
+return with cost lies above the random signals' 95% point, ``worse`` below their 5% point, else
+``inconclusive``: a strategy that makes as much with any signal says nothing of the forecasts.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ ACCOUNT = 100_000_000
 #: Upstream's benchmark per instrument universe (finetune/config.py); others use csi300's.
 UPSTREAM_BENCHMARKS = {"csi300": "SH000300", "csi800": "SH000906", "csi1000": "SH000852"}
 _NAME = re.compile(r"[^a-z0-9]+")
+N_RANDOM = 20
+CONTROL_SEED = 20240601
+VERDICT_TAG = "backtest_verdict"
 
 
 @dataclass
@@ -54,6 +65,7 @@ class BacktestResult:
     metrics: dict[str, float] = field(default_factory=dict)
     plot: Path | None = None
     skipped: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # backtest_verdict, with a control
     benchmark: str = ""
     time_range: tuple[str, str] = ("", "")
     #: Per-day curves, by signal name: cumulative return with cost, cumulative excess return with
@@ -210,13 +222,40 @@ def check_signal_days(config: Mapping[str, Any], dates) -> None:
     _days_with_signal(config, dates.min(), dates.max(), calendar)
 
 
-def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir) -> BacktestResult:
+def _excess(report) -> tuple[Any, dict[str, float]]:
+    """The daily excess return over the benchmark and Qlib's risk analysis of it with cost."""
+    excess = report["return"] - report["bench"]
+    return excess, _risk(excess - report["cost"])
+
+
+def _controls(signal, run) -> tuple[dict[str, float], float, float]:
+    """The random and negated controls of ``signal`` (see the module doc): their metrics, and
+    the random signals' 5% and 95% points of the excess return with cost."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(CONTROL_SEED)
+    randoms = [_excess(run(pd.Series(rng.standard_normal(len(signal)), index=signal.index)))[1]["annualized_return"]
+               for _ in range(N_RANDOM)]
+    p05, median, p95 = (float(v) for v in np.percentile(randoms, [5, 50, 95]))
+    _, negated = _excess(run(-signal))
+    return ({"backtest_random_excess_return_with_cost": median, "backtest_random_excess_return_with_cost_p05": p05,
+             "backtest_random_excess_return_with_cost_p95": p95,
+             "backtest_negated_excess_return_with_cost": negated["annualized_return"],
+             "backtest_negated_information_ratio": negated["information_ratio"]}, p05, p95)
+
+
+def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir,
+                     control: str | None = None) -> BacktestResult:
     """Backtest each signal (name -> DataFrame indexed (datetime, instrument), column ``score``)
     with Qlib on the config's provider (``qlib_data_path``, or the demo market when empty) and
     write ``out_dir/backtest.png``. Metrics per signal ``s`` (``backtest_<s>_...``, the name
     made metric-safe by :func:`metric_prefix`): ``excess_return_with_cost`` and
     ``excess_return_without_cost`` (annualised), ``information_ratio`` and ``max_drawdown`` of
     the excess return with cost; and ``backtest_benchmark_return`` (annualised).
+
+    With ``control`` (one of the signals' names), its random and negated controls and the
+    ``backtest_verdict`` tag (the module doc).
 
     A provider without the benchmark's series, or a config with intraday bars, gives a result
     with ``skipped`` set (one line) instead. Bad signals raise :class:`DataError`."""
@@ -227,6 +266,8 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     prefixes = {name: metric_prefix(name) for name in signals}
     if len(set(prefixes.values())) < len(prefixes):
         raise DataError(f"backtest signal names {sorted(signals)} give the same metric names; expected distinct names")
+    if control is not None and control not in signals:
+        raise DataError(f"backtest control '{control}' is not one of the signals {sorted(signals)}")
     benchmark = benchmark_of(config)
     skipped = skip_reason(config)
     if skipped:
@@ -242,8 +283,7 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     bench = None
     for name, signal in series.items():
         report = _run_one(signal, config, benchmark, start, end, codes)
-        excess = report["return"] - report["bench"]
-        with_cost = _risk(excess - report["cost"])
+        excess, with_cost = _excess(report)
         p = prefixes[name]
         result.metrics[p + "excess_return_with_cost"] = with_cost["annualized_return"]
         result.metrics[p + "excess_return_without_cost"] = _risk(excess)["annualized_return"]
@@ -253,6 +293,11 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
                                "excess_return_with_cost": (excess - report["cost"]).cumsum()}
         bench = report["bench"]
     result.metrics["backtest_benchmark_return"] = _risk(bench)["annualized_return"]
+    if control is not None:
+        metrics, p05, p95 = _controls(series[control], lambda s: _run_one(s, config, benchmark, start, end, codes))
+        result.metrics.update(metrics)
+        value = result.metrics[prefixes[control] + "excess_return_with_cost"]
+        result.tags[VERDICT_TAG] = "better" if value > p95 else "worse" if value < p05 else "inconclusive"
     result.curves["benchmark"] = bench.cumsum()
     result.plot = plot_backtest(result, Path(out_dir) / PNG)
     return result

@@ -253,17 +253,25 @@ def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, lo
     if card.reason or not signals:
         return
     started = time.time()
-    result = backtest_signals(config, signals, directory)
+    result = backtest_signals(config, signals, directory, control="fine-tuned" if "fine-tuned" in signals else None)
     if result.skipped:
         card.tags["backtest"] = "skipped"
         if console is not None:
             console.print(result.skipped)
         return
     card.metrics.update({k: float(v) for k, v in result.metrics.items() if math.isfinite(float(v))})
+    card.tags.update(result.tags)
     if result.plot is not None:
         logger.log_artifact(str(result.plot), "evaluation")
     if console is not None:
         shown = ", ".join(f"{name} {result.metrics.get(f'backtest_{n}_excess_return_with_cost', float('nan')):+.1%}"
                           for name, n in (("fine-tuned", "fine_tuned"), ("zero-shot", "zero_shot")) if name in signals)
+        control = ""
+        if "backtest_random_excess_return_with_cost" in result.metrics:
+            m = result.metrics
+            control = (f", random signals {m['backtest_random_excess_return_with_cost']:+.1%} (5%..95% "
+                       f"{m['backtest_random_excess_return_with_cost_p05']:+.1%} .. "
+                       f"{m['backtest_random_excess_return_with_cost_p95']:+.1%}), negated "
+                       f"{m['backtest_negated_excess_return_with_cost']:+.1%}: {result.tags.get('backtest_verdict')}")
         console.print(f"backtest {result.time_range[0]}:{result.time_range[1]} against {result.benchmark}, annualised "
-                      f"excess return with cost: {shown} ({time.time() - started:.1f}s)")
+                      f"excess return with cost: {shown}{control} ({time.time() - started:.1f}s)")
