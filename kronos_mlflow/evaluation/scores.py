@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from .verdict import BOOTSTRAP_SEED, group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
+from .verdict import group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
 
 NORM_EPS = 1e-5
 MIN_SYMBOLS = 5
