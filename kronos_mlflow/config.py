@@ -131,9 +131,16 @@ _SPEC: dict[str, tuple[Any, str]] = {
     # ---- Qlib backtest of forecast signals (upstream's finetune/qlib_test.py names and defaults) ----
     "backtest_time_range": ([], "Backtest dates, START:END; empty (default) = the test range, from the first date "
                                 "a signal has (upstream: 2024-07-01:2025-06-05)."),
-    "backtest_n_symbol_hold": (50, "Backtest: symbols held (TopkDropoutStrategy's topk)."),
+    "backtest_n_symbol_hold": (0, "Backtest: symbols held (TopkDropoutStrategy's topk); 0 = upstream's 50, or a fifth "
+                                  "of the symbols with a signal when that is fewer. A top-k holding half of them or "
+                                  "more is skipped: it trades alike on any signal."),
     "backtest_n_symbol_drop": (5, "Backtest: held symbols swapped for better-scored ones each day (n_drop)."),
     "backtest_hold_thresh": (5, "Backtest: days a symbol is held before it may be sold (hold_thresh)."),
+    "backtest_signal_stride": (1, "Backtest: trading days between two signal dates; the Kronos pairs forecast every "
+                                  "symbol on each (1 = every day, as upstream; each date costs a forecast per "
+                                  "symbol). 0 = the scorecard's origin dates only (no forecast of its own)."),
+    "backtest_n_random": (20, "Backtest: random signals the fine-tuned signal is compared with, each one backtest "
+                              "(backtest_random_*, tag backtest_verdict); 0 = none."),
     "backtest_benchmark": ("", "Backtest benchmark: a Qlib instrument code with a close series; empty = upstream's "
                                "index for the instrument (csi300 SH000300, csi800 SH000906, csi1000 SH000852; "
                                "SH000300 for any other universe)."),
@@ -200,11 +207,12 @@ _POSITIVE = (
     "grad_clip_norm", "log_interval", "d_model", "n_heads", "ff_dim", "n_enc_layers",
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
-    "backtest_n_symbol_hold", "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
+    "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
     "n_val_skill_windows",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop",
+                 "backtest_n_symbol_hold", "backtest_n_random", "backtest_signal_stride",
                  "eval_stride", "inference_top_k")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
@@ -219,6 +227,7 @@ MAX_VALUES = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers
         "system_metrics_interval_s": 86_400.0, "n_test_iter": 10**12,
         "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256,
         "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
+        "backtest_signal_stride": 10**9, "backtest_n_random": 10_000,
         "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
         "inference_sample_count": 10_000}
 # inference_T: the forecasting loop's lowest temperature (model/sampling.py T_MIN, below it logits / T
@@ -428,7 +437,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     for key, choices in CHOICES.items():
         if out[key] not in choices:
             raise ConfigError(f"{key}: '{checks.shown(out[key])}' is not one of {', '.join(choices)}")
-    if out["backtest_n_symbol_drop"] > out["backtest_n_symbol_hold"]:
+    if out["backtest_n_symbol_hold"] and out["backtest_n_symbol_drop"] > out["backtest_n_symbol_hold"]:
         raise ConfigError(f"backtest_n_symbol_drop: {out['backtest_n_symbol_drop']} is more than backtest_n_symbol_hold "
                           f"{out['backtest_n_symbol_hold']}; expected 0 to backtest_n_symbol_hold")
     if out["backtest_benchmark"] and not checks.NAME_RE.match(out["backtest_benchmark"]):
@@ -499,12 +508,13 @@ def fresh_parameter_count(config: Mapping[str, Any]) -> int:
 def horizons(config: Mapping[str, Any]) -> list[int]:
     """``eval_horizons`` as steps (ascending, distinct); empty: 1, 5 and ``predict_window`` (those inside it)."""
     horizon, raw = int(config["predict_window"]), str(config.get("eval_horizons") or "").strip()
+    default = sorted({k for k in (1, 5, horizon) if k <= horizon})
     if not raw:
-        return sorted({k for k in (1, 5, horizon) if k <= horizon})
+        return default
     steps = [part.strip() for part in raw.split(",")]
     if not all(s.isdigit() and 1 <= int(s) <= horizon for s in steps):
         raise ConfigError(f"eval_horizons: {checks.shown(raw)} is not a comma-separated list of forecast steps; expected "
-                          f"integers in 1..predict_window ({horizon}), e.g. 1,5,{horizon}")
+                          f"integers in 1..predict_window ({horizon}), e.g. {','.join(map(str, default))}")
     return sorted({int(s) for s in steps})
 
 

@@ -41,7 +41,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     "n_test_iter", "verdict_min_change",
     # the Qlib backtest of the forecasts, after training
     "backtest_time_range", "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh",
-    "backtest_benchmark",
+    "backtest_benchmark", "backtest_signal_stride", "backtest_n_random",
     # the scorecard after training (docs/forecast-evaluation.md)
     "evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
     "inference_sample_count", "eval_horizons", "bootstrap_unit",

@@ -67,6 +67,8 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
                                   {"predictor": "pretrained_predictor_path"}),
     **{k: (f"config key {k}, both training steps", {"tokenizer": k, "predictor": k}) for k in SHARED},
     **{k: (f"config key {k}, every step", {"tokenizer": k, "predictor": k, "evaluation": k}) for k in DATA},
+    "backtest_signal_stride": ("trading days between two backtest signal dates (evaluation step; 1: daily, 0: the "
+                               "scorecard's origin dates)", {"evaluation": "backtest_signal_stride"}),
 }
 SWITCH = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 

@@ -208,14 +208,18 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
     prepared: a :meth:`DataView.config`); none is a refusal when ``required`` (an evaluation
     with nothing to score). With origins, the backtest the scorecard runs has a day with a
     signal in its range. Reads the data, writes nothing."""
-    from .evaluation.origins import forecast_origins, no_origins_reason  # lazy: torch, pandas, numpy
+    from .evaluation.origins import forecast_origins, no_origins_reason, signal_origins  # lazy: torch, pandas, numpy
 
     origins = forecast_origins(config)
     if not len(origins):
         if required:
             raise UserError(f"nothing to score: {no_origins_reason(origins, config)}")
         return 0
-    check_signal_days(config, origins.dates)
+    if int(config.get("backtest_signal_stride", 1)):
+        daily = signal_origins(config)
+        check_signal_days(config, daily.dates if len(daily) else origins.dates)
+    else:
+        check_signal_days(config, origins.dates)
     return len(origins)
 
 

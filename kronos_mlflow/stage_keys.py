@@ -13,7 +13,9 @@ from typing import Any
 
 #: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
 EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count", "eval_horizons", "bootstrap_unit")
+                   "inference_sample_count", "eval_horizons", "bootstrap_unit", "backtest_time_range",
+                   "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh", "backtest_benchmark",
+                   "backtest_signal_stride", "backtest_n_random")
 #: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
 #: run's directory and training state do not depend on them.
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",

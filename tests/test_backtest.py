@@ -21,7 +21,7 @@ from kronos_mlflow.data import write_demo_market
 from kronos_mlflow.data.demo import BENCHMARK
 from kronos_mlflow.digest import config_digest
 from kronos_mlflow.errors import ConfigError, DataError
-from kronos_mlflow.evaluation.backtest import PNG, backtest_signals, benchmark_of, metric_prefix
+from kronos_mlflow.evaluation.backtest import PNG, backtest_signals, benchmark_of, breadth_reason, metric_prefix, portfolio
 
 NAMES = ("excess_return_with_cost", "excess_return_without_cost", "information_ratio", "max_drawdown")
 
@@ -76,6 +76,50 @@ def test_oracle_beats_the_benchmark_and_its_negation_loses(oracle_run):
     assert result.plot == out / PNG and (out / PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market, tmp_path):
+    """``backtest_n_random`` random signals (20 by default) and the negated one on the same days
+    and symbols: an oracle's excess return lies above the random signals' 95% point
+    (``better``), a random signal's does not; the negated oracle loses."""
+    oracle = _oracle(market)
+    spring = {"backtest_time_range": "2021-01-04:2021-04-30"}  # four months: each control is one backtest
+    result = backtest_signals(_config(market, **spring), {"oracle": oracle}, tmp_path, control="oracle")
+    m = result.metrics
+    assert result.tags == {"backtest_verdict": "better"}
+    assert m["backtest_random_excess_return_with_cost_p05"] <= m["backtest_random_excess_return_with_cost"] \
+        <= m["backtest_random_excess_return_with_cost_p95"] < m["backtest_oracle_excess_return_with_cost"]
+    assert m["backtest_negated_excess_return_with_cost"] < m["backtest_random_excess_return_with_cost_p05"]
+    noise = oracle.assign(score=np.random.default_rng(7).standard_normal(len(oracle)))
+    plain = backtest_signals(_config(market, **spring, backtest_n_random=8), {"noise": noise}, tmp_path,
+                             control="noise")
+    assert plain.tags["backtest_verdict"] != "better"
+    assert all(math.isfinite(v) for v in plain.metrics.values())
+    none = backtest_signals(_config(market, **spring, backtest_n_random=0), {"oracle": oracle}, tmp_path,
+                            control="oracle")
+    assert none.tags == {} and "backtest_random_excess_return_with_cost" not in none.metrics
+    assert none.metrics["backtest_negated_excess_return_with_cost"] == m["backtest_negated_excess_return_with_cost"]
+    with pytest.raises(DataError, match="backtest control 'other' is not one of the signals"):
+        backtest_signals(_config(market), {"noise": noise}, tmp_path, control="other")
+    with pytest.raises(DataError, match="backtest signal name 'Random' gives the metric names"):
+        backtest_signals(_config(market), {"Random": noise}, tmp_path)
+
+
+def test_a_top_k_of_half_the_universe_is_skipped_in_one_line(market, tmp_path):
+    """15 symbols with a signal: a top-k of 8 holds half of them and trades alike on any signal (7
+    does not); the default (0) holds a fifth of them, upstream's 50 on a universe of 250 or more."""
+    result = backtest_signals(_config(market, backtest_n_symbol_hold=8), {"oracle": _oracle(market)}, tmp_path)
+    line = result.skipped
+    assert result.metrics == {} and not (tmp_path / PNG).exists()
+    assert "\n" not in line and "backtest_n_symbol_hold 8" in line and "15 symbols" in line and "below 8" in line
+    assert breadth_reason(load_config({"qlib_data_path": str(market), "backtest_n_symbol_hold": 7}), 15) is None
+    config = load_config({"qlib_data_path": str(market)})
+    assert config["backtest_n_symbol_hold"] == 0
+    assert portfolio(config, 20) == (4, 4) and portfolio(config, 51) == (10, 5)
+    assert portfolio(config, 300) == (50, 5) and portfolio(config, 3) == (1, 1)
+    assert breadth_reason(config, 20) is None and breadth_reason(config, 2) is not None
+    auto = backtest_signals(_config(market, backtest_n_symbol_hold=0), {"oracle": _oracle(market)}, tmp_path)
+    assert auto.skipped is None and auto.metrics["backtest_oracle_excess_return_with_cost"] > 0.1
+
+
 def test_repeated_calls_in_one_process_read_their_own_provider(oracle_run, market, tmp_path):
     """Qlib's init is process-global: after Qlib reads another directory, a backtest gives the
     same numbers again."""
@@ -114,16 +158,22 @@ def test_the_benchmark_is_upstreams_for_the_instrument():
 
 def test_backtest_keys_have_upstreams_defaults_and_leave_the_digest_alone():
     c = load_config()
-    assert (c["backtest_n_symbol_hold"], c["backtest_n_symbol_drop"], c["backtest_hold_thresh"]) == (50, 5, 5)
+    # hold 0: upstream's 50 on a universe of 250 symbols or more (a fifth of a smaller one)
+    assert (c["backtest_n_symbol_hold"], c["backtest_n_symbol_drop"], c["backtest_hold_thresh"]) == (0, 5, 5)
+    assert portfolio(c, 300) == (50, 5)
     assert c["backtest_time_range"] == [] and c["backtest_benchmark"] == ""
+    assert (c["backtest_signal_stride"], c["backtest_n_random"]) == (1, 20)
     changed = load_config({"backtest_time_range": "2024-07-01:2025-06-05", "backtest_n_symbol_hold": 10,
-                           "backtest_n_symbol_drop": 2, "backtest_hold_thresh": 1, "backtest_benchmark": "SH000905"})
+                           "backtest_n_symbol_drop": 2, "backtest_hold_thresh": 1, "backtest_benchmark": "SH000905",
+                           "backtest_signal_stride": 5, "backtest_n_random": 3})
     assert changed["backtest_time_range"] == ["2024-07-01", "2025-06-05"]
     assert config_digest(changed) == config_digest(c)
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ({"backtest_n_symbol_hold": 0}, "backtest_n_symbol_hold: 0 must be greater than 0"),
+    ({"backtest_n_symbol_hold": -1}, "backtest_n_symbol_hold: -1 must be 0 or greater"),
+    ({"backtest_signal_stride": -2}, "backtest_signal_stride: -2 must be 0 or greater"),
+    ({"backtest_n_random": 10**6}, "backtest_n_random: 1000000 is"),
     ({"backtest_n_symbol_drop": -1}, "backtest_n_symbol_drop: -1 must be 0 or greater"),
     ({"backtest_n_symbol_hold": 3, "backtest_n_symbol_drop": 4}, "backtest_n_symbol_drop: 4 is more than"),
     ({"backtest_hold_thresh": "two"}, "backtest_hold_thresh: 'two' is not an integer"),
@@ -158,11 +208,15 @@ def test_the_scorecard_backtests_its_signals_or_says_in_one_line_why_not(market,
     from kronos_mlflow.console import Console
 
     logger, console = Recorder(), Console(True)
-    add_backtest(card, _config(market), tmp_path, logger, console)
+    add_backtest(card, _config(market, backtest_n_random=4), tmp_path, logger, console)
     assert card.metrics["backtest_fine_tuned_excess_return_with_cost"] > card.metrics[
         "backtest_zero_shot_excess_return_with_cost"]
+    # the fine-tuned signal is the one controlled: here an oracle, so better than random
+    assert card.tags == {"backtest_verdict": "better"}
+    assert card.metrics["backtest_negated_excess_return_with_cost"] < 0
     assert logger.calls == [("log_artifact", str(tmp_path / PNG), "evaluation")]
-    assert "fine-tuned" in capsys.readouterr().out.strip().splitlines()[-1]
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "fine-tuned" in line and "4 random signals" in line and line.count("%") >= 6 and "better" in line
     skipped = Scorecard(signals={"finetuned": oracle})
     add_backtest(skipped, _config(market, backtest_benchmark="SH000905"), tmp_path / "x", logger, console)
     assert skipped.tags["backtest"] == "skipped" and skipped.metrics == {}

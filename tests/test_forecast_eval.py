@@ -188,7 +188,9 @@ def project_runs(tmp_path_factory):
             from mlflow import MlflowClient
 
             (run,) = MlflowClient(uri).search_runs(["0"])
-            params = {**params, "model": f"runs:/{run.info.run_id}/best_model"}
+            # a signal every 20th day (the entry point's default is every day: about 10 times the
+            # scorecard's forecasts), over the config file's 0, which the predictor run kept
+            params = {**params, "model": f"runs:/{run.info.run_id}/best_model", "backtest_signal_stride": 20}
         cmd = [*base, "-e", entry, *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                               timeout=600)
@@ -256,9 +258,16 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
     _assert_scorecard(client, evaluate)
     assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
     # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
-    for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot",
-                "backtest_fine_tuned_excess_return_with_cost"):
+    for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
         assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
+    # the entry point's backtest_signal_stride 20 (over the config file's 0, which the predictor
+    # run kept): a signal of its own on every 20th day
+    m = evaluate.data.metrics
+    assert m["backtest_signal_origins"] > m["eval_origins"] == predictor.data.metrics["eval_origins"]
+    assert m["backtest_signal_forecasts"] <= m["backtest_signal_origins"]
+    assert "backtest_signal_origins" not in predictor.data.metrics
+    assert m["backtest_fine_tuned_excess_return_with_cost"] != predictor.data.metrics[
+        "backtest_fine_tuned_excess_return_with_cost"]
 
 
 @pytest.mark.slow

@@ -153,8 +153,8 @@ def test_a_date_bootstrap_is_wider_than_an_origin_bootstrap_when_a_date_moves_to
     # every origin its own group: the same interval as the origin bootstrap
     same = sc.skill(model, base, np.arange(dates.size))
     assert same[1] == pytest.approx(by_origin[1], rel=1e-9) and same[2] == pytest.approx(by_origin[2], rel=1e-9)
-    low, high = sc.grouped_mean_interval(shock, dates)
-    narrow = sc.grouped_mean_interval(shock)
+    low, high = sc.mean_interval(shock, dates)
+    narrow = sc.mean_interval(shock)
     assert (high - low) > 2 * (narrow[1] - narrow[0]) and math.isfinite(low)
 
 
@@ -169,3 +169,38 @@ def test_a_test_range_inside_validation_is_refused_in_one_line_before_any_foreca
     inside = {**config, "val_time_range": [config["val_time_range"][0], config["test_time_range"][1]]}
     with pytest.raises(UserError, match="inside val_time_range .* which chose the checkpoint"):
         check_scorecard(inside)
+
+
+def test_the_backtest_signal_is_forecast_on_its_own_days(scored):
+    """``backtest_signal_stride`` k: the pairs forecast every symbol on every k-th day of the
+    test range (all of them, beside the scorecard's thinned origins); greedy forecasts of an
+    origin both share are the same; 0 keeps the scorecard's origins."""
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.evaluation.origins import forecast_origins, signal_origins
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+
+    base, _, _ = scored
+    config = load_config({**base, "backtest_signal_stride": 20, "eval_stride": 20, "inference_top_k": 1, "inference_sample_count": 1,
+                          "n_eval_windows": 60})
+    card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)})
+    daily, origins = signal_origins(config), forecast_origins(config)
+    signal = card.signals["finetuned"]
+    assert len(signal) == len(daily) == card.metrics["backtest_signal_origins"] > len(origins)
+    assert set(daily.positions % 20) == {0} and len(np.unique(daily.positions)) > len(np.unique(origins.positions))
+    assert signal.index.equals(daily.index()) and set(card.signal_seconds) == {"finetuned", "zeroshot"}
+    assert card.signal_description.startswith(f"{len(daily):,} origins on ")
+    # the scorecard's origins are among the signal's (eval_stride 20) and are not forecast again
+    assert card.metrics["backtest_signal_forecasts"] == len(daily) - len(origins)
+    assert card.signal_description.endswith(f", {len(daily) - len(origins):,} forecast for it")
+    own = card.origins.set_index(["datetime", "instrument"])["finetuned_forecast_return"]
+    shared = own.index.intersection(signal.index)
+    assert len(shared) > 0
+    np.testing.assert_allclose(signal.loc[shared, "score"].to_numpy(), own.loc[shared].to_numpy(), rtol=1e-6)
+    # greedy forecasts: an origin forecast for the signal alone equals the scorecard's forecast of it
+    alone = load_config({**config, "n_eval_windows": 10**6})
+    full = score_forecasters(alone, {"finetuned": _tiny_pair(1)})
+    every = full.origins.set_index(["datetime", "instrument"])["finetuned_forecast_return"]
+    np.testing.assert_allclose(signal["score"].to_numpy(), every.loc[signal.index].to_numpy(), rtol=1e-5, atol=1e-7)
+    same = score_forecasters(load_config({**config, "backtest_signal_stride": 0}), {"finetuned": _tiny_pair(1)})
+    assert same.signals["finetuned"].index.equals(forecast_origins(config).index())
+    assert not same.signal_description and "backtest_signal_origins" not in same.metrics

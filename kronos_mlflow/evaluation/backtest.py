@@ -15,6 +15,20 @@ with upstream's exchange: 0.1% to buy, 0.15% to sell, 5 minimum, no trade at +-9
 hundred million to start, against ``backtest_benchmark``. Per signal, Qlib's ``risk_analysis``
 of the daily excess return over the benchmark (with and without cost) gives the metrics;
 ``backtest.png`` draws the cumulative curves. docs/backtest.md says how to read them.
+
+The top-k is ``backtest_n_symbol_hold``, or (0, the default) upstream's 50 capped at a fifth of
+the symbols with a signal (10 on the 51-symbol demo market); ``backtest_n_symbol_drop`` is capped
+at the top-k. A top-k holding half of those symbols or more is skipped (:func:`breadth_reason`):
+such a portfolio holds nearly the whole universe whatever the signal says.
+
+With ``control`` (a signal's name), the same backtest runs on controls of that signal, on its
+days and symbols: ``backtest_n_random`` random signals (independent standard normal scores drawn
+from ``CONTROL_SEED``) and the signal negated. ``backtest_random_excess_return_with_cost`` is the
+random signals' median, ``_p05`` / ``_p95`` their 5% and 95% points (numpy's linear
+percentiles); ``backtest_negated_*`` are the negated signal's metrics; the tag
+``backtest_verdict`` is ``better`` when the controlled signal's excess return with cost lies
+above the random signals' 95% point, ``worse`` below their 5% point, else ``inconclusive``: a
+strategy that makes as much with any signal says nothing of the forecasts.
 """
 
 from __future__ import annotations
@@ -33,7 +47,8 @@ from typing import Any
 
 from ..errors import DataError
 
-__all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "check_signal_days", "metric_prefix", "skip_reason",
+__all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "breadth_reason", "check_signal_days", "metric_prefix",
+           "portfolio", "skip_reason",
            "EXCHANGE", "ACCOUNT", "PNG"]
 
 PNG = "backtest.png"
@@ -44,6 +59,11 @@ ACCOUNT = 100_000_000
 #: Upstream's benchmark per instrument universe (finetune/config.py); others use csi300's.
 UPSTREAM_BENCHMARKS = {"csi300": "SH000300", "csi800": "SH000906", "csi1000": "SH000852"}
 _NAME = re.compile(r"[^a-z0-9]+")
+CONTROL_SEED = 20240601
+VERDICT_TAG = "backtest_verdict"
+UPSTREAM_TOPK = 50  # finetune/config.py's n_symbol_hold
+#: signal names whose metric names the backtest's own metrics use
+RESERVED = ("random", "negated", "benchmark")
 
 
 @dataclass
@@ -54,6 +74,7 @@ class BacktestResult:
     metrics: dict[str, float] = field(default_factory=dict)
     plot: Path | None = None
     skipped: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # backtest_verdict, with a control
     benchmark: str = ""
     time_range: tuple[str, str] = ("", "")
     #: Per-day curves, by signal name: cumulative return with cost, cumulative excess return with
@@ -152,19 +173,37 @@ def _quiet():
         yield
 
 
+def portfolio(config: Mapping[str, Any], n_symbols: int) -> tuple[int, int]:
+    """``(topk, n_drop)`` of the strategy on ``n_symbols`` symbols with a signal (the module doc)."""
+    hold = int(config.get("backtest_n_symbol_hold") or 0) or max(1, min(UPSTREAM_TOPK, int(n_symbols) // 5))
+    return hold, min(int(config["backtest_n_symbol_drop"]), hold)
+
+
+def breadth_reason(config: Mapping[str, Any], n_symbols: int) -> str | None:
+    """The one line that skips a backtest whose top-k holds half of the ``n_symbols`` symbols
+    with a signal or more, or None."""
+    hold, _ = portfolio(config, n_symbols)
+    if 2 * hold < int(n_symbols):
+        return None
+    given = "backtest_n_symbol_hold" if config.get("backtest_n_symbol_hold") else "the top-k"
+    return (f"backtest skipped: {given} {hold} holds half or more of the {int(n_symbols)} symbols with a signal, so "
+            f"it trades alike on any signal; expected backtest_n_symbol_hold below {(int(n_symbols) + 1) // 2} "
+            "(0 = a fifth of them)")
+
+
 def _run_one(signal, config: Mapping[str, Any], benchmark: str, start: str, end: str, codes: list[str]):
     """One Qlib backtest of one signal: its daily report (account, return, cost, bench, ...)."""
+    topk, n_drop = portfolio(config, len(codes))
     with _quiet():
         from qlib.backtest import backtest, executor
         from qlib.contrib.strategy import TopkDropoutStrategy
 
-        strategy = TopkDropoutStrategy(topk=int(config["backtest_n_symbol_hold"]),
-                                       n_drop=int(config["backtest_n_symbol_drop"]),
+        strategy = TopkDropoutStrategy(topk=topk, n_drop=n_drop,
                                        hold_thresh=int(config["backtest_hold_thresh"]), signal=signal)
         trade_executor = executor.SimulatorExecutor(time_per_step="day", generate_portfolio_metrics=True)
-        portfolio, _ = backtest(start_time=start, end_time=end, strategy=strategy, executor=trade_executor,
+        reports, _ = backtest(start_time=start, end_time=end, strategy=strategy, executor=trade_executor,
                                 benchmark=benchmark, account=ACCOUNT, exchange_kwargs={**EXCHANGE, "codes": codes})
-    report, _ = portfolio["1day"]
+    report, _ = reports["1day"]
     return report
 
 
@@ -210,7 +249,35 @@ def check_signal_days(config: Mapping[str, Any], dates) -> None:
     _days_with_signal(config, dates.min(), dates.max(), calendar)
 
 
-def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir) -> BacktestResult:
+def _excess(report) -> tuple[Any, dict[str, float]]:
+    """The daily excess return over the benchmark and Qlib's risk analysis of it with cost."""
+    excess = report["return"] - report["bench"]
+    return excess, _risk(excess - report["cost"])
+
+
+def _controls(signal, run, n_random: int, value: float) -> tuple[dict[str, float], dict[str, str]]:
+    """The random and negated controls of ``signal`` whose excess return with cost is ``value``
+    (the module doc): their metrics and the ``backtest_verdict`` tag (none without randoms)."""
+    import numpy as np
+    import pandas as pd
+
+    _, negated = _excess(run(-signal))
+    metrics = {"backtest_negated_excess_return_with_cost": negated["annualized_return"],
+               "backtest_negated_information_ratio": negated["information_ratio"]}
+    if n_random <= 0:
+        return metrics, {}
+    rng = np.random.default_rng(CONTROL_SEED)
+    randoms = [_excess(run(pd.Series(rng.standard_normal(len(signal)), index=signal.index)))[1]["annualized_return"]
+               for _ in range(int(n_random))]
+    p05, median, p95 = (float(v) for v in np.percentile(randoms, [5, 50, 95]))
+    metrics.update({"backtest_random_excess_return_with_cost": median,
+                    "backtest_random_excess_return_with_cost_p05": p05,
+                    "backtest_random_excess_return_with_cost_p95": p95})
+    return metrics, {VERDICT_TAG: "better" if value > p95 else "worse" if value < p05 else "inconclusive"}
+
+
+def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir,
+                     control: str | None = None) -> BacktestResult:
     """Backtest each signal (name -> DataFrame indexed (datetime, instrument), column ``score``)
     with Qlib on the config's provider (``qlib_data_path``, or the demo market when empty) and
     write ``out_dir/backtest.png``. Metrics per signal ``s`` (``backtest_<s>_...``, the name
@@ -218,8 +285,12 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     ``excess_return_without_cost`` (annualised), ``information_ratio`` and ``max_drawdown`` of
     the excess return with cost; and ``backtest_benchmark_return`` (annualised).
 
-    A provider without the benchmark's series, or a config with intraday bars, gives a result
-    with ``skipped`` set (one line) instead. Bad signals raise :class:`DataError`."""
+    With ``control`` (one of the signals' names), its random and negated controls and the
+    ``backtest_verdict`` tag (the module doc).
+
+    A provider without the benchmark's series, a config with intraday bars, or a top-k holding
+    half of the symbols with a signal gives a result with ``skipped`` set (one line) instead.
+    Bad signals raise :class:`DataError`."""
     from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     if not signals:
@@ -227,6 +298,12 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     prefixes = {name: metric_prefix(name) for name in signals}
     if len(set(prefixes.values())) < len(prefixes):
         raise DataError(f"backtest signal names {sorted(signals)} give the same metric names; expected distinct names")
+    if control is not None and control not in signals:
+        raise DataError(f"backtest control '{control}' is not one of the signals {sorted(signals)}")
+    taken = [name for name, p in prefixes.items() if p in {f"backtest_{r}_" for r in RESERVED}]
+    if taken:
+        raise DataError(f"backtest signal name '{taken[0]}' gives the metric names of the backtest's own "
+                        f"{taken[0].lower()} series; expected a name other than {', '.join(RESERVED)}")
     benchmark = benchmark_of(config)
     skipped = skip_reason(config)
     if skipped:
@@ -238,12 +315,14 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
 
     start, end = _time_range(config, series, list(D.calendar(freq="day")))
     codes = sorted(set().union(*(s.index.get_level_values(1).unique() for s in series.values())))
+    narrow = breadth_reason(config, len(codes))
+    if narrow:
+        return BacktestResult(skipped=narrow, benchmark=benchmark, time_range=(start, end))
     result = BacktestResult(benchmark=benchmark, time_range=(start, end))
     bench = None
     for name, signal in series.items():
         report = _run_one(signal, config, benchmark, start, end, codes)
-        excess = report["return"] - report["bench"]
-        with_cost = _risk(excess - report["cost"])
+        excess, with_cost = _excess(report)
         p = prefixes[name]
         result.metrics[p + "excess_return_with_cost"] = with_cost["annualized_return"]
         result.metrics[p + "excess_return_without_cost"] = _risk(excess)["annualized_return"]
@@ -253,6 +332,12 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
                                "excess_return_with_cost": (excess - report["cost"]).cumsum()}
         bench = report["bench"]
     result.metrics["backtest_benchmark_return"] = _risk(bench)["annualized_return"]
+    if control is not None:
+        metrics, tags = _controls(series[control], lambda s: _run_one(s, config, benchmark, start, end, codes),
+                                  int(config.get("backtest_n_random", 20)),
+                                  result.metrics[prefixes[control] + "excess_return_with_cost"])
+        result.metrics.update(metrics)
+        result.tags.update(tags)
     result.curves["benchmark"] = bench.cumsum()
     result.plot = plot_backtest(result, Path(out_dir) / PNG)
     return result

@@ -29,9 +29,14 @@ def scorecard_figure(card):
         ax.annotate(f"{value:+.3f} [{low:+.3f}, {high:+.3f}]", (value, i), textcoords="offset points", xytext=(0, 8),
                     ha="center", fontsize=8)
     ax.axvline(0.0, color="k", lw=0.8)
+    # room for the labels (centred on each point, about a fifth of the axis wide) inside the axes
+    spans = [card.metrics.get(f"{n}_ci_{side}", card.metrics[n]) for n in names for side in ("low", "high")] + [0.0]
+    lo, hi = min(spans), max(spans)
+    pad = 0.25 * (hi - lo or 1.0)
+    ax.set_xlim(lo - pad, hi + pad)
     ax.set_yticks(range(len(names)), [n.replace("_skill_vs_", " vs ").replace("skill_vs_", "mase vs ") for n in names])
     ax.set_ylim(-0.7, len(names) - 0.3)
-    ax.set_xlabel("skill = 1 - error(fine-tuned) / error(baseline)   (> 0: fine-tuned forecasts better)")
+    ax.set_xlabel("skill = 1 - error(fine-tuned) / error(baseline); > 0: fine-tuned better")
     ax.set_title(f"scorecard: {card.description}", fontsize=9)
     return fig
 

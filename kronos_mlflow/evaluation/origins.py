@@ -147,14 +147,17 @@ class Origins:
         return f"{shown} origins on {dates:,} dates (stride {self.stride}){left}"
 
 
-def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
+def forecast_origins(config: Mapping[str, Any], split: str = "test", *, stride: int | None = None,
+                     limit: int | None = None) -> Origins:
     """The origins of ``config``'s test split (``split="val"``: of its validation split, keeping
     only origins whose forecast bars all lie after ``train_time_range``, since the validation
     range overlaps training to give its first windows a lookback, and at most
-    ``n_val_skill_windows`` of them), prepared on first use."""
+    ``n_val_skill_windows`` of them), prepared on first use. ``stride`` and ``limit`` replace
+    ``eval_stride`` and the split's origin limit (:func:`signal_origins`)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
-    lookback, horizon, stride = int(config["lookback_window"]), int(config["predict_window"]), eval_stride(config)
+    lookback, horizon = int(config["lookback_window"]), int(config["predict_window"])
+    stride = int(stride) if stride else eval_stride(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an empty split is reported once, by the caller
         ds = QlibDataset(split, config, progress=False)
@@ -182,13 +185,20 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test") -> Origins:
     pos_a = np.concatenate(positions) if positions else np.empty(0, dtype=np.int64)
     order = np.lexsort((series_a, pos_a))
     rows_a, series_a, pos_a = rows_a[order], series_a[order], pos_a[order]
-    limit = config["n_eval_windows"] if split == "test" else config["n_val_skill_windows"]
+    if limit is None:
+        limit = config["n_eval_windows"] if split == "test" else config["n_val_skill_windows"]
     keep = thin_dates(pos_a, int(limit))
     return Origins(rows=rows_a[keep], series=series_a[keep], positions=pos_a[keep], dates=bar_times[rows_a[keep]],
                    symbols=list(ds.symbols), x=ds.x, bar_times=bar_times, lookback=lookback, horizon=horizon,
                    stride=stride, candidates=int(len(rows_a)),
                    data_key=ds.cache_dir.name if split == "test" else f"{ds.cache_dir.name}/{split}",
                    in_validation=inside if split == "test" else 0)
+
+
+def signal_origins(config: Mapping[str, Any]) -> Origins:
+    """The origins the backtest's signal is forecast from: those of the test split (the same
+    rules) at every ``backtest_signal_stride``-th calendar bar, all of them."""
+    return forecast_origins(config, stride=int(config.get("backtest_signal_stride") or 1), limit=1 << 62)
 
 
 def no_origins_reason(origins: Origins, config: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,9 @@ import pandas as pd
 from ..config import horizons
 from ..fsutil import write_atomic
 from . import forecasters as fc, scores as sc
-from .backtest import backtest_signals
+from .backtest import backtest_signals, breadth_reason, skip_reason
 from .figures import forecasts_figure, horizons_figure, scorecard_figure
-from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason
+from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason, signal_origins
 from .verdict import decide
 
 #: forecaster -> metric prefix; the order of the scorecard
@@ -66,6 +66,10 @@ class Scorecard:
     sample: dict[str, Any] = field(default_factory=dict)  # what forecasts.png draws
     forecasts: pd.DataFrame = field(default_factory=pd.DataFrame)  # evaluation/forecasts.parquet
     horizon_mase: dict[str, list[float]] = field(default_factory=dict)  # per forecaster: MASE at steps 1..H
+    #: the backtest signal's origins (backtest_signal_stride) and each pair's wall time on those
+    #: the scorecard did not forecast; empty when the signal is the scorecard's origins' forecasts
+    signal_description: str = ""
+    signal_seconds: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         if self.reason:
@@ -82,7 +86,8 @@ class Scorecard:
 
     def as_json(self) -> dict[str, Any]:
         return {"metrics": self.metrics, "tags": self.tags, "origins": self.description, "origins_digest": self.digest,
-                "seconds": self.seconds, "reason": self.reason}
+                "seconds": self.seconds, "reason": self.reason, "signal_origins": self.signal_description,
+                "signal_seconds": self.signal_seconds}
 
 
 def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, world_size, console, period):
@@ -100,6 +105,42 @@ def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, 
     if seasonal is not None:
         paths["seasonal_naive"] = seasonal
     return paths, seconds
+
+
+def _backtest_signals(config, predictors, origins: Origins, per, *, rank, world_size, console):
+    """The Kronos pairs' backtest signals (forecast return at the horizon, by (datetime,
+    instrument)), the signal origins' description, each pair's seconds on the origins forecast
+    for the signal alone and their number. The signal
+    covers :func:`~.origins.signal_origins` (every ``backtest_signal_stride``-th day, as upstream
+    trades): a scorecard origin's forecast serves as is, the others are forecast for it. The
+    scorecard's own signals serve alone when the stride is 0 or no backtest will run (daily bars
+    only, the benchmark's series, a top-k of under half of the symbols)."""
+    own = {name: pd.DataFrame({"score": per[name]["forecast_return"]}, index=origins.index())
+           for name in ("finetuned", "zeroshot") if name in per}
+    if not own or not int(config.get("backtest_signal_stride", 1)) or skip_reason(config):
+        return own, "", {}, 0
+    daily = signal_origins(config)
+    if not len(daily) or breadth_reason(config, len(np.unique(daily.series))):
+        return own, "", {}, 0
+    where = pd.Index(origins.rows).get_indexer(daily.rows)  # the scorecard's origin, or -1
+    fresh = where < 0
+    part = replace(daily, rows=daily.rows[fresh], series=daily.series[fresh], positions=daily.positions[fresh],
+                   dates=daily.dates[fresh], candidates=int(fresh.sum()))
+    last = part.history(np.arange(len(part)))[:, -1, CLOSE]
+    progress = console.progress if console is not None else None
+    signals, seconds = {}, {}
+    for name in own:
+        score = np.empty(len(daily), dtype=np.float64)
+        score[~fresh] = per[name]["forecast_return"][where[~fresh]]
+        if len(part):
+            started = time.time()
+            paths = fc.kronos_paths(predictors[name], part, config, rank=rank, world_size=world_size,
+                                    progress=progress, desc=f"backtest signal: {name}")
+            seconds[name] = round(time.time() - started, 3)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                score[fresh] = paths.mean(axis=1)[:, -1] / last - 1.0
+        signals[name] = pd.DataFrame({"score": score}, index=daily.index())
+    return signals, f"{daily.describe()}, {len(part):,} forecast for it", seconds, len(part)
 
 
 def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float, groups=None) -> tuple[dict, dict]:
@@ -179,12 +220,15 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     metrics["direction_baseline"] = sc.direction_baseline(per["persistence"]["actual_return"])
     for name in ("finetuned", "zeroshot"):
         if name in per:
-            low, high = sc.grouped_mean_interval(per[name]["direction"], groups)
+            low, high = sc.mean_interval(per[name]["direction"], groups)
             metrics.update({f"{PREFIXES[name]}direction_accuracy_ci_low": low,
                             f"{PREFIXES[name]}direction_accuracy_ci_high": high})
     metrics["eval_origins"] = float(len(origins))
-    signals = {name: pd.DataFrame({"score": per[name]["forecast_return"]}, index=origins.index())
-               for name in ("finetuned", "zeroshot") if name in per}
+    signals, signal_description, signal_seconds, n_forecast = _backtest_signals(
+        config, predictors, origins, per, rank=rank, world_size=world_size, console=console)
+    if signal_description:
+        metrics["backtest_signal_origins"] = float(len(next(iter(signals.values()))))
+        metrics["backtest_signal_forecasts"] = float(n_forecast)
     shown = every[np.linspace(0, len(origins) - 1, min(4, len(origins))).astype(int)]
     sample = {"history": history[shown], "actual": actual[shown], "labels": [
         f"{origins.instruments[i]} {str(origins.dates[i])[:16]}" for i in shown],
@@ -194,7 +238,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     return Scorecard(metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}, tags=tags,
                      origins=table, signals=signals, seconds=seconds, description=origins.describe(),
                      digest=origins.digest, sample=sample, forecasts=forecasts_frame(origins, per, actual),
-                     horizon_mase=step_means)
+                     horizon_mase=step_means, signal_description=signal_description, signal_seconds=signal_seconds)
 
 
 def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
@@ -238,6 +282,10 @@ def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None
         console.print(card.line())
         for name, seconds in card.seconds.items():
             console.print(f"  {name}: {fc.describe_cost(seconds, int(card.metrics.get('eval_origins', 0)))}")
+        if card.signal_description:
+            n = int(card.metrics.get("backtest_signal_forecasts", 0))
+            console.print(f"  backtest signal: {card.signal_description}" + "".join(
+                f"; {name} {fc.describe_cost(seconds, n)}" for name, seconds in card.signal_seconds.items()))
 
 
 #: The scorecard's signal names -> the backtest's (its metric names: backtest_fine_tuned_...).
@@ -246,24 +294,34 @@ BACKTEST_NAMES = {"finetuned": "fine-tuned", "zeroshot": "zero-shot"}
 
 def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, logger, console=None) -> None:
     """Qlib's TopkDropoutStrategy on the fine-tuned and zero-shot signals (docs/backtest.md):
-    its metrics join the card's, ``backtest.png`` is logged under ``evaluation/``; a provider
-    without the benchmark's series is one line and no backtest."""
+    its metrics join the card's with the fine-tuned signal's controls and ``backtest_verdict``,
+    ``backtest.png`` is logged under ``evaluation/``; a skipped backtest (intraday bars, no
+    benchmark series, a top-k of half the universe) is one line and the tag ``backtest: skipped``."""
     signals = {BACKTEST_NAMES[name]: frame for name, frame in card.signals.items()
                if name in BACKTEST_NAMES and frame is not None and len(frame)}
     if card.reason or not signals:
         return
     started = time.time()
-    result = backtest_signals(config, signals, directory)
+    result = backtest_signals(config, signals, directory, control="fine-tuned" if "fine-tuned" in signals else None)
     if result.skipped:
         card.tags["backtest"] = "skipped"
         if console is not None:
             console.print(result.skipped)
         return
     card.metrics.update({k: float(v) for k, v in result.metrics.items() if math.isfinite(float(v))})
+    card.tags.update(result.tags)
     if result.plot is not None:
         logger.log_artifact(str(result.plot), "evaluation")
     if console is not None:
-        shown = ", ".join(f"{name} {result.metrics.get(f'backtest_{n}_excess_return_with_cost', float('nan')):+.1%}"
+        m = result.metrics
+        shown = ", ".join(f"{name} {m.get(f'backtest_{n}_excess_return_with_cost', float('nan')):+.1%}"
                           for name, n in (("fine-tuned", "fine_tuned"), ("zero-shot", "zero_shot")) if name in signals)
+        if "backtest_negated_excess_return_with_cost" in m:
+            shown += f", negated {m['backtest_negated_excess_return_with_cost']:+.1%}"
+        if "backtest_random_excess_return_with_cost" in m:
+            shown += (f", {int(config.get('backtest_n_random', 0))} random signals "
+                      f"{m['backtest_random_excess_return_with_cost']:+.1%} (5%..95% "
+                      f"{m['backtest_random_excess_return_with_cost_p05']:+.1%} .. "
+                      f"{m['backtest_random_excess_return_with_cost_p95']:+.1%}): {result.tags.get('backtest_verdict')}")
         console.print(f"backtest {result.time_range[0]}:{result.time_range[1]} against {result.benchmark}, annualised "
                       f"excess return with cost: {shown} ({time.time() - started:.1f}s)")

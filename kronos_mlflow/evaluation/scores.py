@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from .verdict import BOOTSTRAP_SEED, group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
+from .verdict import group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
 
 NORM_EPS = 1e-5
 MIN_SYMBOLS = 5
@@ -156,7 +156,7 @@ def gm_skill(model_mase, base_mase, groups=None) -> tuple[float, float, float]:
     if not ok.any():
         return float("nan"), float("nan"), float("nan")
     logs = np.log(np.clip(m[ok] / b[ok], *GM_CLIP))
-    low, high = grouped_mean_interval(logs, np.asarray(groups)[ok] if groups is not None else None)
+    low, high = mean_interval(logs, np.asarray(groups)[ok] if groups is not None else None)
     return 1.0 - math.exp(float(logs.mean())), 1.0 - math.exp(high), 1.0 - math.exp(low)
 
 
@@ -167,9 +167,10 @@ def win_rate(model_mase, base_mase) -> float:
     return float((m[ok] < b[ok]).mean() + 0.5 * (m[ok] == b[ok]).mean()) if ok.any() else float("nan")
 
 
-def grouped_mean_interval(values, groups=None, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
+def mean_interval(values, groups=None, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
     """The 95% percentile bootstrap interval of the mean of ``values`` resampling whole
-    ``groups`` (each value alone without them; the verdict's seed); NaNs with fewer than two."""
+    ``groups`` (each value alone without them; the verdict's seed), e.g. of the per-date IC;
+    NaNs with fewer than two."""
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     g = np.arange(v.size) if groups is None else np.asarray(groups).reshape(-1)
     ok = np.isfinite(v)
@@ -179,20 +180,6 @@ def grouped_mean_interval(values, groups=None, n_resamples: int = 1000, level: f
     means = np.empty(n_resamples, dtype=np.float64)
     for start, idx in resampled_groups(len(sums), n_resamples):
         means[start:start + len(idx)] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def mean_interval(values, n_resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
-    """The 95% percentile bootstrap interval of the mean of ``values`` (the verdict's seed),
-    e.g. of the per-date IC; NaNs with fewer than two values."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if v.size < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    means = v[rng.integers(0, v.size, size=(n_resamples, v.size))].mean(axis=1)
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(low), float(high)
