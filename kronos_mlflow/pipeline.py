@@ -53,7 +53,9 @@ STEPS = ("tokenizer", "predictor", "evaluation")
 TAG_STEP = "pipeline.step"
 #: flag -> (help, the steps it goes to and the config key it sets there)
 SHARED = ("batch_size", "accumulation_steps", "n_train_iter", "n_val_iter", "n_test_iter", "seed", "comet",
-          "pretrained_tokenizer_path")
+          "pretrained_tokenizer_path",
+          # what each training step trains (docs/finetune-modes.md)
+          "finetune_mode", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "freeze_layers")
 DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "train_time_range", "val_time_range",
         "test_time_range")
 FLAGS: dict[str, tuple[str, dict[str, str]]] = {
