@@ -214,9 +214,10 @@ def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
     metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]
     documented_metrics = {name for k in metric_rows for name in rows[k]}
 
-    # params: the MLproject names and the whole resolved config, nothing else
+    # params: the MLproject names, the whole resolved config and what the run trains, nothing else
     params = run.data.params
-    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file", "max_restarts"}  # every MLproject parameter
+    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file", "max_restarts",
+                                                                       "trainable_params", "trainable_fraction"}
     assert set(_row(rows, "params")) - {"''", "...", "mlflow run", "kronos-mlflow train"} <= set(params)
     assert params["qlib_data_path"] == "''"  # the demo market; `mlflow run` logs it shell-quoted
 
