@@ -46,6 +46,7 @@ from .digest import config_digest
 from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
 from .layout import RunLayout
+from .next_steps import training_lines
 from .ownership import STATE_ADVICE, Claim, OwnershipError, check_claimable, check_writable, read_owner, token_of
 from .preflight import DataView, check_start, check_training
 from .runlock import WRITER_LOCK, Busy, hold, holder
@@ -352,6 +353,9 @@ def main(config: Mapping[str, Any]) -> dict:
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
+            for line in training_lines(result, run_id=tracking.mlflow.run_id, experiment_id=tracking.mlflow.experiment_id,
+                                       tracking_uri=tracking.mlflow.client.tracking_uri, run_directory=layout.root.resolve()):
+                console.print(line)  # what next: the run, its number, its files, how to look at it
         barrier()
         status = "success"
         return result

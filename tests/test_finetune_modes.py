@@ -317,6 +317,11 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
         elif name.startswith(("decoder.", "head.")) and name.endswith("weight"):
             assert not same, name
     assert run.data.tags["verdict"] in ("better", "worse", "inconclusive")
+    # the run ends saying where it is and how to look at it
+    out = proc.stdout + proc.stderr
+    assert f"[kronos] done: run {run.info.run_id}: best_val_loss {run.data.metrics['best_val_loss']:.6f}" in out
+    assert f"[kronos] files: {checkpoints.parent}" in out
+    assert f"[kronos] look at it: mlflow ui --backend-store-uri {env['MLFLOW_TRACKING_URI']}" in out
 
 
 @pytest.mark.slow
@@ -385,3 +390,20 @@ def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(tmp_path):
     assert table.returncode == 0, table.stderr[-2000:]
     if any(r.data.params["finetune_mode"] != "full" for r in trials):
         assert " mode " in table.stdout.splitlines()[0] + " "
+
+
+def test_the_next_step_names_the_store_used_without_its_credentials():
+    from kronos_mlflow.next_steps import look_command, training_lines
+
+    assert look_command("sqlite:////tmp/x/mlflow.db") == "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db"
+    line = look_command("http://bob:hunter2@host:5000/", "3", "abc")
+    assert line.startswith("open http://") and line.endswith("host:5000/#/experiments/3/runs/abc")
+    assert "hunter2" not in line
+    lines = training_lines({"best_val_loss": 0.5, "best_epoch": 2, "test": {"verdict": "better", "change": -0.04},
+                            "scorecard": {"metrics": {"skill_vs_zeroshot": 0.013, "skill_vs_zeroshot_ci_low": 0.01,
+                                                      "skill_vs_zeroshot_ci_high": 0.016},
+                                          "tags": {"verdict_vs_zeroshot": "better"}}},
+                           run_id="abc", experiment_id="3", tracking_uri="sqlite:///m.db", run_directory=Path("/r"))
+    assert lines == ["done: run abc: best_val_loss 0.500000 (epoch 2), verdict better (test loss -4.00% against the start)",
+                     "scorecard: skill_vs_zeroshot +0.0130 [+0.0100, +0.0160] (better), in /r/evaluation/scorecard.json",
+                     "files: /r", "look at it: mlflow ui --backend-store-uri sqlite:///m.db"]
