@@ -41,7 +41,7 @@ from typing import Any
 
 from . import config as cfg, stopping, validate
 from .argparsing import OneLineParser
-from .console import Console, install_warning_format
+from .console import Console, install_warning_format, terminal_only_bars
 from .digest import config_digest
 from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
@@ -430,6 +430,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     from .tracking.project_run import record_failure  # lazy: numpy, urllib/http
 
     install_warning_format()
+    terminal_only_bars()
     rank = os.environ.get("RANK")
     main_rank = rank in (None, "0")
     parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])

@@ -32,7 +32,7 @@ from .. import config as cfg, validate as checks
 from ..argparsing import OneLineParser
 from ..child_runs import (as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
                           train_command as _train_command)
-from ..console import install_warning_format
+from ..console import install_warning_format, terminal_only_bars
 from ..distributed import resolve_device
 from ..errors import EXIT_USAGE, UserError
 from ..preflight import DataView, check_processes, check_start, check_tracking, check_training
@@ -541,6 +541,7 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     install_warning_format()
+    terminal_only_bars()
     try:
         return run_sweep(argv)
     except UserError as exc:
