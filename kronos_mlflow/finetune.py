@@ -73,6 +73,8 @@ def apply(model: nn.Module, config: Mapping[str, Any], spec) -> nn.Module:
     """The model a run of ``config`` trains, from the stage's starting ``model`` (the same
     object for ``full``; adapters injected in place for ``lora``)."""
     mode = config.get("finetune_mode", "full")
+    if adapter_layers(model):  # already the model a run trains (the seed's train_model called again)
+        return model
     if mode == "freeze":
         freeze(model, config, spec)
     elif mode == "lora":

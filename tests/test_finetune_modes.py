@@ -317,8 +317,10 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
         elif name.startswith(("decoder.", "head.")) and name.endswith("weight"):
             assert not same, name
     assert run.data.tags["verdict"] in ("better", "worse", "inconclusive")
-    # the run ends saying where it is and how to look at it
+    # the run ends saying where it is and how to look at it; output that is not a terminal gets
+    # lines, not progress-bar redraws
     out = proc.stdout + proc.stderr
+    assert "\r" not in out and "[kronos] epoch 1/1: train_loss=" in out
     assert f"[kronos] done: run {run.info.run_id}: best_val_loss {run.data.metrics['best_val_loss']:.6f}" in out
     assert f"[kronos] files: {checkpoints.parent}" in out
     assert f"[kronos] look at it: mlflow ui --backend-store-uri {env['MLFLOW_TRACKING_URI']}" in out

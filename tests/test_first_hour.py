@@ -357,19 +357,3 @@ def test_every_front_door_defaults_to_the_demo_market(tmp_path, commands):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout
 
-
-def test_a_log_file_gets_lines_not_progress_bar_redraws(tmp_path):
-    """Output to a file (not a terminal): no tqdm or MLflow bar redraws (no carriage return), the
-    epoch lines and the next-step lines all there."""
-    from tiny_runs import create_sqlite_store, train_command
-
-    env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
-    log = tmp_path / "train.log"
-    with open(log, "w") as fh:
-        proc = subprocess.run(train_command(tmp_path, epochs=1), cwd=tmp_path, env=env, stdout=fh,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600)
-    text = log.read_text()
-    assert proc.returncode == 0, text[-3000:]
-    assert "\r" not in text
-    assert "[kronos] epoch 0/0: train_loss=" in text
-    assert "[kronos] done: run " in text and "[kronos] look at it: mlflow ui --backend-store-uri sqlite:" in text
