@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_runs import TINY, create_sqlite_store, isolated_env, tiny_values, write_config
+from tiny_runs import TINY, create_sqlite_store, isolated_env, tiny_values, torchrun_to_the_end, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
@@ -256,7 +256,7 @@ def test_mlflow_run_predictor_with_lora_logs_a_merged_model_and_its_adapter(tmp_
     start = Kronos.from_pretrained(checkpoints / "start")
     best = Kronos.from_pretrained(checkpoints / "best_model")  # the hub layout: upstream's class loads it
     assert int(params["trainable_params"]) == _lora_formula(start, LORA_GROUPS["both"], 4)
-    assert f"finetune_mode lora: training LoRA adapters (rank 4, alpha 16) on" in proc.stdout + proc.stderr
+    assert "finetune_mode lora: training LoRA adapters (rank 4, alpha 16) on" in proc.stdout + proc.stderr
     targets = LORA_GROUPS["both"]
     for name, tensor in start.state_dict().items():
         layer = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
@@ -328,13 +328,8 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
 
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_path):
-    import importlib.util
-
     from mlflow import MlflowClient
 
-    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "benchmarks" / "fault_injection.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
     results = {}
     for name in ("uninterrupted", "killed"):
         root, env = _workdir(tmp_path / name, finetune_mode="lora", lora_rank=4)
@@ -342,19 +337,8 @@ def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_
                "--max-restarts", "2", "-m", "kronos_mlflow.train_predictor", "--config", str(root / "tiny.yaml"),
                "--qlib-data-path", "", "--comet", "off",
                *[f"--{k.replace('_', '-')}={v}" for k, v in {**SIZES, "epochs": 3}.items()]]
-        log = root / "torchrun.log"
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        try:
-            if name == "killed":
-                faults.preempt(proc, root / "outputs" / "finetune_predictor_demo", rank=1, after_epoch=0)
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                faults.kill_tree(proc.pid)
-        output = log.read_text()
-        assert proc.returncode == 0, output[-3000:]
+        output = torchrun_to_the_end(cmd, root, env,
+                                     kill_rank_after_epoch0="finetune_predictor_demo" if name == "killed" else None)
         (run,) = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
         results[name] = (run, output)
     (ref, _), (run, output) = results["uninterrupted"], results["killed"]
