@@ -403,7 +403,11 @@ def check_space(space: Mapping[str, Any], train_flags: Sequence[str], config: Ma
     modes = space.get("finetune_mode", {}).get("choices", [config["finetune_mode"]])
     for mode in modes:
         drawn = {name: space[name]["high"] for name in ("lora_rank", "freeze_layers") if name in space}
-        cfg.validate({**config, **drawn, "finetune_mode": mode})
+        try:
+            cfg.validate({**config, **drawn, "finetune_mode": mode})
+        except UserError as exc:
+            raise UserError(f"search space: a trial of finetune_mode {mode} at its highest values would be refused: "
+                            f"{exc}") from None
 
 
 def check_trials(args, config: Mapping[str, Any]) -> None:
