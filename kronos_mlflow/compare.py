@@ -24,7 +24,7 @@ and Optuna state when there are trials, the scorecard's ``skill_vs_zeroshot`` an
 and ``win_rate_vs_persistence``, when a listed run has them
 (docs/forecast-evaluation.md), and the run id.
 
-``--url`` prints the MLflow UI's run-comparison address for the listed runs:
+``--url`` prints, after the table, the MLflow UI's run-comparison address for the listed runs:
 ``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
 For a tracking URI that is not an http(s) server (sqlite, a directory) the address is for
 ``mlflow ui --backend-store-uri <uri>`` at http://127.0.0.1:5000, and that command is printed on
@@ -109,12 +109,11 @@ def run(args: argparse.Namespace) -> int:
         where = f"child runs of {args.parent}" if args.parent else f"runs in experiment(s) {', '.join(experiment_ids)}"
         print(f"no {where} at {_shown_uri(uri)}", file=sys.stderr)
         return 0
-    if args.url:
+    print(format_table(rows))
+    if args.url:  # the table, then the page comparing its runs (the last line: easy to pipe)
         if not _is_http(uri):
             print(f"(start the UI with: mlflow ui --backend-store-uri {_shown_uri(uri)} --port 5000)", file=sys.stderr)
         print(url)
-        return 0
-    print(format_table(rows))
     return 0
 
 
