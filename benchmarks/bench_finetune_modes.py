@@ -1,7 +1,8 @@
 """Does training less of the model forget less? full, lora and freeze from one start, same budget.
 
     python benchmarks/bench_finetune_modes.py                     # about 15 minutes on 2 CPU cores
-    python benchmarks/bench_finetune_modes.py --base-epochs 8 --epochs 3 --json out.json
+    python benchmarks/bench_finetune_modes.py --base-epochs 16 --workdir W --json out.json
+    python benchmarks/bench_finetune_modes.py --workdir W --modes lora --learning-rate 1e-3   # W's base pair again
 
 A small pair trained long on one market stands in for a published model: a tokenizer and a
 predictor trained on the demo daily market (market A, ``--qlib-data-path ''``). Each mode then
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--learning-rate", type=float, default=1e-4, help="every mode's peak learning rate")
     p.add_argument("--n-eval-windows", type=int, default=500)
     p.add_argument("--market-seed", type=int, default=7, help="seed of market B")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="the modes to fine-tune")
     p.add_argument("--json", default="", help="also write the results to this file")
     args = p.parse_args(argv)
 
@@ -85,19 +87,22 @@ def main(argv=None) -> int:
     if not (market_b / "calendars").is_dir():
         run([*cli, "demo-data", "--out", str(market_b), "--seed", str(args.market_seed)], env, work / "demo-data.log")
 
-    print(f"[bench] base pair on market A ({args.base_epochs} predictor epochs), in {work}", flush=True)
-    run([*cli, "train", *common, "--epochs", "2", "--qlib-data-path", ""],
-        {**env, "MLFLOW_EXPERIMENT_NAME": "base-tokenizer"}, work / "base-tokenizer.log")
+    if client.get_experiment_by_name("base-predictor") is None:  # a workdir that has the base pair keeps it
+        print(f"[bench] base pair on market A ({args.base_epochs} predictor epochs), in {work}", flush=True)
+        run([*cli, "train", *common, "--epochs", "2", "--qlib-data-path", ""],
+            {**env, "MLFLOW_EXPERIMENT_NAME": "base-tokenizer"}, work / "base-tokenizer.log")
+        tokenizer = Path(latest_run(client, "base-tokenizer").data.tags["run_directory"]) / "checkpoints" / "best_model"
+        run([*cli, "train-predictor", *common, "--epochs", str(args.base_epochs), "--qlib-data-path", "",
+             "--tokenizer", str(tokenizer), "--evaluate", "off"],
+            {**env, "MLFLOW_EXPERIMENT_NAME": "base-predictor"}, work / "base-predictor.log")
     tokenizer = Path(latest_run(client, "base-tokenizer").data.tags["run_directory"]) / "checkpoints" / "best_model"
-    run([*cli, "train-predictor", *common, "--epochs", str(args.base_epochs), "--qlib-data-path", "",
-         "--tokenizer", str(tokenizer), "--evaluate", "off"],
-        {**env, "MLFLOW_EXPERIMENT_NAME": "base-predictor"}, work / "base-predictor.log")
     base = Path(latest_run(client, "base-predictor").data.tags["run_directory"]) / "checkpoints" / "best_model"
 
     rows = []
-    for mode, extra in MODES.items():
+    for mode in args.modes:
+        extra = MODES[mode]
         print(f"[bench] {mode}: fine-tune on market B, scorecard on B, evaluate on A", flush=True)
-        name = f"finetune-{mode}"
+        name = f"finetune-{mode}-lr{args.learning_rate:g}"
         wall = run([*cli, "train-predictor", *common, *scorecard, "--epochs", str(args.epochs),
                     "--qlib-data-path", str(market_b), "--tokenizer", str(tokenizer),
                     "--pretrained-predictor-path", str(base), "--learning-rate", str(args.learning_rate),
@@ -108,11 +113,11 @@ def main(argv=None) -> int:
         run([*cli, "evaluate", "--model", f"runs:/{trained.info.run_id}/best_model", "--zeroshot-tokenizer",
              str(tokenizer), "--zeroshot-predictor", str(base), "--qlib-data-path", "", *scorecard,
              "--dataset-path", str(work / "cache"), "--comet", "off"],
-            {**env, "MLFLOW_EXPERIMENT_NAME": f"forgetting-{mode}"}, work / f"forgetting-{mode}.log")
-        on_a = latest_run(client, f"forgetting-{mode}").data.metrics
+            {**env, "MLFLOW_EXPERIMENT_NAME": f"forgetting-{name}"}, work / f"forgetting-{name}.log")
+        on_a = latest_run(client, f"forgetting-{name}").data.metrics
         adapter = checkpoints / "best_adapter" / "adapter_model.safetensors"
         rows.append({
-            "mode": mode, "trainable_params": int(trained.data.params["trainable_params"]),
+            "mode": mode, "learning_rate": args.learning_rate, "trainable_params": int(trained.data.params["trainable_params"]),
             "trainable_fraction": float(trained.data.params["trainable_fraction"]),
             "verdict": t.get("verdict"), "test_loss_change": m.get("test_loss_change"),
             "skill_b": m.get("skill_vs_zeroshot"), "skill_b_ci": [m.get("skill_vs_zeroshot_ci_low"),
