@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from .argparsing import OneLineParser
-from .console import install_warning_format
+from .console import install_warning_format, terminal_only_bars
 from .errors import EXIT_USAGE, UserError
 from .stopping import TrainingStopped, exit_code, stop_reason
 
@@ -69,6 +69,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     install_warning_format()
+    terminal_only_bars()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ and Optuna state when there are trials, the scorecard's ``skill_vs_zeroshot`` an
 and ``win_rate_vs_persistence``, when a listed run has them
 (docs/forecast-evaluation.md), and the run id.
 
-``--url`` prints the MLflow UI's run-comparison address for the listed runs:
+``--url`` prints, after the table, the MLflow UI's run-comparison address for the listed runs:
 ``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
 For a tracking URI that is not an http(s) server (sqlite, a directory) the address is for
 ``mlflow ui --backend-store-uri <uri>`` at http://127.0.0.1:5000, and that command is printed on
@@ -109,12 +109,11 @@ def run(args: argparse.Namespace) -> int:
         where = f"child runs of {args.parent}" if args.parent else f"runs in experiment(s) {', '.join(experiment_ids)}"
         print(f"no {where} at {_shown_uri(uri)}", file=sys.stderr)
         return 0
-    if args.url:
+    print(format_table(rows))
+    if args.url:  # the table, then the page comparing its runs (the last line: easy to pipe)
         if not _is_http(uri):
             print(f"(start the UI with: mlflow ui --backend-store-uri {_shown_uri(uri)} --port 5000)", file=sys.stderr)
         print(url)
-        return 0
-    print(format_table(rows))
     return 0
 
 
@@ -164,6 +163,7 @@ class RunRow:
     epochs_done: int | None = None
     best_val_loss: float | None = None
     best_val_skill: float | None = None  # objective val_skill: the best epoch's validation forecast skill
+    finetune_mode: str | None = None  # what it trained: full, lora r=R, freeze N (docs/finetune-modes.md)
     best_epoch: int | None = None
     test_loss: float | None = None
     base_test_loss: float | None = None
@@ -289,6 +289,7 @@ def _row(run, now_ms: int) -> RunRow:
         epochs_planned=_integer(params.get("epochs")),
         best_val_loss=_number(metrics.get(BEST_METRIC)),
         best_val_skill=_number(metrics.get("best_val_skill")),
+        finetune_mode=_mode(params),
         test_loss=_number(metrics.get(TEST_LOSS, metrics.get(PREDICTOR_TEST_LOSS))),
         base_test_loss=_number(metrics.get(BASE_TEST_LOSS, metrics.get(f"base_{PREDICTOR_TEST_LOSS}"))),
         test_loss_change=_number(metrics.get(TEST_LOSS_CHANGE)),
@@ -310,6 +311,16 @@ def _row(run, now_ms: int) -> RunRow:
             "instrument", "model_size", "codebook_bits", "data_digest", "mlflow.source.git.commit",
             "optuna.study_name", "optuna.trial_number", "optuna.trial_state", "best_model_uri")},
     )
+
+
+def _mode(params) -> str | None:
+    """The fine-tune mode a run's params record, with what sizes it (None: a run made before it)."""
+    mode = params.get("finetune_mode")
+    if mode == "lora":
+        return f"lora r={params.get('lora_rank', '?')}"
+    if mode == "freeze":
+        return f"freeze {params.get('freeze_layers', '?')}"
+    return mode
 
 
 def _at_best_epoch(client, row: RunRow) -> None:
@@ -420,7 +431,8 @@ def _s1_bits(row: RunRow) -> int | None:
 def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     with_trials = any(r.trial_number is not None for r in rows)
     with_val_skill = any(r.best_val_skill is not None for r in rows)
-    header = ["name", "learning_rate", "weight_decay", "epochs", "best_val_loss"] + (
+    with_mode = any(r.finetune_mode not in (None, "full") for r in rows)  # a column once some run trained part
+    header = ["name"] + (["mode"] if with_mode else []) + ["learning_rate", "weight_decay", "epochs", "best_val_loss"] + (
         ["best_val_skill"] if with_val_skill else []) + ["test_loss", "base_loss", "change", "verdict", "codes_s1",
                                                          "codes_full", "duration", "status"]
     with_skills = [name for name, _ in SKILL_COLUMNS if any(name in r.skills for r in rows)]
@@ -433,6 +445,7 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             epochs = f"{r.epochs_done}/{epochs}"
         line = [
             r.run_name,
+            *([r.finetune_mode or "full"] if with_mode else []),
             "-" if r.learning_rate is None else f"{r.learning_rate:.2e}",
             "-" if r.weight_decay is None else f"{r.weight_decay:g}",
             epochs,

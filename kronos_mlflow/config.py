@@ -16,7 +16,6 @@ environment or their own config files. A key that looks like a secret is refused
 from __future__ import annotations
 
 import copy
-import datetime as _dt
 import difflib
 import math
 import os
@@ -29,6 +28,7 @@ from .errors import ConfigError
 from .keys import MLPROJECT_PARAMS
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
 from .validate import SEED_MAX
+from .timeranges import format_time_range, parse_date, parse_time_range, time_bounds  # noqa: F401 (the config's names)
 from .yamlfile import read_mapping
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
@@ -98,6 +98,17 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "predictor_validation": ("causal", "Predictor stage: causal (the s2 head never reads later positions, as in "
                                        "training) or upstream (eval-mode cross-attention reads them: upstream's "
                                        "optimistic validation loss, for exact replication)."),
+    # ---- what a fine-tune trains (docs/finetune-modes.md) ----
+    "finetune_mode": ("full", "What the run trains: full (every weight, upstream's), lora (low-rank adapters on "
+                              "lora_targets through peft; the base weights stay frozen and the logged model is merged), "
+                              "or freeze (the embeddings and the bottom freeze_layers blocks frozen, the rest trained)."),
+    "lora_rank": (8, "finetune_mode lora: the rank r of each adapter (its B A has r columns and rows)."),
+    "lora_alpha": (16.0, "finetune_mode lora: the adapters' scale is lora_alpha / lora_rank."),
+    "lora_dropout": (0.0, "finetune_mode lora: dropout on each adapter's input, in [0, 1)."),
+    "lora_targets": ("both", "finetune_mode lora: the Linear layers given adapters: attention (q_proj, k_proj, "
+                             "v_proj, out_proj), ffn (w1, w2, w3), both, or a comma-separated list of layer names."),
+    "freeze_layers": (2, "finetune_mode freeze: transformer blocks frozen from the bottom, with the embeddings "
+                         "(a tokenizer's encoder blocks come first, then its decoder's)."),
     "seed": (100, "Random seed; each rank adds its rank."),
     "save_path": ("./outputs/models", "Root of the output directories."),
     "tokenizer_save_folder_name": ("finetune_tokenizer_demo", "Run folder under save_path."),
@@ -200,6 +211,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "evaluate": ("on", "off"),
     "objective": ("val_loss", "val_skill"),
     "bootstrap_unit": ("date", "origin"),
+    "finetune_mode": ("full", "lora", "freeze"),
 }
 _POSITIVE = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "tokenizer_learning_rate",
@@ -208,11 +220,12 @@ _POSITIVE = (
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
     "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
-    "n_val_skill_windows",
+    "n_val_skill_windows", "lora_rank", "lora_alpha",
 )
 _ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop",
                  "backtest_n_symbol_hold", "backtest_n_random", "backtest_signal_stride",
+                 "freeze_layers",
                  "eval_stride", "inference_top_k")
 _UNIT_OPEN = ("adam_beta1", "adam_beta2")
 # Every number has a range. Sizes and counts that would allocate absurd amounts of memory or
@@ -229,7 +242,7 @@ MAX_VALUES = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers
         "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
         "backtest_signal_stride": 10**9, "backtest_n_random": 10_000,
         "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
-        "inference_sample_count": 10_000}
+        "inference_sample_count": 10_000, "lora_rank": 65536, "lora_alpha": 1e6, "freeze_layers": 512}
 # inference_T: the forecasting loop's lowest temperature (model/sampling.py T_MIN, below it logits / T
 # overflows); lookback_window: a forecast's lookback needs a spread to normalise by (model/predictor.py).
 _MIN = {"system_metrics_interval_s": 0.1, "inference_T": 1e-4, "lookback_window": 2}
@@ -271,68 +284,6 @@ def _unknown(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return ConfigError(f"unknown config key '{checks.shown(key)}'{hint}; see `kronos-mlflow train --help` for the accepted keys")
-
-
-def parse_date(key: str, value: Any) -> str:
-    """Validate a YYYY-MM-DD date (or a YYYY-MM-DDTHH:MM[:SS] date-time) and return it normalised."""
-    text = str(value).strip()
-    try:
-        return _dt.date.fromisoformat(text).isoformat()
-    except ValueError:
-        pass
-    try:
-        moment = _dt.datetime.fromisoformat(text.replace(" ", "T", 1)) if len(text) > 10 else None
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is not None:
-        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a date; expected YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
-    return moment.isoformat(timespec="seconds" if moment.second else "minutes")
-
-
-def time_bounds(start: str, end: str):
-    """``(first, last)`` inclusive bounds as ``numpy.datetime64[s]`` of a time range's two ends:
-    a date starts at its midnight and ends at its last second (it covers every bar of that day)."""
-    import numpy as np
-
-    a = np.datetime64(start, "s")
-    b = np.datetime64(end, "s")
-    if len(end) == 10:
-        b = b + np.timedelta64(86399, "s")
-    return a, b
-
-
-def format_time_range(value) -> str:
-    """A time range as its parameter text: ``START:END`` for dates, ``START/END`` (ISO 8601
-    interval) when either end carries a time."""
-    start, end = value
-    return f"{start}/{end}" if "T" in start or "T" in end else f"{start}:{end}"
-
-
-def parse_time_range(key: str, value: Any) -> list[str]:
-    """Accept ``START:END`` (MLproject format, dates), ``START/END`` (ISO 8601 interval, dates or
-    date-times such as ``2024-06-18T09:30/2024-08-29T15:00``), ``[START, END]`` or ``START,END``."""
-    if isinstance(value, str):
-        text = value.strip()
-        if "/" in text:  # ISO 8601 interval
-            parts = text.split("/")
-        elif "," in text:
-            parts = text.split(",")
-        elif re.search(r"\d[T ]\d", text):  # date-times hold ':' themselves: only START/END is unambiguous
-            parts = [text]
-        else:
-            parts = text.split(":") if text else []
-        parts = [p.strip() for p in parts]
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        parts = []
-    if len(parts) != 2:
-        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a time range; expected START:END as YYYY-MM-DD:YYYY-MM-DD "
-                          "or an ISO 8601 interval YYYY-MM-DDTHH:MM/YYYY-MM-DDTHH:MM")
-    start, end = parse_date(key, parts[0]), parse_date(key, parts[1])
-    if time_bounds(start, start)[0] > time_bounds(end, end)[1]:
-        raise ConfigError(f"{key}: start {start} is after end {end}; expected START <= END")
-    return [start, end]
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -416,6 +367,9 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"verdict_min_change: {out['verdict_min_change']!r} must be in [0, 1): a fraction of the "
                           "starting weights' test loss (0.005 = 0.5%)")
     horizons(out)  # eval_horizons: steps inside the forecast
+    if not 0.0 <= out["lora_dropout"] < 1.0:
+        raise ConfigError(f"lora_dropout: {out['lora_dropout']!r} must be in [0, 1)")
+    lora_targets(out)  # names of Linear layers the stage's models have
     if not 0.0 < out["inference_top_p"] <= 1.0:
         raise ConfigError(f"inference_top_p: {out['inference_top_p']!r} must be in (0, 1] (upstream's 0.9)")
     for key, limit in MAX_VALUES.items():
@@ -488,6 +442,12 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
                           f"val_time_range {format_time_range(out['val_time_range'])} ends no later than train_time_range "
                           f"{format_time_range(out['train_time_range'])}; expected a val_time_range that goes "
                           "past the end of training, or objective val_loss")
+    trained = "predictor" if "predictor" in models else "tokenizer"
+    if out["finetune_mode"] == "freeze" and trained in fresh:
+        blocks = (out["n_layers"] if "predictor" in models else out["n_enc_layers"] - 1 + out["n_dec_layers"] - 1)
+        if out["freeze_layers"] > blocks:
+            raise ConfigError(f"freeze_layers: {out['freeze_layers']} is more than the {blocks} transformer blocks of the "
+                              f"fresh {out['stage']}; expected 0 to {blocks}")
     if "tokenizer" in fresh:
         # Sizes that are each allowed can still multiply into gigabytes: refuse before anything
         # is allocated (a checkpoint's config.json gets the same check in model/spec.py).
@@ -503,6 +463,26 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
 def fresh_parameter_count(config: Mapping[str, Any]) -> int:
     """Trainable parameters of a fresh tokenizer built from ``config`` (no torch needed)."""
     return count_parameters(model_kwargs(config))
+
+
+#: ``lora_targets``' groups: the Linear layers of every transformer block of both models.
+LORA_GROUPS = {"attention": ("q_proj", "k_proj", "v_proj", "out_proj"), "ffn": ("w1", "w2", "w3")}
+LORA_GROUPS["both"] = LORA_GROUPS["attention"] + LORA_GROUPS["ffn"]
+
+
+def lora_targets(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``lora_targets`` as Linear layer names: a group of :data:`LORA_GROUPS`, or names the
+    stage's models have (``stage_keys(config).linear_layers``); one line naming them otherwise."""
+    raw = str(config.get("lora_targets") or "").strip()
+    if raw in LORA_GROUPS:
+        return LORA_GROUPS[raw]
+    known = stage_keys(config).linear_layers
+    names = [part.strip() for part in raw.split(",")]
+    if not raw or not all(name in known for name in names):
+        bad = next((name for name in names if name not in known), raw)
+        raise ConfigError(f"lora_targets: '{checks.shown(bad)}' matches no Linear layer of the {config.get('stage', 'tokenizer')}; "
+                          f"expected {', '.join(LORA_GROUPS)}, or names among {', '.join(known)}")
+    return tuple(dict.fromkeys(names))
 
 
 def horizons(config: Mapping[str, Any]) -> list[int]:

@@ -20,11 +20,13 @@ class Console:
             warnings.warn(text, stacklevel=2)
 
     def progress(self, iterable, total: int, desc: str):
-        """A tqdm bar on rank 0 (off with ``TQDM_DISABLE=1``); the plain iterable elsewhere."""
+        """A tqdm bar on rank 0 when its output is a terminal (off with ``TQDM_DISABLE=1``); the
+        plain iterable elsewhere: a log file gets the epoch's line, not the bar's redraws."""
         from tqdm.auto import tqdm
 
         enabled = self.enabled and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
-        return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+        return tqdm(iterable, total=total, desc=desc, disable=None if enabled else True, leave=False,
+                    dynamic_ncols=True)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -52,3 +54,14 @@ def install_warning_format() -> None:
 
     showwarning._kronos = True  # type: ignore[attr-defined]
     warnings.showwarning = showwarning
+
+
+def terminal_only_bars() -> None:
+    """Progress bars go to a terminal only: this package's bars check it themselves (tqdm's
+    ``disable=None``); MLflow's artifact bars are switched off when stderr is not a terminal
+    (unless ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` says otherwise), so a log file holds lines,
+    not a bar's redraws."""
+    import sys
+
+    if not sys.stderr.isatty():
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -51,7 +51,10 @@ RESULT_NEUTRAL_KEYS = frozenset({
 })
 #: Keys added after runs were made, left out of the digest at their default (which is what
 #: those runs did): a run made before the key existed keeps its directory and resumes.
-DEFAULT_OMITTED = {"cycle_momentum": "on"}
+DEFAULT_OMITTED = {"cycle_momentum": "on", "finetune_mode": "full"}
+#: Keys only one fine-tune mode reads: left out of the digest under the other modes.
+MODE_KEYS = {"lora_rank": "lora", "lora_alpha": "lora", "lora_dropout": "lora", "lora_targets": "lora",
+             "freeze_layers": "freeze"}
 
 
 def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -> dict[str, Any]:
@@ -65,6 +68,8 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
         if key in RESULT_NEUTRAL_KEYS or key in other_stage or is_secret_key(str(key)):
             continue
         if key in DEFAULT_OMITTED and config[key] == DEFAULT_OMITTED[key]:
+            continue
+        if key in MODE_KEYS and config.get("finetune_mode", "full") != MODE_KEYS[key]:
             continue
         out[str(key)] = _plain(config[key])
     if world_size is not None:

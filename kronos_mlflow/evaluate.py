@@ -68,10 +68,13 @@ def zeroshot_sources(args, tok_dir: Path, run_id: str) -> tuple[str, str, str]:
     params, save_dir = _run_record(run_id)
     tokenizer = args.zeroshot_tokenizer or params.get("pretrained_tokenizer_path", "") or str(tok_dir)
     predictor = args.zeroshot_predictor or params.get("pretrained_predictor_path", "")
+    named = predictor
     if not predictor and save_dir and (Path(save_dir) / "checkpoints" / "start" / "model.safetensors").is_file():
         predictor = str(Path(save_dir) / "checkpoints" / "start")
-    label = f"{tokenizer} + {predictor or 'none'}"
-    return tokenizer, predictor, label
+        named = f"runs:/{run_id} starting weights"
+    # the label names what a colleague can find again: the model's URI, never the scratch copy
+    label = f"{args.model} tokenizer" if tokenizer == str(tok_dir) else tokenizer
+    return tokenizer, predictor, f"{label} + {named or 'none'}"
 
 
 def _predictor(tokenizer, spec: str, config, device, what: str):

@@ -72,4 +72,10 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "seed": "seed",
     "comet": "comet",
     "registered_model_name": "registered_model_name",
+    "finetune_mode": "finetune_mode",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "lora_targets": "lora_targets",
+    "freeze_layers": "freeze_layers",
 }

@@ -8,6 +8,7 @@ finds its own training state and resumes. When that directory holds a finished r
 run's best checkpoint is never overwritten.
 
     checkpoints/best_model/   the best epoch's checkpoint (config.json + model.safetensors)
+    checkpoints/best_adapter/ a LoRA run's best adapters alone (peft's adapter_config.json + adapter_model.safetensors)
     checkpoints/last/         the training state a killed run resumes from
     checkpoints/start/        the starting weights (written when the run starts; the test verdict's base)
     checkpoints/tokenizer/    a predictor run's frozen tokenizer (written when the run starts)
@@ -57,6 +58,11 @@ class RunLayout:
     @property
     def best_model(self) -> Path:
         return self.checkpoints / "best_model"
+
+    @property
+    def best_adapter(self) -> Path:
+        """A LoRA run's best adapters alone, in peft's format (logged as ``adapter/``)."""
+        return self.checkpoints / "best_adapter"
 
     @property
     def start_model(self) -> Path:

@@ -40,6 +40,7 @@ from .config import EVALUATION_KEYS, load_config
 from .digest import config_digest, digest_config
 from .errors import UserError
 from .keys import VERDICT_TAG
+from .next_steps import look_command
 from .ownership import evidence
 from .pipeline_champions import move_champions
 from .preflight import DataView, check_context, check_scorecard, check_start, check_tracking, check_training
@@ -53,7 +54,9 @@ STEPS = ("tokenizer", "predictor", "evaluation")
 TAG_STEP = "pipeline.step"
 #: flag -> (help, the steps it goes to and the config key it sets there)
 SHARED = ("batch_size", "accumulation_steps", "n_train_iter", "n_val_iter", "n_test_iter", "seed", "comet",
-          "pretrained_tokenizer_path")
+          "pretrained_tokenizer_path",
+          # what each training step trains (docs/finetune-modes.md)
+          "finetune_mode", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "freeze_layers")
 DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "train_time_range", "val_time_range",
         "test_time_range")
 FLAGS: dict[str, tuple[str, dict[str, str]]] = {
@@ -236,6 +239,7 @@ class Pipeline:
         self.experiment_id, self.parent_id = experiment_id, parent_id
         self.runs: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
+        self.reused: dict[str, bool] = {}
         self.configs: dict[str, dict] = {}
 
     def _search(self, query: str) -> list:
@@ -340,7 +344,7 @@ class Pipeline:
         return moved, self.client.get_run(moved)
 
     def _mark(self, name: str, run_id: str, *, reused: bool, seconds: float) -> None:
-        self.runs[name], self.seconds[name] = run_id, seconds
+        self.runs[name], self.seconds[name], self.reused[name] = run_id, seconds, reused
         self.client.set_tag(self.parent_id, f"pipeline.{name}_run_id", run_id)
         self.client.set_tag(self.parent_id, f"pipeline.{name}_reused", "true" if reused else "false")
         self.client.log_metric(self.parent_id, f"{name}_seconds", seconds)
@@ -362,6 +366,24 @@ class Pipeline:
                 self.client.log_metric(self.parent_id, key, value)
         shown = ", ".join(f"{k} {v}" for k, v in tags.items())
         print(f"[pipeline] {shown}", flush=True)
+        self.describe_steps()
+        skill = evaluation.data.metrics.get("skill_vs_zeroshot")
+        if skill is not None:
+            print(f"[pipeline] scorecard: skill_vs_zeroshot {skill:+.4f} ({tags.get('verdict_vs_zeroshot', '?')}), "
+                  f"artifact evaluation/scorecard.json of run {evaluation.info.run_id}", flush=True)
+        print(f"[pipeline] done: parent run {self.parent_id}; look at it: "
+              f"{look_command(self.client.tracking_uri, self.experiment_id, self.parent_id)}", flush=True)
+
+    def describe_steps(self) -> None:
+        """The parent's description (MLflow's note) links every step's run: a reused one stays under
+        the parent that made it, so the UI shows this parent's steps through these links."""
+        lines = ["Steps of this pipeline (a reused step stays under the pipeline that made it):", ""]
+        for name in STEPS:
+            run_id = self.runs.get(name)
+            if run_id:
+                reused = " (reused)" if self.reused.get(name) else ""
+                lines.append(f"- {name}: [{run_id}](#/experiments/{self.experiment_id}/runs/{run_id}){reused}")
+        self.client.set_tag(self.parent_id, "mlflow.note.content", "\n".join(lines))
 
 
 def run(args: argparse.Namespace) -> int:

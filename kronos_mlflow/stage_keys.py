@@ -37,18 +37,24 @@ class StageKeys:
     models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     mlproject_params: tuple[str, ...] = ()  # its entry point's own MLproject parameters (besides main's)
     digest_excludes: tuple[str, ...] = ()  # keys it never reads: left out of its config digest
+    #: the names of its model's Linear layers (what ``lora_targets`` may name)
+    linear_layers: tuple[str, ...] = ()
 
 
 #: Each stage's keys (upstream's names).
 STAGE_CONFIG: dict[str, StageKeys] = {
     "tokenizer": StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
                            "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
-                           digest_excludes=PREDICTOR_ONLY_KEYS),
+                           digest_excludes=PREDICTOR_ONLY_KEYS,
+                           linear_layers=("embed", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
+                                          "quant_embed", "post_quant_embed_pre", "post_quant_embed", "head")),
     "predictor": StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
                            "pretrained_predictor_path",
                            models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
                                    "predictor": ("pretrained_predictor_path",)},
-                           mlproject_params=("tokenizer", "pretrained_predictor_path")),
+                           mlproject_params=("tokenizer", "pretrained_predictor_path"),
+                           linear_layers=("fusion_proj", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
+                                          "proj_s1", "proj_s2")),
 }
 STAGES = tuple(STAGE_CONFIG)
 #: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is

@@ -41,11 +41,12 @@ from typing import Any
 
 from . import config as cfg, stopping, validate
 from .argparsing import OneLineParser
-from .console import Console, install_warning_format
+from .console import Console, install_warning_format, terminal_only_bars
 from .digest import config_digest
 from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
 from .layout import RunLayout
+from .next_steps import training_lines
 from .ownership import STATE_ADVICE, Claim, OwnershipError, check_claimable, check_writable, read_owner, token_of
 from .preflight import DataView, check_start, check_training
 from .runlock import WRITER_LOCK, Busy, hold, holder
@@ -142,6 +143,7 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     Such callers pass their ``rank`` in, so it decides here, once, who prints and writes files
     (see :func:`kronos_mlflow.trainer.fit`).
     """
+    from . import finetune  # lazy: torch
     from .data import provide_qlib_data  # lazy: numpy
     from .evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
     from .tracking.protocol import NullLogger  # lazy: numpy, urllib/http
@@ -157,8 +159,10 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     grouped = dist.is_available() and dist.is_initialized()  # the caller's process group, if any
     layout = RunLayout(Path(save_dir))
     info = DistInfo(rank, rank, world_size, torch.device(device), dist.get_backend() if grouped else None)
-    stage = spec_of(config).training(config, layout, info)
-    files = RunFiles(layout, enabled=main)
+    spec = spec_of(config)
+    stage = spec.training(config, layout, info)
+    model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
+    files = RunFiles(layout, enabled=main, config=config)
     console = Console(main)
     hooks = epoch_hooks(config, stage, device, rank=rank, world_size=world_size, console=console)
     result = fit(model, device, config, logger if logger is not None else NullLogger(), files, console,
@@ -293,7 +297,7 @@ def main(config: Mapping[str, Any]) -> dict:
     """
     import torch
 
-    from . import perf  # lazy: torch
+    from . import finetune, perf  # lazy: torch
     from .data import data_digest  # lazy: numpy
     from .distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown  # lazy: torch
     from .evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
@@ -337,15 +341,21 @@ def main(config: Mapping[str, Any]) -> dict:
         stage = spec.training(config, layout, info)  # every rank (a predictor's frozen tokenizer)
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
+        model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
+        logger.log_hyperparams({k: str(v) for k, v in finetune.counts(model).items()})
+        console.print(finetune.describe(model, config))
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
         hooks = epoch_hooks(config, stage, info.device, rank=info.rank, world_size=info.world_size, console=console)
-        result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main), console,
+        result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main, config=config), console,
                      rank=info.rank, world_size=info.world_size,
                      should_stop=TrialReporter.from_env() if info.is_main else None,
                      resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage, hooks=hooks)
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
+            for line in training_lines(result, run_id=tracking.mlflow.run_id, experiment_id=tracking.mlflow.experiment_id,
+                                       tracking_uri=tracking.mlflow.client.tracking_uri, run_directory=layout.root.resolve()):
+                console.print(line)  # what next: the run, its number, its files, how to look at it
         barrier()
         status = "success"
         return result
@@ -420,6 +430,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     from .tracking.project_run import record_failure  # lazy: numpy, urllib/http
 
     install_warning_format()
+    terminal_only_bars()
     rank = os.environ.get("RANK")
     main_rank = rank in (None, "0")
     parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])

@@ -28,13 +28,13 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, stopping
+from . import checkpoint, finetune, stopping
 from .config import stage_keys
 from .console import Console
 from .data import QlibDataset
 from .data.loaders import train_loader_for, val_loader_for
 from .distributed import barrier, dist_sum, unwrap
-from .errors import ConfigError, UserError
+from .errors import CheckpointError, ConfigError, UserError
 from .evaluation.heldout import evaluate_run
 from .keys import BEST_METRIC
 from .layout import RunLayout
@@ -137,21 +137,26 @@ class RunFiles:
     each epoch, the validation plots. Built with ``enabled=False`` on every rank but 0, where
     each method does nothing (collectives stay in the loop, on every rank)."""
 
-    def __init__(self, layout: RunLayout, enabled: bool = True):
+    def __init__(self, layout: RunLayout, enabled: bool = True, config: Mapping[str, Any] | None = None):
         self.layout = layout
         self.enabled = bool(enabled)
+        self.config = config  # the run's (a LoRA run's adapter settings)
 
     def save_best(self, raw_model) -> None:
+        """The best epoch's weights in the hub layout, adapters merged (:func:`finetune.merged`);
+        a LoRA run's adapters alone beside them, in peft's format."""
         if self.enabled:
             with stopping.deferred():  # a stop signal waits until the checkpoint is whole
-                raw_model.save_pretrained(self.layout.best_model)
+                finetune.merged(raw_model).save_pretrained(self.layout.best_model)
+                if self.config is not None:
+                    finetune.save_adapter(raw_model, self.config, self.layout.best_adapter)
 
     def save_start(self, raw_model) -> None:
         """The weights the run starts from, kept for the end-of-run test verdict (a resumed run
         still compares with them)."""
         if self.enabled:
             with stopping.deferred():
-                raw_model.save_pretrained(self.layout.start_model)
+                finetune.merged(raw_model).save_pretrained(self.layout.start_model)
 
     def save_state(self, **state: Any) -> None:
         if self.enabled:
@@ -246,11 +251,12 @@ class Progress:
     initial: float | None = None  # validation loss of the starting weights
     best: Validation | None = None  # the best epoch's validation: its metrics and what the plots read
     extra: dict[str, Any] = field(default_factory=dict)  # a resumed state's extra: what the epoch hooks kept
+    frozen_digest: str = ""  # a LoRA or freeze run's frozen weights (finetune.frozen_digest)
 
 
 def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logger: ExperimentLogger,
                     console: Console, *, rank: int, resume_state: Mapping[str, Any] | None,
-                    last_epoch: int, stage: TrainingStage) -> Progress:
+                    last_epoch: int, stage: TrainingStage, config: Mapping[str, Any]) -> Progress:
     """The progress of the killed run that ``resume_state`` names, loaded into the model,
     optimizer and scheduler; without one, a fresh start after validating the starting weights."""
     if resume_state is None:
@@ -260,8 +266,15 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
             console.print(f"starting weights: val_loss={initial:.6f}")
         return Progress(initial=initial)
     # Every rank loads the same state: weights, AdamW moments, schedule position, its RNG.
+    partial = finetune.partial(config)
     state = checkpoint.load_training_state(resume_state["directory"], model=raw_model, optimizer=optimizer,
-                                           scheduler=scheduler, map_location=device, rank=rank)
+                                           scheduler=scheduler, map_location=device, rank=rank, trained_only=partial)
+    if partial and state["extra"].get("frozen_digest") != finetune.frozen_digest(raw_model):
+        # the state holds the trained tensors only: they resume onto the base they were trained on
+        raise CheckpointError(
+            f"training state '{state['directory']}': the frozen weights the run starts from are not the ones it was "
+            "trained on (its starting checkpoint changed since); resume with the checkpoint that made it, or delete "
+            "that directory to start over")
     extra = state["extra"]
     progress = Progress(
         start_epoch=state["next_epoch"], global_step=state["global_step"],
@@ -292,8 +305,9 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
             run_ids=run_ids or {}, config_digest=checkpoint.config_digest(config, world_size=world_size),
             config={**config, "world_size": world_size},
             extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
-                   "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()}},
-            rng_states=rng_states,
+                   "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()},
+                   **({"frozen_digest": progress.frozen_digest} if finetune.partial(config) else {})},
+            rng_states=rng_states, trained_only=finetune.partial(config),
         )
 
 
@@ -393,7 +407,9 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     last_epoch = config["epochs"] - 1  # epochs are counted from 0 everywhere: console, metrics, summary, plots
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
-                               resume_state=resume_state, last_epoch=last_epoch, stage=stage)
+                               resume_state=resume_state, last_epoch=last_epoch, stage=stage, config=config)
+    if finetune.partial(config):
+        progress.frozen_digest = finetune.frozen_digest(raw_model)
     for hook in hooks:
         hook.restore(progress.extra)
         console.print(hook.describe())

@@ -142,8 +142,8 @@ def test_url_for_a_local_store(store, capsys):
     uri, _, exp, _, ids = store
     rc, out, err = _cli(capsys, "--experiment", "exp-a", "--tracking-uri", uri, "--top", "3", "--url")
     assert rc == 0
-    url = out.strip()
-    assert len(out.strip().splitlines()) == 1
+    *table, url = out.strip().splitlines()  # the table, then the address
+    assert table[0].startswith("name ") and len(table) == 2 + 3
     base, _, query = url.partition("/#/compare-runs?")
     assert base == "http://127.0.0.1:5000"
     params = urllib.parse.parse_qs(query)

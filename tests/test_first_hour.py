@@ -214,9 +214,10 @@ def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
     metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]
     documented_metrics = {name for k in metric_rows for name in rows[k]}
 
-    # params: the MLproject names and the whole resolved config, nothing else
+    # params: the MLproject names, the whole resolved config and what the run trains, nothing else
     params = run.data.params
-    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file", "max_restarts"}  # every MLproject parameter
+    assert set(params) == set(MLPROJECT_PARAMS) | set(cfg.DEFAULTS) | {"config_file", "max_restarts",
+                                                                       "trainable_params", "trainable_fraction"}
     assert set(_row(rows, "params")) - {"''", "...", "mlflow run", "kronos-mlflow train"} <= set(params)
     assert params["qlib_data_path"] == "''"  # the demo market; `mlflow run` logs it shell-quoted
 
@@ -355,3 +356,4 @@ def test_every_front_door_defaults_to_the_demo_market(tmp_path, commands):
     proc = commands.run(["kronos-mlflow", "train", "--check", *flags], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "check passed" in proc.stdout
+

@@ -257,6 +257,9 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
     predictor, evaluate = runs
     _assert_scorecard(client, evaluate)
     assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
+    # the zero-shot pair named by what a colleague can find again, not by a scratch directory
+    assert evaluate.data.tags["zeroshot_pair"] == (f"runs:/{predictor.info.run_id}/best_model tokenizer + "
+                                                   f"runs:/{predictor.info.run_id} starting weights")
     # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
     for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
         assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key

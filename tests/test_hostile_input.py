@@ -182,6 +182,10 @@ def make_configs(inp: Path, ws: Path) -> None:
     _write(inp / "spool.jsonl", b'{"type": "header", "format": "kronos-mlflow-spool", "run_id": "\xff"}\n')
     _write(inp / "nan.yaml", "clip: .nan\n")
     _write(inp / "space_high.yaml", "learning_rate: {low: 1.0e-5, high: 10.0}\nweight_decay: {low: 0.01, high: 0.2}\n")
+    _write(inp / "space_mode.yaml", "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n"
+                                    "finetune_mode: {choices: [full, half]}\n")
+    _write(inp / "space_deep.yaml", "learning_rate: {low: 1.0e-5, high: 1.0e-3}\nweight_decay: {low: 0.01, high: 0.2}\n"
+                                    "finetune_mode: {choices: [full, freeze]}\nfreeze_layers: {low: 0, high: 9}\n")
     make_yaml_traps(inp)
     # the pipeline's config: the workspace's sizes, dates and folders (the time ranges are its flags)
     import json as _json
@@ -499,6 +503,14 @@ CASES: list[Case] = [
     Case("flag-lr-text", "flag", "`--learning-rate fast`", TRAIN + BASE + ("--learning-rate", "fast"), "'fast'"),
     Case("flag-weight-decay-nan", "flag", "`--weight-decay nan`", TRAIN + BASE + ("--weight-decay", "nan"), "nan"),
     Case("flag-unknown", "flag", "`--no-such-key 1`", TRAIN + BASE + ("--no-such-key", "1"), "--no-such-key"),
+    Case("finetune-lora-rank-zero", "flag", "`--finetune-mode lora --lora-rank 0`",
+         TRAIN + BASE + ("--finetune-mode", "lora", "--lora-rank", "0"), "lora_rank"),
+    Case("finetune-lora-alpha-negative", "flag", "`--finetune-mode lora --lora-alpha -1`",
+         TRAIN + BASE + ("--finetune-mode", "lora", "--lora-alpha", "-1"), "lora_alpha"),
+    Case("finetune-lora-targets-none", "flag", "`--finetune-mode lora --lora-targets nowhere`",
+         TRAIN + BASE + ("--finetune-mode", "lora", "--lora-targets", "nowhere"), "nowhere"),
+    Case("finetune-freeze-too-deep", "flag", "`--finetune-mode freeze --freeze-layers 9` (a fresh model of 2 blocks)",
+         TRAIN + BASE + ("--finetune-mode", "freeze", "--freeze-layers", "9"), "freeze_layers"),
     Case("flag-secret", "flag", "`--comet-api-key <secret>` (a credential on the command line)",
          TRAIN + BASE + ("--comet-api-key", FLAG_SECRET), "--comet-api-key"),
     Case("flag-range-inverted", "flag", "`--train-time-range 2021-06-30:2020-01-01`",
@@ -702,6 +714,10 @@ CASES: list[Case] = [
          "a_file"),
     Case("sweep-space-above-training", "sweep", "a search space whose learning_rate reaches 10",
          SWEEP + ("--search-space", "{in}/space_high.yaml"), "learning_rate"),
+    Case("sweep-space-mode-unknown", "sweep", "a search space whose finetune_mode choices hold `half`",
+         SWEEP + ("--search-space", "{in}/space_mode.yaml"), "half"),
+    Case("sweep-space-freeze-too-deep", "sweep", "a search space whose freeze_layers reaches 9 (a fresh tokenizer of 2 blocks)",
+         SWEEP + ("--search-space", "{in}/space_deep.yaml"), "freeze_layers"),
     Case("sweep-train-seed", "sweep", "`--seed 1e30` passed to training", SWEEP + ("--seed", "1e30"), "seed"),
     # ===== tracking URIs whose scheme no store serves
     Case("tracking-uri-scheme", "tracking", "`MLFLOW_TRACKING_URI=ftp://host/x`", TRAIN + BASE, "ftp",

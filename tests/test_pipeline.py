@@ -140,6 +140,12 @@ def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(fir
         assert parent.data.tags[f"pipeline.{step}_reused"] == "true"
         assert parent.data.metrics[f"{step}_seconds"] == 0.0
     assert parent.data.tags["pipeline.tokenizer_run_id"] == genuine.info.run_id
+    # the new parent's description links the reused steps (they stay under the first parent)
+    note = parent.data.tags["mlflow.note.content"]
+    for step in STEPS:
+        run_id = parent.data.tags[f"pipeline.{step}_run_id"]
+        assert f"- {step}: [{run_id}](#/experiments/{parent.info.experiment_id}/runs/{run_id}) (reused)" in note
+    assert f"[pipeline] done: parent run {parent.info.run_id}; look at it: mlflow ui --backend-store-uri" in proc.stdout
     assert (f"[pipeline] tokenizer: run {forged.info.run_id} has this config but is not reused: run "
             f"{forged.info.run_id}'s directory") in proc.stdout, proc.stdout[-3000:]
     assert "[pipeline] tokenizer: reused run" in proc.stdout

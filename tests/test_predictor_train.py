@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_runs import TINY, isolated_env, write_config
+from tiny_runs import TINY, isolated_env, torchrun_to_the_end, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_SIZES = {"d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2,
@@ -221,29 +221,13 @@ def test_torchrun_predictor_resumes_a_killed_worker_to_the_same_result(tmp_path)
     """Plain torchrun, fresh tokenizer and predictor: one uninterrupted run, then the same with
     rank 1 SIGKILLed after the first epoch; the group restarts into the same MLflow run and ends
     with the same validation history and best_val_loss."""
-    import importlib.util
-
     from mlflow import MlflowClient
 
-    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "benchmarks" / "fault_injection.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
     results = {}
     for name in ("uninterrupted", "killed"):
         root, env = _workdir(tmp_path / name)
-        log = root / "torchrun.log"
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(_torchrun(root), cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        try:
-            if name == "killed":
-                faults.preempt(proc, root / "outputs" / "finetune_predictor_demo", rank=1, after_epoch=0)
-            proc.wait(timeout=600)
-        finally:
-            if proc.poll() is None:
-                faults.kill_tree(proc.pid)
-        output = log.read_text()
-        assert proc.returncode == 0, output[-3000:]
+        output = torchrun_to_the_end(_torchrun(root), root, env,
+                                     kill_rank_after_epoch0="finetune_predictor_demo" if name == "killed" else None)
         client = MlflowClient(env["MLFLOW_TRACKING_URI"])
         (run,) = client.search_runs(["0"])
         history = sorted(client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch"), key=lambda m: m.step)

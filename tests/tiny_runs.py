@@ -140,3 +140,37 @@ def run_dir(save_path: Path, folder: str = "finetune_tokenizer_demo") -> Path:
     found = sorted(p for p in (Path(save_path) / folder).glob("cfg-*") if p.is_dir())
     assert len(found) == 1, f"expected one run directory under {Path(save_path) / folder}, found {found}"
     return found[0]
+
+
+def fault_injection():
+    """``benchmarks/fault_injection.py`` as a module (preempt a torchrun rank, kill a process tree)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fault_injection",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "fault_injection.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def torchrun_to_the_end(cmd: list[str], root: Path, env: Mapping[str, str], *, kill_rank_after_epoch0: str | None = None,
+                        timeout: float = 600) -> str:
+    """Run a torchrun command in ``root`` (output in ``root/torchrun.log``) to its end; with
+    ``kill_rank_after_epoch0`` (a run folder under ``root/outputs``), SIGKILL rank 1 once epoch 0's
+    training state is saved (torchrun then restarts the group). Asserts exit code 0; the output."""
+    import subprocess
+
+    faults = fault_injection()
+    log = Path(root) / "torchrun.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=root, env=dict(env), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if kill_rank_after_epoch0:
+            faults.preempt(proc, Path(root) / "outputs" / kill_rank_after_epoch0, rank=1, after_epoch=0)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            faults.kill_tree(proc.pid)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-3000:]
+    return output

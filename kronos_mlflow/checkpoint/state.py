@@ -79,6 +79,7 @@ def save_training_state(
     extra: Mapping[str, Any] | None = None,
     rng_states: list[Mapping[str, Any]] | None = None,
     config: Mapping[str, Any] | None = None,
+    trained_only: bool = False,
 ) -> Path:
     """Write the training state after ``epoch`` (0-based, just completed; -1 = before the first
     epoch, so that a crash in it still resumes into the same run) atomically into ``directory``
@@ -88,6 +89,8 @@ def save_training_state(
     entry per rank (:func:`gather_rng_states`); default: this process's state as rank 0's.
     ``config`` (optional) is stored as :func:`digest_config` so that a refused resume can name
     the keys that changed. ``extra`` is any JSON-able dict (history, best epoch...).
+    ``trained_only`` (a LoRA or freeze run: :mod:`kronos_mlflow.finetune`) keeps the parameters
+    that train, not the frozen base.
     """
     final = Path(os.path.expanduser(os.fspath(directory)))
     parent = final.parent
@@ -95,7 +98,7 @@ def save_training_state(
     _remove_stale_temps(parent, final.name)
 
     model_tensors: dict[str, Any] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in _model_tensors(model, trained_only).items():
         model_tensors[name] = tensor.detach().to("cpu").contiguous().clone()
     opt_tensors: dict[str, Any] = {}
     opt_json = encode(optimizer.state_dict(), "optimizer", opt_tensors)
@@ -284,6 +287,7 @@ def load_training_state(
     rank: int | None = None,
     restore_rng: bool = True,
     verify: bool = True,
+    trained_only: bool = False,
 ) -> dict[str, Any]:
     """Load a saved state into ``model`` (plain module), ``optimizer`` and ``scheduler`` (built
     exactly as for a fresh run), and restore this rank's RNG states (``rank``: default env
@@ -302,7 +306,7 @@ def load_training_state(
     # its state next to each parameter. ``map_location`` is accepted for symmetry with torch.
     del map_location
     weights = _read_tensors(directory / MODEL_NAME, "cpu")
-    expected = model.state_dict()
+    expected = _model_tensors(model, trained_only)
     missing = [n for n in expected if n not in weights]
     unexpected = [n for n in weights if n not in expected]
     if missing or unexpected:
@@ -326,7 +330,11 @@ def load_training_state(
         raise CheckpointError(f"{where}: no learning-rate scheduler state was saved; delete that directory to start over")
 
     with torch.no_grad():
-        model.load_state_dict(weights, strict=True)
+        if trained_only:  # the frozen base is the model's own; the state names each trained tensor
+            for name, tensor in expected.items():
+                tensor.copy_(weights[name])
+        else:
+            model.load_state_dict(weights, strict=True)
     try:
         optimizer.load_state_dict(opt_state)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
@@ -350,6 +358,13 @@ def load_training_state(
     state["optimizer"] = None  # the tensors now live in the optimizer; do not keep a second copy
     state["scheduler"] = sched_state
     return state
+
+
+def _model_tensors(model, trained_only: bool) -> dict[str, Any]:
+    """The model's tensors a training state holds: all of its state, or its trained parameters."""
+    if trained_only:
+        return {name: p for name, p in model.named_parameters() if p.requires_grad}
+    return model.state_dict()
 
 
 def _check_optimizer_state(opt_state: Mapping[str, Any], optimizer, where: str) -> None:

@@ -386,7 +386,7 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(paths, desc="reading CSV", unit="file", leave=False)
+        it = tqdm(paths, desc="reading CSV", unit="file", leave=False, disable=None)
     series: dict[str, tuple[Path, np.ndarray, dict]] = {}
     seen: dict[str, str] = {}
     for path in it:

@@ -226,7 +226,7 @@ def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> Non
     if progress:
         from tqdm.auto import tqdm
 
-        items = tqdm(items, desc="demo market", unit="symbol", leave=False)
+        items = tqdm(items, desc="demo market", unit="symbol", leave=False, disable=None)
     for s in items:
         pv.write_series(root, s)
     if market.benchmark is not None:
@@ -461,6 +461,6 @@ def _write_intraday(root: Path, market: DemoMarket, progress: bool = False) -> N
     if progress:
         from tqdm.auto import tqdm
 
-        items = tqdm(items, desc=f"demo market ({freq})", unit="symbol", leave=False)
+        items = tqdm(items, desc=f"demo market ({freq})", unit="symbol", leave=False, disable=None)
     for s in items:
         pv.write_series(root, s, freq)

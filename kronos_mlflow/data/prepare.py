@@ -256,7 +256,8 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(symbols), desc=f"reading {instrument} ({freq})", unit="symbol")
+        bar = tqdm(total=len(symbols), desc=f"reading {instrument} ({freq})", unit="symbol",
+                   disable=None)  # a terminal only: no redraws in a log file
     try:
         for i in range(0, len(symbols), chunk):
             names = symbols[i : i + chunk]

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..finetune import merged
 from ..model import KronosPredictor
 from . import forecasters as fc, scores as sc
 from .origins import CLOSE, forecast_origins
@@ -80,8 +81,9 @@ class ValSkill:
                 "forecasting bars after train_time_range")
 
     def predictor(self, raw_model):
-        """A ``KronosPredictor`` of the epoch's weights and their partner."""
-        tokenizer, model = self.stage.forecast_pair(raw_model, self.config, self.device)
+        """A ``KronosPredictor`` of the epoch's weights (adapters merged, as they are logged) and
+        their partner."""
+        tokenizer, model = self.stage.forecast_pair(merged(raw_model), self.config, self.device)
         return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.config["max_context"]),
                                clip=float(self.config["clip"]))
 

@@ -69,7 +69,7 @@ class FeedForward(nn.Module):
     fused: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
+        if self.fused and type(self.w1) is type(self.w3) is nn.Linear:  # not through adapters (finetune.py)
             gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
             return self.ffn_dropout(self.w2(F.silu(gate) * up))
         return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
@@ -222,7 +222,8 @@ class MultiHeadAttentionWithRoPE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self.fused and key_padding_mask is None:
+        if self.fused and key_padding_mask is None and all(
+                type(p) is nn.Linear for p in (self.q_proj, self.k_proj, self.v_proj)):  # not through adapters
             return self._forward_fused(x)
         q = self.split_heads(self.q_proj(x))
         k = self.split_heads(self.k_proj(x))

@@ -63,6 +63,11 @@ class StageSpec:
         given; ``tokenizer``: the tokenizer a predictor would train on (a pipeline's checks)."""
         raise NotImplementedError
 
+    def layers(self, model) -> tuple[list, list]:
+        """``(inputs, blocks)`` of ``model``: its input embeddings, and its transformer blocks
+        from the bottom (what ``finetune_mode: freeze`` freezes; :mod:`kronos_mlflow.finetune`)."""
+        raise NotImplementedError
+
     def heldout(self, training=None):
         """The held-out comparison's piece (:class:`~kronos_mlflow.stages.base.HeldOutPiece`)."""
         raise NotImplementedError

@@ -32,7 +32,7 @@ from .. import config as cfg, validate as checks
 from ..argparsing import OneLineParser
 from ..child_runs import (as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
                           train_command as _train_command)
-from ..console import install_warning_format
+from ..console import install_warning_format, terminal_only_bars
 from ..distributed import resolve_device
 from ..errors import EXIT_USAGE, UserError
 from ..preflight import DataView, check_processes, check_start, check_tracking, check_training
@@ -43,7 +43,7 @@ from ..tracking.project_run import end_failed, end_run, record_failure
 from ..tracking.server import ensure_sqlite_store
 from .champion import PROMOTE, best_trial_record, set_champion
 from .dashboard import study_tags
-from .space import DEFAULT_SPACE, PARAMS, load_search_space, suggest
+from .space import DEFAULT_SPACE, OPTIONAL, PARAMS, load_search_space, suggest
 from .study import (DuplicateTrial, default_storage, make_pruner, open_storage, open_study, optimize_distinct,
                     redact_url, repeated_trial)
 from .trial import DEFAULT_PRUNER, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
@@ -56,7 +56,7 @@ TRAIN_PASSTHROUGH = (
 )
 #: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
 UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "",
-                    "objective": "val_loss"}
+                    "objective": "val_loss", "finetune_mode": "full", "lora_rank": "8", "freeze_layers": "2"}
 DEFAULT_STUDY = get("tokenizer").default_study  # the --study-name default (a tokenizer sweep's)
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
 PREDICTOR_STUDY = get("predictor").default_study
@@ -155,7 +155,8 @@ class SweepWorker:
     def _run_trial(self, trial, values: Mapping[str, float]) -> float:
         import optuna
 
-        run_name = f"trial-{trial.number} lr={values['learning_rate']:.1e} wd={values['weight_decay']:.2g}"
+        run_name = f"trial-{trial.number} lr={values['learning_rate']:.1e} wd={values['weight_decay']:.2g}" + "".join(
+            f" {name}={values[name]}" for name in OPTIONAL if name in values)
         tags = {
             "optuna.study_name": self.study.study_name,
             "optuna.trial_number": str(trial.number),
@@ -170,6 +171,7 @@ class SweepWorker:
         flags = self.train_flags + _flags({
             "learning_rate": repr(values["learning_rate"]),
             "weight_decay": repr(values["weight_decay"]),
+            **{name: str(values[name]) for name in OPTIONAL if name in values},
             "run_name": run_name,
             "save_path": save_path,
             self.folder_key: f"trial-{trial.number:04d}",
@@ -390,6 +392,24 @@ def parse(argv: Sequence[str] | None):
     return args, train_flags, config
 
 
+def check_space(space: Mapping[str, Any], train_flags: Sequence[str], config: Mapping[str, Any]) -> None:
+    """A key the space draws is not also a flag; each mode the space may draw, at the highest
+    value of each integer it draws, is a config training accepts (a freeze deeper than a fresh
+    model refused before any trial)."""
+    for name in OPTIONAL:
+        if name in space and f"--{name.replace('_', '-')}" in train_flags:
+            raise UserError(f"argument --{name.replace('_', '-')}: the sweep chooses it (the search space draws "
+                            f"{name}); drop the flag, or the entry in the search space")
+    modes = space.get("finetune_mode", {}).get("choices", [config["finetune_mode"]])
+    for mode in modes:
+        drawn = {name: space[name]["high"] for name in ("lora_rank", "freeze_layers") if name in space}
+        try:
+            cfg.validate({**config, **drawn, "finetune_mode": mode})
+        except UserError as exc:
+            raise UserError(f"search space: a trial of finetune_mode {mode} at its highest values would be refused: "
+                            f"{exc}") from None
+
+
 def check_trials(args, config: Mapping[str, Any]) -> None:
     """What every trial would refuse at its start or its end, before the study is opened or any
     run is made: its start (paths, device, processes, speed settings, Comet), its checkpoints
@@ -414,6 +434,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
 
     args, train_flags, config = parse(argv)
     space = load_search_space(args.search_space)
+    check_space(space, train_flags, config)
     args.storage = args.storage or default_storage()
     pruner = make_pruner(args.pruner)
     check_tracking({**config, "experiment_name": args.experiment_name or config.get("experiment_name") or ""})
@@ -524,6 +545,7 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     install_warning_format()
+    terminal_only_bars()
     try:
         return run_sweep(argv)
     except UserError as exc:

@@ -421,6 +421,9 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
         heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"), heldout_metrics)
         log_model(tracking.mlflow, layout, config, result, heldout, dataset)
+    if layout.best_adapter.is_dir() and config.get("finetune_mode") == "lora":
+        # the best epoch's adapters alone (peft's format), beside the merged best_model
+        tracking.logger.log_artifact(str(layout.best_adapter), "adapter")
 
 
 def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,

@@ -62,6 +62,11 @@ class PredictorSpec(StageSpec):
             tokenizer = training.tokenizer
         return build_predictor(config, tokenizer if tokenizer is not None else configured_tokenizer(config))
 
+    def layers(self, model):
+        """The token and calendar embeddings; the ``transformer`` blocks (not the dependency
+        layer and heads above them)."""
+        return [model.embedding, model.time_emb], list(model.transformer)
+
     def heldout(self, training=None):
         from .heldout import piece  # lazy: torch, mlflow, pandas
 

@@ -40,6 +40,10 @@ class TokenizerSpec(StageSpec):
         path = config["pretrained_tokenizer_path"]
         return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**model_kwargs(config))
 
+    def layers(self, model):
+        """The input projection ``embed``; the encoder's blocks, then the decoder's."""
+        return [model.embed], [*model.encoder, *model.decoder]
+
     def heldout(self, training=None):
         from .heldout import PIECE  # lazy: torch, mlflow, pandas
 

@@ -1,0 +1,48 @@
+"""What a finished command prints last: where its run is, how to look at it, and the number the
+user came for with the file that holds it (a few lines, rank 0 only)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .secrets import redact_uri
+
+
+def look_command(tracking_uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """How to see a run: its page on a tracking server, else ``mlflow ui`` on the store used."""
+    uri = redact_uri(str(tracking_uri))
+    if uri.startswith(("http://", "https://")):
+        page = f"/#/experiments/{experiment_id}/runs/{run_id}" if experiment_id and run_id else ""
+        return f"open {uri.rstrip('/')}{page}"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def _ci(metrics: Mapping[str, Any], name: str) -> str:
+    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    return f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
+
+
+def training_lines(result: Mapping[str, Any], *, run_id: str, experiment_id: str | None, tracking_uri: str,
+                   run_directory: Path) -> list[str]:
+    """The end of a training run: its id, the best validation loss and the held-out verdict,
+    the scorecard's skill with its file (a predictor run), its directory, how to look at it."""
+    lines = []
+    best = result.get("best_val_loss")
+    shown = f"best_val_loss {best:.6f} (epoch {result.get('best_epoch')})" if best is not None and best == best else \
+        "no validation loss"
+    test = result.get("test") or {}
+    verdict = test.get("verdict")
+    change = test.get("change")
+    held = (f", verdict {verdict} (test loss {100 * change:+.2f}% against the start)" if verdict and change is not None
+            else f", verdict {verdict}" if verdict else "")
+    lines.append(f"done: run {run_id}: {shown}{held}")
+    card = result.get("scorecard") or {}
+    metrics, tags = card.get("metrics") or {}, card.get("tags") or {}
+    if "skill_vs_zeroshot" in metrics:
+        lines.append(f"scorecard: skill_vs_zeroshot {metrics['skill_vs_zeroshot']:+.4f}{_ci(metrics, 'skill_vs_zeroshot')} "
+                     f"({tags.get('verdict_vs_zeroshot', '?')}), in {run_directory / 'evaluation' / 'scorecard.json'}")
+    lines.append(f"files: {run_directory}")
+    lines.append(f"look at it: {look_command(tracking_uri, experiment_id, run_id)}")
+    return lines
