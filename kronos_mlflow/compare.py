@@ -7,12 +7,19 @@
     kronos-mlflow compare --json                           # everything, machine-readable
 
 Runs are read through MLflow's API (``MlflowClient.search_runs``; ``--parent`` filters on
-``tags.mlflow.parentRunId``) and sorted by ``best_val_loss`` ascending (the trials of a sweep on
-``objective: val_skill``: by ``best_val_skill`` descending); runs without it (failed,
-still running, pruned before an epoch ended) come last, newest first. A sweep's parent run is
-not a fine-tune and is left out of an experiment listing (``--parent`` lists its trials).
+``tags.mlflow.parentRunId``) and grouped: the fine-tunes of each stage (``tokenizer``,
+``predictor``: the run's ``stage`` param), ``evaluation`` (``kronos-mlflow evaluate`` runs,
+the pipeline's evaluation step) and ``parent`` (pipeline parents). Each group is ranked by its
+own number: a stage's runs by ``best_val_loss`` ascending (the trials of a sweep on ``objective:
+val_skill``: by ``best_val_skill`` descending), evaluations by ``skill_vs_zeroshot``
+descending, parents newest first; runs without the number (failed, still running, pruned
+before an epoch ended) come last, newest first. ``--top N`` keeps the N best of each group.
+When more than one group is listed, each table follows a line naming the group and its order.
+A sweep's parent run is not a fine-tune and is left out of an experiment listing (``--parent``
+lists its trials).
 
-Columns: run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss (and
+Columns (a group shows only those that apply to it: an evaluation has no learning rate or epochs,
+a predictor no codebook usage): run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss (and
 best_val_skill when a listed run has one), the test
 verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``, a predictor
 run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_tokenizer_loss``
@@ -42,7 +49,7 @@ import re
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +57,7 @@ from .errors import UserError
 from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1,
                    VAL_METRIC, VERDICT_TAG)
 from .secrets import redact_uri
+from .stages import get as stage_spec, names as stage_names
 from .tracking.server import resolve_tracking_uri
 
 # mlflow is imported inside the functions: `kronos-mlflow compare --help` and bad flags answer at once.
@@ -80,9 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="experiment name (or id); default: MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, "
                              "the --parent run's experiment, else 'Default'")
     parser.add_argument("--parent", metavar="RUN_ID", help="list only the child runs (sweep trials) of this run")
-    parser.add_argument("--top", metavar="N", type=_positive_int, help="show only the N best runs")
+    parser.add_argument("--top", metavar="N", type=_positive_int, help="show only the N best runs of each group")
     parser.add_argument("--url", action="store_true",
-                        help="print the MLflow UI address comparing the listed runs instead of the table")
+                        help="after the tables, print the MLflow UI address comparing the listed runs")
     parser.add_argument("--json", action="store_true", help="print the runs (and the UI address) as JSON")
     parser.add_argument("--tracking-uri", metavar="URI",
                         help="MLflow tracking URI; default: MLFLOW_TRACKING_URI, else MLflow's default "
@@ -109,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
         where = f"child runs of {args.parent}" if args.parent else f"runs in experiment(s) {', '.join(experiment_ids)}"
         print(f"no {where} at {_shown_uri(uri)}", file=sys.stderr)
         return 0
-    print(format_table(rows))
+    groups = grouped(rows)
+    for n, (group, members) in enumerate(groups.items()):
+        if len(groups) > 1:
+            print(("\n" if n else "") + f"{group} runs ({len(members)}), {GROUP_ORDER.get(group, ORDER_BY_LOSS)}:")
+        print(format_table(members))
     if args.url:  # the table, then the page comparing its runs (the last line: easy to pipe)
         if not _is_http(uri):
             print(f"(start the UI with: mlflow ui --backend-store-uri {_shown_uri(uri)} --port 5000)", file=sys.stderr)
@@ -151,12 +163,21 @@ def compare_url(tracking_uri: str, run_ids: Sequence[str], experiment_ids: Seque
 # --------------------------------------------------------------------------- reading runs
 
 
+EVALUATION, PARENT = "evaluation", "parent"
+ORDER_BY_LOSS = "best first by best_val_loss"
+GROUP_ORDER = {EVALUATION: "best first by skill_vs_zeroshot", PARENT: "newest first"}
+
+
 @dataclass
 class RunRow:
     run_id: str
     run_name: str
     experiment_id: str
     status: str
+    #: a stage's name (its fine-tunes), ``evaluation`` or ``parent``
+    group: str = ""
+    #: an evaluation's ``--model``
+    model: str | None = None
     learning_rate: float | None = None
     weight_decay: float | None = None
     epochs_planned: int | None = None
@@ -275,15 +296,45 @@ def search_all(client, experiment_ids: Sequence[str], filter_string: str = "") -
             return runs
 
 
+def group_of(params: Mapping[str, str], metrics: Mapping[str, float], tags: Mapping[str, str]) -> str:
+    """A run's group: ``parent`` (a pipeline's parent), ``evaluation`` (it scored a model: its
+    ``model`` and ``zeroshot_*`` params, or the pipeline's evaluation step), else the stage it
+    fine-tuned (its ``stage`` param; a run made before that param existed: the stage whose
+    validation metric it logged, else the first stage)."""
+    if tags.get("pipeline.role") == PARENT:
+        return PARENT
+    if tags.get("pipeline.step") == EVALUATION or ("model" in params and (
+            "zeroshot_predictor" in params or "base" in params)):  # evaluate, evaluate-tokenizer --log
+        return EVALUATION
+    known = stage_names()
+    if params.get("stage") in known:
+        return params["stage"]
+    return next((name for name in known if stage_spec(name).val_metric in metrics), known[0])
+
+
+def grouped(rows: Iterable[RunRow]) -> dict[str, list[RunRow]]:
+    """``rows`` by group, in the order stages, evaluation, parent (each group's own order kept)."""
+    order = [*stage_names(), EVALUATION, PARENT]
+    out: dict[str, list[RunRow]] = {}
+    for row in sorted(rows, key=lambda r: order.index(r.group) if r.group in order else len(order)):
+        out.setdefault(row.group, []).append(row)
+    return out
+
+
 def _row(run, now_ms: int) -> RunRow:
     params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
     info = run.info
     end = info.end_time or (now_ms if info.status == "RUNNING" else None)
+    group = group_of(params, metrics, tags)
+    if group in (EVALUATION, PARENT):  # a training run's params, logged beside them, do not apply
+        params = {"model": params["model"]} if "model" in params else {}
     return RunRow(
         run_id=info.run_id,
         run_name=info.run_name or tags.get("mlflow.runName", "") or info.run_id[:8],
         experiment_id=info.experiment_id,
         status=info.status,
+        group=group,
+        model=params.get("model"),
         learning_rate=_number(params.get("learning_rate", params.get("tokenizer_learning_rate"))),
         weight_decay=_number(params.get("weight_decay", params.get("adam_weight_decay"))),
         epochs_planned=_integer(params.get("epochs")),
@@ -340,12 +391,24 @@ def _at_best_epoch(client, row: RunRow) -> None:
 
 def sort_rows(rows: list[RunRow], by_skill: bool = False) -> list[RunRow]:
     """Lowest best_val_loss first (``by_skill``: highest best_val_skill first, as a sweep on
-    ``objective: val_skill`` ranks its trials); runs without one last, newest first."""
+    ``objective: val_skill`` ranks its trials); runs without one last, newest first. Rows of
+    one group: :func:`collect` sorts each group with its own rule (:func:`sort_group`)."""
     if by_skill:
         return sorted(rows, key=lambda r: (r.best_val_skill is None,
                                            -r.best_val_skill if r.best_val_skill is not None else 0.0, -r.start_time))
     return sorted(rows, key=lambda r: (r.best_val_loss is None,
                                        r.best_val_loss if r.best_val_loss is not None else 0.0, -r.start_time))
+
+
+def sort_group(group: str, rows: list[RunRow], by_skill: bool = False) -> list[RunRow]:
+    """One group ranked by its own number (the module's docstring)."""
+    if group == EVALUATION:
+        def skill(r: RunRow) -> float | None:
+            return r.skills.get("skill_vs_zeroshot", (None,))[0]
+        return sorted(rows, key=lambda r: (skill(r) is None, -(skill(r) or 0.0), -r.start_time))
+    if group == PARENT:
+        return sorted(rows, key=lambda r: -r.start_time)
+    return sort_rows(rows, by_skill)
 
 
 def collect(client, experiment: str | None = None, parent: str | None = None,
@@ -365,11 +428,11 @@ def collect(client, experiment: str | None = None, parent: str | None = None,
             continue
         rows.append(_row(r, now_ms))
     by_skill = parent_run is not None and parent_run.data.tags.get("sweep.objective") == "val_skill"
-    rows = sort_rows(rows, by_skill)
-    if top:
-        rows = rows[:top]
+    rows = [row for group, members in grouped(rows).items()
+            for row in sort_group(group, members, by_skill)[:top or None]]
     for row in rows:
-        _at_best_epoch(client, row)
+        if row.group not in (EVALUATION, PARENT):
+            _at_best_epoch(client, row)
     return rows, experiment_ids, skipped
 
 
@@ -429,13 +492,21 @@ def _s1_bits(row: RunRow) -> int | None:
 
 
 def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
+    """The header and cells of one group's table (:func:`grouped`)."""
+    with_skills = [name for name, _ in SKILL_COLUMNS if any(name in r.skills for r in rows)]
+    if rows and all(r.group in (EVALUATION, PARENT) for r in rows):  # scored, not trained: no training columns
+        with_model = any(r.model for r in rows)
+        header = ["name"] + (["model"] if with_model else []) + with_skills + ["duration", "status", "run_id"]
+        return header, [[r.run_name, *([r.model or "-"] if with_model else []), *(_skill(r, b) for b in with_skills),
+                         _duration(r.duration_s), r.status, r.run_id] for r in rows]
     with_trials = any(r.trial_number is not None for r in rows)
     with_val_skill = any(r.best_val_skill is not None for r in rows)
     with_mode = any(r.finetune_mode not in (None, "full") for r in rows)  # a column once some run trained part
+    # codebook usage: the columns of a group where some run recorded it (the tokenizer's)
+    with_codes = any(r.codebook_usage_s1 is not None or r.codebook_usage_full is not None for r in rows)
     header = ["name"] + (["mode"] if with_mode else []) + ["learning_rate", "weight_decay", "epochs", "best_val_loss"] + (
-        ["best_val_skill"] if with_val_skill else []) + ["test_loss", "base_loss", "change", "verdict", "codes_s1",
-                                                         "codes_full", "duration", "status"]
-    with_skills = [name for name, _ in SKILL_COLUMNS if any(name in r.skills for r in rows)]
+        ["best_val_skill"] if with_val_skill else []) + ["test_loss", "base_loss", "change", "verdict"] + (
+        ["codes_s1", "codes_full"] if with_codes else []) + ["duration", "status"]
     header += with_skills
     header += (["trial"] if with_trials else []) + ["run_id"]
     body = []
@@ -455,8 +526,7 @@ def table_rows(rows: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             "-" if r.base_test_loss is None else f"{r.base_test_loss:.6f}",
             _change(r),
             r.verdict or "-",
-            _usage(r.codebook_usage_s1, _s1_bits(r)),
-            _usage(r.codebook_usage_full, None),
+            *([_usage(r.codebook_usage_s1, _s1_bits(r)), _usage(r.codebook_usage_full, None)] if with_codes else []),
             _duration(r.duration_s),
             r.status,
             *(_skill(r, b) for b in with_skills),

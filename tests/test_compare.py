@@ -271,3 +271,48 @@ def test_compare_shows_the_real_run(trained, capsys):
     line = out.strip().splitlines()[2]
     assert line.startswith("lr=1e-03 wd=0.1") and "1.00e-03" in line and f"{result['best_val_loss']:.6f}" in line
     assert "/16" in line and "FINISHED" in line
+
+
+def test_runs_are_grouped_by_stage_and_each_group_ranked_by_its_own_number(tmp_path, capsys):
+    """Tokenizer and predictor fine-tunes, evaluations and a pipeline parent in one experiment:
+    one table per group, each ranked by its own number, showing only the columns that apply."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("mixed")
+    ids = {}
+    for name, best in (("tok-a", 0.15), ("tok-b", 0.12)):
+        ids[name] = _make_run(client, exp, name, lr=1e-3, val=(0.2, best), usage=((9, 30), (11, 33)),
+                              tags={"codebook_bits": "4+4"})
+        client.log_param(ids[name], "stage", "tokenizer")
+    for name, best in (("pred-a", 6.42), ("pred-b", 6.30), ("pred-c", 6.90)):
+        ids[name] = _make_run(client, exp, name, lr=4e-5, best=best)
+        client.log_param(ids[name], "stage", "predictor")
+        client.log_metric(ids[name], "val_predictor_loss_epoch", best, step=0)
+    for name, skill in (("eval-a", 0.01), ("eval-b", 0.05)):
+        ids[name] = _make_run(client, exp, name)
+        for key, value in (("model", f"runs:/{name}/forecaster"), ("zeroshot_predictor", ""), ("epochs", "30"),
+                           ("learning_rate", "4e-05"), ("stage", "predictor")):
+            client.log_param(ids[name], key, value)
+        client.log_metric(ids[name], "skill_vs_zeroshot", skill)
+    ids["parent"] = _make_run(client, exp, "pipeline", tags={"pipeline.role": "parent"})
+
+    rc, out, err = _cli(capsys, "--experiment", "mixed", "--tracking-uri", uri, "--top", "2")
+    assert rc == 0, err
+    blocks = [block.splitlines() for block in out.strip().split("\n\n")]
+    assert [b[0] for b in blocks] == ["tokenizer runs (2), best first by best_val_loss:",
+                                      "predictor runs (2), best first by best_val_loss:",
+                                      "evaluation runs (2), best first by skill_vs_zeroshot:",
+                                      "parent runs (1), newest first:"]
+    order = [[line.split()[-1] for line in b[3:]] for b in blocks]
+    assert order == [[ids["tok-b"], ids["tok-a"]], [ids["pred-b"], ids["pred-a"]],  # --top: per group
+                     [ids["eval-b"], ids["eval-a"]], [ids["parent"]]]
+    tok, pred, evaluation, parent = (b[1].split() for b in blocks)
+    assert "codes_s1" in tok and "codes_s1" not in pred and "best_val_loss" in pred
+    assert evaluation == ["name", "model", "skill_vs_zeroshot", "duration", "status", "run_id"]  # no epochs 30
+    assert "learning_rate" not in parent and "epochs" not in parent
+    assert "runs:/eval-b/forecaster" in out
+    rc, out, _ = _cli(capsys, "--experiment", "mixed", "--tracking-uri", uri, "--json")
+    assert [r["group"] for r in json.loads(out)["runs"]] == ["tokenizer"] * 2 + ["predictor"] * 3 + [
+        "evaluation"] * 2 + ["parent"]
