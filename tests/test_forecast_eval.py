@@ -319,3 +319,32 @@ def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
         # the same tokens, values equal to float32 rounding; a missed or repeated origin moves these
         # by far more than 1e-6
         assert one[key] == pytest.approx(two[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("metrics", [
+    {"skill_vs_zeroshot": 0.0, "skill_vs_zeroshot_ci_low": 0.0, "skill_vs_zeroshot_ci_high": 0.0},
+    {"skill_vs_zeroshot": 0.4, "skill_vs_zeroshot_ci_low": 0.399, "skill_vs_zeroshot_ci_high": 0.401,
+     "skill_vs_persistence": -0.02, "skill_vs_persistence_ci_low": -0.03, "skill_vs_persistence_ci_high": -0.01},
+    {"skill_vs_persistence": -3.2, "skill_vs_persistence_ci_low": -5.0, "skill_vs_persistence_ci_high": 0.001,
+     "wql_skill_vs_persistence": 0.9, "wql_skill_vs_persistence_ci_low": 0.8, "wql_skill_vs_persistence_ci_high": 0.95,
+     "gm_skill_vs_persistence": 0.001},
+])
+def test_the_scorecard_picture_draws_every_label_inside_its_axes(metrics):
+    from types import SimpleNamespace
+
+    from kronos_mlflow.evaluation.figures import scorecard_figure
+
+    fig = scorecard_figure(SimpleNamespace(metrics=metrics, description="tiny"))
+    fig.draw_without_rendering()
+    (ax,) = fig.axes
+    box = ax.get_window_extent()
+    texts = [t for t in ax.texts if t.get_text()]
+    assert len(texts) == sum(not k.endswith(("_ci_low", "_ci_high")) for k in metrics)
+    for text in texts:
+        extent = text.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, (text.get_text(), extent, box)
+        assert box.y0 <= extent.y0 and extent.y1 <= box.y1, (text.get_text(), extent, box)
+    # every label and tick inside the figure too
+    for artist in [*texts, *ax.get_yticklabels(), ax.xaxis.label, ax.title]:
+        extent = artist.get_window_extent()
+        assert 0 <= extent.x0 and extent.x1 <= fig.bbox.x1 + 0.5, artist.get_text()

@@ -21,24 +21,41 @@ def scorecard_figure(card):
     names = [k for k in card.metrics if k.startswith(SKILL_KINDS) and not k.endswith(("_ci_low", "_ci_high"))]
     fig = new_figure(6.4, 1.2 + 0.7 * max(1, len(names)))
     ax = fig.add_subplot(1, 1, 1)
+    labels = []
     for i, name in enumerate(names):
         value = card.metrics[name]
         low, high = card.metrics.get(f"{name}_ci_low", value), card.metrics.get(f"{name}_ci_high", value)
         ax.errorbar([value], [i], xerr=[[max(0.0, value - low)], [max(0.0, high - value)]], fmt="o", capsize=5,
                     color=COLORS.get(name.rsplit("_vs_", 1)[1], "k"))
-        ax.annotate(f"{value:+.3f} [{low:+.3f}, {high:+.3f}]", (value, i), textcoords="offset points", xytext=(0, 8),
-                    ha="center", fontsize=8)
+        labels.append(ax.annotate(f"{value:+.3f} [{low:+.3f}, {high:+.3f}]", (value, i), textcoords="offset points",
+                                  xytext=(0, 8), ha="center", fontsize=8))
     ax.axvline(0.0, color="k", lw=0.8)
-    # room for the labels (centred on each point, about a fifth of the axis wide) inside the axes
     spans = [card.metrics.get(f"{n}_ci_{side}", card.metrics[n]) for n in names for side in ("low", "high")] + [0.0]
     lo, hi = min(spans), max(spans)
-    pad = 0.25 * (hi - lo or 1.0)
+    pad = 0.1 * (hi - lo or 1.0)
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_yticks(range(len(names)), [n.replace("_skill_vs_", " vs ").replace("skill_vs_", "mase vs ") for n in names])
     ax.set_ylim(-0.7, len(names) - 0.3)
     ax.set_xlabel("skill = 1 - error(fine-tuned) / error(baseline); > 0: fine-tuned better")
     ax.set_title(f"scorecard: {card.description}", fontsize=9)
+    labels_inside(fig, ax, labels)
     return fig
+
+
+def labels_inside(fig, ax, labels, rounds: int = 4) -> None:
+    """Widen ``ax``'s x range until every text in ``labels`` lies inside the axes, measured on
+    the figure's own renderer (a label's width in data units depends on the range, so a few
+    rounds; each widens by the largest overflow on either side)."""
+    for _ in range(rounds):
+        fig.draw_without_rendering()  # the constrained layout, then the texts' extents
+        box = ax.get_window_extent()
+        left = max([box.x0 - t.get_window_extent().x0 for t in labels] + [0.0])
+        right = max([t.get_window_extent().x1 - box.x1 for t in labels] + [0.0])
+        if left <= 0 and right <= 0:
+            return
+        x0, x1 = ax.get_xlim()
+        per_pixel = (x1 - x0) / max(box.width, 1.0)
+        ax.set_xlim(x0 - (left + 4) * per_pixel * 1.2, x1 + (right + 4) * per_pixel * 1.2)
 
 
 def forecasts_figure(card):
