@@ -30,7 +30,9 @@ def training_lines(result: Mapping[str, Any], *, run_id: str, experiment_id: str
     the scorecard's skill with its file (a predictor run), its directory, how to look at it."""
     lines = []
     best = result.get("best_val_loss")
-    shown = f"best_val_loss {best:.6f} (epoch {result.get('best_epoch')})" if best is not None and best == best else \
+    epoch = result.get("best_epoch")
+    at = f"epoch {epoch + 1}" if isinstance(epoch, int) and epoch >= 0 else "the start"
+    shown = f"best_val_loss {best:.6f} ({at})" if best is not None and best == best else \
         "no validation loss"
     test = result.get("test") or {}
     verdict = test.get("verdict")

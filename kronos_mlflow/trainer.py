@@ -283,7 +283,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
         initial=extra.get("val_loss_initial"),
         extra=dict(extra),
     )
-    console.print(f"resuming at epoch {progress.start_epoch}/{last_epoch} (step {progress.global_step}, "
+    console.print(f"resuming at epoch {progress.start_epoch + 1}/{last_epoch + 1} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
     return progress
 
@@ -404,7 +404,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     optimizer = build_optimizer(raw_model, config, log=console.print)
     scheduler = build_scheduler(optimizer, config, steps_per_epoch)
     precision = resolve_precision(config["precision"], device)
-    last_epoch = config["epochs"] - 1  # epochs are counted from 0 everywhere: console, metrics, summary, plots
+    # Metrics, summary.json and plots count epochs from 0 (the metric step); the console from 1.
+    last_epoch = config["epochs"] - 1
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
                                resume_state=resume_state, last_epoch=last_epoch, stage=stage, config=config)
@@ -426,10 +427,10 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         data.val_ds.set_epoch_seed(0)
         running, progress.global_step = train_epoch(model, optimizer, scheduler, data.train_loader, device, config,
                                                     precision, logger, console, progress.global_step,
-                                                    f"epoch {epoch}/{last_epoch}", stage)
+                                                    f"epoch {epoch + 1}/{last_epoch + 1}", stage)
         val = validate_epoch(raw_model, data, device, epoch, progress, logger, files, stage)
         shown = f"{val.loss:.6f}" if val.loss is not None else "n/a"
-        console.print(f"epoch {epoch}/{last_epoch}: train_loss={running / steps_per_epoch:.6f} "
+        console.print(f"epoch {epoch + 1}/{last_epoch + 1}: train_loss={running / steps_per_epoch:.6f} "
                       f"val_loss={shown} best={progress.best_val_loss:.6f} ({time.time() - t0:.1f}s)"
                       + (" *saved*" if val.improved else ""))
         if stage.describe(val.validation):
@@ -445,8 +446,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         stop = bool(should_stop(epoch, value)) if should_stop is not None else False
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
-            console.print(f"pruned after epoch {epoch}")
-            raise TrainingPruned(f"pruned after epoch {epoch} with val_loss {val.loss}")
+            console.print(f"pruned after epoch {epoch + 1}/{last_epoch + 1}")
+            raise TrainingPruned(f"pruned after epoch {epoch + 1}/{last_epoch + 1} with val_loss {val.loss}")
         barrier()
     result = finish_run(progress, data, device, config, logger, files, stage, hooks)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,

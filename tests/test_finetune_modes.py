@@ -320,7 +320,7 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
     # the run ends saying where it is and how to look at it; output that is not a terminal gets
     # lines, not progress-bar redraws
     out = proc.stdout + proc.stderr
-    assert "\r" not in out and "[kronos] epoch 1/1: train_loss=" in out
+    assert "\r" not in out and "[kronos] epoch 1/2: train_loss=" in out and "[kronos] epoch 2/2: train_loss=" in out
     assert f"[kronos] done: run {run.info.run_id}: best_val_loss {run.data.metrics['best_val_loss']:.6f}" in out
     assert f"[kronos] files: {checkpoints.parent}" in out
     assert f"[kronos] look at it: mlflow ui --backend-store-uri {env['MLFLOW_TRACKING_URI']}" in out
@@ -342,7 +342,7 @@ def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_
         (run,) = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
         results[name] = (run, output)
     (ref, _), (run, output) = results["uninterrupted"], results["killed"]
-    assert "[kronos] resuming at epoch 1/2" in output
+    assert "[kronos] resuming at epoch 2/3" in output
     assert run.info.status == "FINISHED" and run.data.params["finetune_mode"] == "lora"
     assert run.data.metrics["best_val_loss"] == pytest.approx(ref.data.metrics["best_val_loss"], rel=1e-6)
 
@@ -390,6 +390,6 @@ def test_the_next_step_names_the_store_used_without_its_credentials():
                                                       "skill_vs_zeroshot_ci_high": 0.016},
                                           "tags": {"verdict_vs_zeroshot": "better"}}},
                            run_id="abc", experiment_id="3", tracking_uri="sqlite:///m.db", run_directory=Path("/r"))
-    assert lines == ["done: run abc: best_val_loss 0.500000 (epoch 2), verdict better (test loss -4.00% against the start)",
+    assert lines == ["done: run abc: best_val_loss 0.500000 (epoch 3), verdict better (test loss -4.00% against the start)",
                      "scorecard: skill_vs_zeroshot +0.0130 [+0.0100, +0.0160] (better), in /r/evaluation/scorecard.json",
                      "files: /r", "look at it: mlflow ui --backend-store-uri sqlite:///m.db"]

@@ -159,7 +159,7 @@ def test_plain_torchrun_with_restarts_resumes_after_a_worker_is_killed(workdir, 
     finally:
         output = _finish(proc, log)
     assert proc.returncode == 0, output[-3000:]
-    assert "[kronos] resuming at epoch 1/2" in output
+    assert "[kronos] resuming at epoch 2/3" in output
     assert status_while_training == "RUNNING"
     assert restarted in ({0: 1, 1: 1}, {})  # the second attempt's workers (or already done)
     assert len(client.search_runs(["0"])) == 1
@@ -189,7 +189,7 @@ def test_mlflow_run_survives_a_killed_worker_and_typed_again_after_the_machine_d
         faults.kill_tree(proc.pid)  # the machine dies: launcher, torchrun and workers at once
         proc.wait()
     output = log.read_text(encoding="utf-8", errors="replace")
-    assert "[kronos] resuming at epoch 1/2" in output, output[-3000:]  # the restarted group
+    assert "[kronos] resuming at epoch 2/3" in output, output[-3000:]  # the restarted group
     assert status_while_training == "RUNNING"
     deadline = time.monotonic() + 60
     while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
