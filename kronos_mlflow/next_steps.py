@@ -48,3 +48,18 @@ def training_lines(result: Mapping[str, Any], *, run_id: str, experiment_id: str
     lines.append(f"files: {run_directory}")
     lines.append(f"look at it: {look_command(tracking_uri, experiment_id, run_id)}")
     return lines
+
+
+def sweep_lines(*, parent_id: str, experiment_id: str | None, tracking_uri: str, value_metric: str,
+                best: Mapping[str, Any] | None, output_dir: str) -> list[str]:
+    """The end of a sweep: the parent run, the best trial with its number and verdict, how to
+    list the trials, where their files are, how to look at it."""
+    if best:
+        found = (f"best trial #{best['number']} (run {best.get('run_id') or '?'}): {value_metric} "
+                 f"{best['value']:.6f}" + (f", verdict {best['verdict']}" if best.get("verdict") else ""))
+    else:
+        found = "no trial finished"
+    return [f"done: sweep parent run {parent_id}: {found}",
+            f"its trials: kronos-mlflow compare --parent {parent_id}",
+            f"files: {output_dir}",
+            f"look at it: {look_command(tracking_uri, experiment_id, parent_id)}"]

@@ -55,6 +55,12 @@ def test_a_sweep_and_its_resume_record_trials_parents_champion_and_plots(user_sw
     assert [t.number for t in study.trials] == list(range(2 * n))  # resumed: numbers go on
     by_number = {t.number: t for t in study.trials}
     first, second = parents = user_sweep.parents()
+    # each command ends saying where its parent is, its best trial, and what to type next
+    for (out, _), parent in zip(user_sweep.outputs, sorted(parents, key=lambda r: r.info.start_time), strict=True):
+        pid = parent.info.run_id
+        assert f"[sweep] done: sweep parent run {pid}: best trial #" in out, out[-2000:]
+        assert f"[sweep] its trials: kronos-mlflow compare --parent {pid}" in out
+        assert f"[sweep] look at it: mlflow ui --backend-store-uri {user_sweep.uri}" in out
     pairs = set()
     for k, parent in enumerate(parents):
         children = user_sweep.children(parent.info.run_id)

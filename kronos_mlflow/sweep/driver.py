@@ -33,6 +33,7 @@ from ..argparsing import OneLineParser
 from ..child_runs import (as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
                           train_command as _train_command)
 from ..console import install_warning_format, terminal_only_bars
+from ..next_steps import sweep_lines
 from ..distributed import resolve_device
 from ..errors import EXIT_USAGE, UserError
 from ..preflight import DataView, check_processes, check_start, check_tracking, check_training
@@ -520,6 +521,17 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
             (Path(tmp) / "trials.txt").write_text(table + "\n")
             client.log_artifact(parent_id, str(Path(tmp) / "trials.txt"))
         print(table, flush=True)
+        best = None
+        if complete:
+            trial = study.best_trial
+            run_id = trial.user_attrs.get("mlflow_run_id")
+            verdict = client.get_run(run_id).data.tags.get("verdict") if run_id else None
+            best = {"number": trial.number, "value": trial.value, "run_id": run_id, "verdict": verdict}
+        parent = client.get_run(parent_id)
+        for line in sweep_lines(parent_id=parent_id, experiment_id=parent.info.experiment_id,
+                                tracking_uri=client.tracking_uri, value_metric=worker.value_metric, best=best,
+                                output_dir=os.path.abspath(os.path.join(args.output_dir, args.study_name))):
+            print(f"[sweep] {line}", flush=True)
     finally:
         end_run(client, parent_id, status, reason or "sweep: it stopped before its trials ended")
 
