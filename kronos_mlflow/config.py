@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from . import validate as checks
+from . import published, validate as checks
 from .errors import ConfigError
 from .keys import MLPROJECT_PARAMS
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
@@ -112,10 +112,14 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "seed": (100, "Random seed; each rank adds its rank."),
     "save_path": ("./outputs/models", "Root of the output directories."),
     "tokenizer_save_folder_name": ("finetune_tokenizer_demo", "Run folder under save_path."),
-    "pretrained_tokenizer_path": ("", "Checkpoint directory or hub id; empty = fresh weights, base architecture."),
+    "pretrained_tokenizer_path": ("auto", "Checkpoint directory or hub id; auto = the published "
+                                          "NeoQuasar/Kronos-Tokenizer-base when the Hugging Face cache or hub has it, "
+                                          "else fresh weights; fresh (or empty) = fresh weights, base architecture."),
     "predictor_save_folder_name": ("finetune_predictor_demo", "Predictor stage: run folder under save_path."),
-    "pretrained_predictor_path": ("", "Predictor stage: checkpoint directory or hub id (e.g. NeoQuasar/Kronos-small); "
-                                      "empty = fresh weights, Kronos-mini's dropouts at the config's sizes."),
+    "pretrained_predictor_path": ("auto", "Predictor stage: checkpoint directory or hub id; auto = the published "
+                                          "NeoQuasar/Kronos-small when the Hugging Face cache or hub has it, else "
+                                          "fresh weights; fresh (or empty) = fresh weights, Kronos-mini's dropouts at "
+                                          "the config's sizes."),
     "finetuned_tokenizer_path": ("", "Predictor stage: the frozen tokenizer: a checkpoint directory, "
                                      "runs:/<id>/best_model, models:/NAME@ALIAS or a hub id; empty = "
                                      "pretrained_tokenizer_path, else fresh tokenizer weights from the seed."),
@@ -423,7 +427,8 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
     """The checks across keys of the models a config builds and of its objective: fresh models
     within the parameter limit; ``objective: val_skill`` with what it forecasts with and on."""
     models = stage_keys(out).models
-    fresh = {model for model, keys in models.items() if not any(str(out[key]).strip() for key in keys)}
+    # auto: fresh unless the published checkpoint is at hand (kronos_mlflow/published.py)
+    fresh = {model for model, keys in models.items() if not any(published.source(out, key) for key in keys)}
     if "predictor" in fresh:
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
                                                                              "s1_bits", "s2_bits")}}
@@ -432,9 +437,13 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
-    if out["objective"] == "val_skill" and "predictor" not in models and not out["pretrained_predictor_path"].strip():
+    if out["objective"] == "val_skill" and "predictor" not in models and not published.source(
+            out, "pretrained_predictor_path"):
+        said = ("auto found no published predictor: " + published.reason(out, "pretrained_predictor_path")
+                if out["pretrained_predictor_path"].strip().lower() == published.AUTO else
+                "pretrained_predictor_path is " + (out["pretrained_predictor_path"].strip() or "empty"))
         raise ConfigError("objective val_skill for the tokenizer forecasts with pretrained_predictor_path's predictor "
-                          "on each epoch's tokenizer, and pretrained_predictor_path is empty; expected a predictor "
+                          f"on each epoch's tokenizer, and {said}; expected a predictor "
                           "checkpoint with the tokenizer's bits (e.g. NeoQuasar/Kronos-small), or objective val_loss")
     if out["objective"] == "val_skill" and (time_bounds(*out["val_time_range"])[1]
                                             <= time_bounds(*out["train_time_range"])[1]):

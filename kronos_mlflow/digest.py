@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from . import published
 from .config import is_secret_key
 from .stage_keys import STAGE_CONFIG
 
@@ -71,7 +72,9 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
             continue
         if key in MODE_KEYS and config.get("finetune_mode", "full") != MODE_KEYS[key]:
             continue
-        out[str(key)] = _plain(config[key])
+        # auto and fresh as what they chose: '' (fresh weights, what an empty value always meant) or
+        # the published hub id, so a fresh start and a published one never share a digest
+        out[str(key)] = _plain(published.source(config, key) if key in published.PUBLISHED else config[key])
     if world_size is not None:
         out["world_size"] = int(world_size)
     return out

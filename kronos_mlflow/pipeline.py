@@ -66,7 +66,8 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     "predictor_learning_rate": ("predictor peak learning rate", {"predictor": "predictor_learning_rate"}),
     "weight_decay": ("AdamW weight decay of both stages", {"tokenizer": "adam_weight_decay",
                                                            "predictor": "adam_weight_decay"}),
-    "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; empty: fresh weights)",
+    "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; auto: the published one when at "
+                                  "hand, else fresh; fresh: fresh weights)",
                                   {"predictor": "pretrained_predictor_path"}),
     **{k: (f"config key {k}, both training steps", {"tokenizer": k, "predictor": k}) for k in SHARED},
     **{k: (f"config key {k}, every step", {"tokenizer": k, "predictor": k, "evaluation": k}) for k in DATA},

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import config as cfg, stopping, validate
+from . import config as cfg, published, stopping, validate
 from .argparsing import OneLineParser
 from .console import Console, install_warning_format, terminal_only_bars
 from .digest import config_digest
@@ -315,6 +315,7 @@ def main(config: Mapping[str, Any]) -> dict:
         config["run_name"] = default_run_name(config)
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
+    published.adopt(broadcast_object(published.decisions(published.read_by(config))))  # rank 0's auto: every rank's
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root, writer = None, None
     try:
@@ -341,6 +342,9 @@ def main(config: Mapping[str, Any]) -> dict:
         stage = spec.training(config, layout, info)  # every rank (a predictor's frozen tokenizer)
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
+        logger.set_tags(published.tags(config, published.read_by(config)))  # what auto chose, and why
+        for line in published.lines(config, published.read_by(config)):
+            console.print(line)
         model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
         logger.log_hyperparams({k: str(v) for k, v in finetune.counts(model).items()})
         console.print(finetune.describe(model, config))

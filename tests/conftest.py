@@ -11,6 +11,17 @@ os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
 os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
 os.environ.setdefault("COMET_AUTO_LOG_ENV_DETAILS", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# An empty Hugging Face cache of the test session's own: `auto` (the published checkpoints when
+# the cache has them) chooses fresh weights unless a test writes a cache (tests/hf_cache.py),
+# whatever this machine's own cache holds. Subprocesses inherit it.
+if not os.environ.get("KRONOS_TEST_HF_CACHE"):
+    import atexit as _atexit
+    import shutil as _shutil
+    import tempfile as _tempfile
+
+    os.environ["KRONOS_TEST_HF_CACHE"] = _tempfile.mkdtemp(prefix="kronos-test-hf-")
+    _atexit.register(_shutil.rmtree, os.environ["KRONOS_TEST_HF_CACHE"], True)
+os.environ["HF_HUB_CACHE"] = os.environ["KRONOS_TEST_HF_CACHE"]
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 # Shared fixtures. The helpers behind them (importable by tests that need another scope or a

@@ -209,6 +209,10 @@ def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
 
     uri, client = user_run.uri, user_run.client()
     assert "type hints" not in user_run.stderr, user_run.stderr[-3000:]  # no MLflow warning of our making
+    # no published tokenizer in the (empty) Hugging Face cache: fresh weights, said once (rank 0)
+    said = [line for line in (user_run.stdout + user_run.stderr).splitlines() if "pretrained_tokenizer_path auto:" in line]
+    assert len(said) == 1 and said[0].startswith("[kronos] pretrained_tokenizer_path auto: fresh weights: "
+                                                 "NeoQuasar/Kronos-Tokenizer-base is not in the Hugging Face cache"), said
     run = user_run.run()
     rows = readme_table()
     metric_rows = [k for k in rows if k.startswith(("per optimizer step", "before training", "per epoch", "at the end"))]

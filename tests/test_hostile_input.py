@@ -847,7 +847,7 @@ CASES: list[Case] = [
     # ===== sweeps on forecast skill (objective val_skill)
     Case("sweep-objective", "sweep", "`--objective val_los`", SWEEP + ("--objective", "val_los"), "val_los"),
     Case("sweep-val-skill-tokenizer", "sweep", "`--objective val_skill` for the tokenizer without a predictor",
-         SWEEP + ("--objective", "val_skill"), "pretrained_predictor_path is empty"),
+         SWEEP + ("--objective", "val_skill"), "auto found no published predictor"),
     Case("flag-val-skill-late-train", "flag", "`--objective val_skill` with training ending after validation",
          PREDICT + BASE + ("--objective", "val_skill", "--train-time-range", "2011-01-01:2024-06-30"),
          "ends no later than train_time_range"),
@@ -1124,6 +1124,8 @@ class Result:
         for name in ("running", "deleted"):
             text = text.replace(_run_named(self.ws, name), f"<{name}-run-id>")
         text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
+        if os.environ.get("HF_HUB_CACHE"):  # the tests' empty Hugging Face cache (tests/conftest.py)
+            text = text.replace(os.environ["HF_HUB_CACHE"], "<hf-cache>")
         text = re.sub(r"\(pid \d+ on [^,]*, since [^)]*\)", "(pid <pid> on <host>, since <time>)", text)
         return text.replace(sys.executable, "python")
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..published import source
 from .sources import resolve_tokenizer
 
 ZEROSHOT_TAG = "zeroshot_pair"
@@ -33,8 +34,8 @@ def pair(tokenizer, predictor_dir, config: Mapping[str, Any], device):
 
 def zeroshot_label(config: Mapping[str, Any]) -> str:
     """``<tokenizer> + <predictor>`` as given (``fresh`` for an empty one)."""
-    tok = str(config.get("pretrained_tokenizer_path") or config.get("finetuned_tokenizer_path") or "") or "fresh"
-    pred = str(config.get("pretrained_predictor_path") or "") or "fresh"
+    tok = source(config, "pretrained_tokenizer_path") or str(config.get("finetuned_tokenizer_path") or "") or "fresh"
+    pred = source(config, "pretrained_predictor_path") or "fresh"
     return f"{tok} + {pred}"
 
 
@@ -47,7 +48,7 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
     # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the
     # frozen tokenizer is pretrained_tokenizer_path's already
-    spec = str(config.get("pretrained_tokenizer_path") or "") if config.get("finetuned_tokenizer_path") else ""
+    spec = source(config, "pretrained_tokenizer_path") if config.get("finetuned_tokenizer_path") else ""
     base_tokenizer = resolve_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
     start = Path(layout.start_model)
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),

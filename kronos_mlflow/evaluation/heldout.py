@@ -23,6 +23,7 @@ from typing import Any
 from ..config import format_time_range, stage_keys
 from ..distributed import dist_sum
 from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
+from .. import published
 from .verdict import HeldOut, judge, unavailable
 from .windows import HeldOutWindows, heldout_windows
 
@@ -30,13 +31,13 @@ from .windows import HeldOutWindows, heldout_windows
 def base_label(config: Mapping[str, Any]) -> str:
     """What the starting weights were: the stage's pretrained path or hub id as given
     (``pretrained_tokenizer_path``, ``pretrained_predictor_path``), or ``fresh``."""
-    return str(config.get(stage_keys(config).pretrained) or "") or "fresh"
+    return published.source(config, stage_keys(config).pretrained) or "fresh"
 
 
 def _base_source(config: Mapping[str, Any], start_dir: Path | None) -> str | None:
     if start_dir is not None and (Path(start_dir) / "model.safetensors").is_file():
         return str(start_dir)
-    return str(config.get(stage_keys(config).pretrained) or "") or None
+    return published.source(config, stage_keys(config).pretrained) or None
 
 
 def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, config: Mapping[str, Any],

@@ -56,7 +56,7 @@ TRAIN_PASSTHROUGH = (
     "pretrained_predictor_path", "objective",
 )
 #: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
-UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "",
+UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "auto",
                     "objective": "val_loss", "finetune_mode": "full", "lora_rank": "8", "freeze_layers": "2"}
 DEFAULT_STUDY = get("tokenizer").default_study  # the --study-name default (a tokenizer sweep's)
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.

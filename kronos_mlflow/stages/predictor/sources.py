@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...config import model_kwargs
+from ...published import source
 from ...errors import ConfigError, UserError
 from ...evaluation.sources import resolve_tokenizer, source_run
 from ...keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
@@ -28,7 +29,7 @@ FRESH = "fresh"
 
 def tokenizer_spec(config: Mapping[str, Any]) -> str:
     """What names the predictor's tokenizer (``''``: fresh weights)."""
-    return str(config.get("finetuned_tokenizer_path") or config.get("pretrained_tokenizer_path") or "").strip()
+    return str(config.get("finetuned_tokenizer_path") or "").strip() or source(config, "pretrained_tokenizer_path")
 
 
 def configured_tokenizer(config: Mapping[str, Any], device="cpu"):
@@ -57,7 +58,7 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
     """``pretrained_predictor_path`` loaded strictly, else a fresh ``Kronos`` at the config's
     sizes (``n_layers``, ``d_model``, ``n_heads``, ``ff_dim``) with Kronos-mini's dropouts and
     the tokenizer's bits. A predictor whose bits differ from the tokenizer's is refused."""
-    path = str(config.get("pretrained_predictor_path") or "")
+    path = source(config, "pretrained_predictor_path")
     if path:
         try:
             model = Kronos.from_pretrained(path)
@@ -73,5 +74,8 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
             f"({tokenizer_spec(config) or FRESH}) are {tokenizer.s1_bits}+{tokenizer.s2_bits}; expected a tokenizer "
             "and predictor with the same s1_bits and s2_bits (Kronos-small and -base pair with "
             "NeoQuasar/Kronos-Tokenizer-base, Kronos-mini with NeoQuasar/Kronos-Tokenizer-2k)"
+            + ("; pretrained_predictor_path auto chose the published predictor: give "
+               "pretrained_predictor_path=fresh for fresh weights at the tokenizer's bits"
+               if str(config.get("pretrained_predictor_path") or "").strip().lower() == "auto" and path else "")
         )
     return model

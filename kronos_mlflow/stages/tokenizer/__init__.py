@@ -11,6 +11,7 @@ from typing import Any
 
 from ...config import model_kwargs
 from ...errors import UserError
+from ...published import source
 from ...evaluation.sources import resolve_tokenizer
 from ...keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
 from ..registry import StageSpec, register
@@ -37,7 +38,7 @@ class TokenizerSpec(StageSpec):
         """``pretrained_tokenizer_path`` when given, else fresh weights (base architecture)."""
         from ...model import KronosTokenizer  # lazy: torch
 
-        path = config["pretrained_tokenizer_path"]
+        path = source(config, "pretrained_tokenizer_path")  # auto: the published one when at hand
         return KronosTokenizer.from_pretrained(path) if path else KronosTokenizer(**model_kwargs(config))
 
     def layers(self, model):

@@ -1,0 +1,150 @@
+"""The published Kronos checkpoints as the default start: ``auto``, ``fresh`` or a given path.
+
+``pretrained_tokenizer_path`` and ``pretrained_predictor_path`` default to ``auto``: the
+published checkpoint (:data:`PUBLISHED`: ``NeoQuasar/Kronos-Tokenizer-base``,
+``NeoQuasar/Kronos-small``, upstream's starting points) when the local Hugging Face cache holds
+it, or, unless ``HF_HUB_OFFLINE`` is set, when the hub can be reached (it is downloaded into
+that cache once); else fresh weights. ``fresh`` asks for fresh weights; an empty value means
+fresh too (what it meant before ``auto`` existed); anything else is a checkpoint directory,
+MLflow URI or hub id, used as given.
+
+:func:`source` is what every reader of these keys asks (the stages' model building, the
+zero-shot pair, the config digest), so ``auto`` is decided once per process and the digest
+holds the decision: a run that started from the published tokenizer never shares a run
+directory, training state or pipeline step with one that started fresh. A training run prints
+one line per key it reads saying which and why (:func:`lines`) and records it as the tag
+``<key>_source`` (:func:`tags`); the param keeps what was asked (``auto``). Under torchrun,
+rank 0's decision is every rank's (:func:`adopt`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+AUTO, FRESH = "auto", "fresh"
+#: The keys that may be ``auto``, and the published checkpoint ``auto`` looks for.
+PUBLISHED = {"pretrained_tokenizer_path": "NeoQuasar/Kronos-Tokenizer-base",
+             "pretrained_predictor_path": "NeoQuasar/Kronos-small"}
+_FILES = ("config.json", "model.safetensors")
+#: key -> (what the key resolves to: '' for fresh weights, else the hub id; why), per process
+_DECIDED: dict[str, tuple[str, str]] = {}
+
+
+def source(config: Mapping[str, Any], key: str) -> str:
+    """What ``config[key]`` starts from: '' (fresh weights) or a checkpoint directory, MLflow
+    URI or hub id. ``auto`` is decided on first use (:func:`decide`)."""
+    value = str(config.get(key) or "").strip()
+    if value.lower() == FRESH:
+        return ""
+    if value.lower() != AUTO or key not in PUBLISHED:
+        return value
+    return decide(key)[0]
+
+
+def reason(config: Mapping[str, Any], key: str) -> str:
+    """Why :func:`source` says what it says, in a few words."""
+    value = str(config.get(key) or "").strip()
+    if value.lower() == AUTO and key in PUBLISHED:
+        return decide(key)[1]
+    if not value or value.lower() == FRESH:
+        return "fresh weights, as asked" if value else "fresh weights (empty)"
+    return "as given"
+
+
+def decide(key: str) -> tuple[str, str]:
+    """``auto`` for ``key``: (the hub id, why) when the cache or the hub has it, else ('', why)."""
+    if key not in _DECIDED:
+        _DECIDED[key] = _look(PUBLISHED[key])
+    return _DECIDED[key]
+
+
+def adopt(decided: Mapping[str, tuple[str, str]]) -> None:
+    """Take another process's decisions (rank 0's, under torchrun): every rank builds the same model."""
+    _DECIDED.update({k: (str(v[0]), str(v[1])) for k, v in decided.items() if k in PUBLISHED})
+
+
+def decisions(keys: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """This process's decisions for ``keys`` (made now where not yet made)."""
+    return {key: decide(key) for key in keys if key in PUBLISHED}
+
+
+def forget() -> None:
+    """Decide again on next use (a test that changes the cache)."""
+    _DECIDED.clear()
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _look(hub_id: str) -> tuple[str, str]:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache (or a cache it cannot read): the same to the user
+        snapshot = ""
+    if snapshot and all(os.path.isfile(os.path.join(snapshot, name)) for name in _FILES):
+        revision = os.path.basename(os.path.normpath(snapshot))
+        return hub_id, f"published {hub_id}, in the Hugging Face cache (revision {revision[:12]})"
+    if _offline():
+        return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE "
+                    f"is set; `hf download {hub_id}` where there is network access fine-tunes the published model")
+    try:
+        snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), etag_timeout=5)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network: fresh weights, said why
+        from .errors import short_reason
+
+        return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and the hub could "
+                    f"not be reached ({short_reason(exc, 100)}); set HF_HUB_OFFLINE=1 to skip the attempt")
+    return hub_id, f"published {hub_id}, downloaded from the Hugging Face hub into {_cache_dir()}"
+
+
+def used_keys(config: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """The keys among ``keys`` that may be ``auto`` (in a stage's order)."""
+    return [key for key in keys if key in PUBLISHED and key in config]
+
+
+def read_by(config: Mapping[str, Any]) -> list[str]:
+    """The keys a training run of ``config`` reads: its stage's models' (a predictor's tokenizer,
+    also its zero-shot pair's), and the predictor ``objective: val_skill`` forecasts with."""
+    from .stage_keys import stage_keys
+
+    keys = [key for names in stage_keys(config).models.values() for key in names]
+    if config.get("objective") == "val_skill":
+        keys.append("pretrained_predictor_path")
+    return used_keys(config, dict.fromkeys(keys))
+
+
+def lines(config: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """One console line per key: what it starts from and why (``auto`` only: a given path needs none)."""
+    out = []
+    for key in used_keys(config, keys):
+        if str(config.get(key) or "").strip().lower() == AUTO:
+            out.append(f"{key} auto: {reason(config, key)}")
+    return out
+
+
+def tags(config: Mapping[str, Any], keys: Iterable[str]) -> dict[str, str]:
+    """``<key>_source``: what each key started from: ``fresh``, the path or hub id as given, or
+    for ``auto`` the choice and why (``NeoQuasar/Kronos-small (auto: published ..., in the cache ...)``)."""
+    out = {}
+    for key in used_keys(config, keys):
+        what = source(config, key) or FRESH
+        asked = str(config.get(key) or "").strip().lower() == AUTO
+        out[f"{key}_source"] = f"{what} (auto: {reason(config, key)})" if asked else what
+    return out
+
+
+def from_tag(value: str) -> str:
+    """What a ``<key>_source`` tag says the run started from: '' (fresh) or the checkpoint."""
+    what = str(value or "").split(" (", 1)[0].strip()
+    return "" if what == FRESH else what

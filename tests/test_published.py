@@ -1,0 +1,128 @@
+"""The published checkpoints as the default start (``auto``): a Hugging Face cache written by the
+test holds "published" upstream-format checkpoints (tests/hf_cache.py); the session's own cache
+(tests/conftest.py) is empty, so everywhere else ``auto`` starts fresh."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hf_cache import write_published
+from tiny_runs import TINY, create_sqlite_store, isolated_env, run_dir, write_config
+
+from kronos_mlflow import published
+from kronos_mlflow.config import load_config, model_kwargs
+from kronos_mlflow.digest import config_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
+TOKENIZER_ID, PREDICTOR_ID = published.PUBLISHED.values()
+
+
+def _tiny_tokenizer(seed: int = 5):
+    from kronos_mlflow.model import KronosTokenizer
+
+    torch.manual_seed(seed)
+    return KronosTokenizer(**model_kwargs(load_config({k: TINY[k] for k in SIZES})))
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """An empty hub cache of this test's own; ``auto`` decided again."""
+    path = tmp_path / "hf-cache"
+    path.mkdir()
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(path))
+    published.forget()
+    yield path
+    published.forget()
+
+
+def test_auto_is_fresh_without_the_published_checkpoint_and_the_digest_is_an_empty_paths(cache):
+    config = load_config({"stage": "tokenizer"})
+    assert config["pretrained_tokenizer_path"] == "auto" and config["pretrained_predictor_path"] == "auto"
+    assert published.source(config, "pretrained_tokenizer_path") == ""
+    why = published.reason(config, "pretrained_tokenizer_path")
+    assert why.startswith(f"fresh weights: {TOKENIZER_ID} is not in the Hugging Face cache ({cache})")
+    assert "HF_HUB_OFFLINE" in why
+    # fresh, empty and auto-found-nothing are one start: one digest, the digest runs made before auto had
+    digests = {config_digest(load_config({"pretrained_tokenizer_path": v})) for v in ("auto", "fresh", "", "FRESH")}
+    assert len(digests) == 1
+    assert published.tags(config, published.read_by(config)) == {
+        "pretrained_tokenizer_path_source": f"fresh (auto: {why})"}
+    assert published.lines(config, ["pretrained_tokenizer_path"]) == [f"pretrained_tokenizer_path auto: {why}"]
+    assert published.from_tag(f"fresh (auto: {why})") == ""
+
+
+def test_auto_is_the_published_checkpoint_when_the_cache_holds_it(cache):
+    write_published(cache, TOKENIZER_ID, _tiny_tokenizer())
+    config = load_config({})
+    assert published.source(config, "pretrained_tokenizer_path") == TOKENIZER_ID
+    assert published.reason(config, "pretrained_tokenizer_path").startswith(
+        f"published {TOKENIZER_ID}, in the Hugging Face cache (revision ")
+    fresh = load_config({"pretrained_tokenizer_path": "fresh"})
+    assert config_digest(config) != config_digest(fresh)  # reuse never mixes the two starts
+    assert config_digest(config) == config_digest(load_config({"pretrained_tokenizer_path": TOKENIZER_ID}))
+    tag = published.tags(config, ["pretrained_tokenizer_path"])["pretrained_tokenizer_path_source"]
+    assert tag.startswith(f"{TOKENIZER_ID} (auto: published ") and published.from_tag(tag) == TOKENIZER_ID
+    # the tokenizer stage builds it; a given path and fresh are used as they are
+    from kronos_mlflow.stages import spec_of
+
+    built = spec_of(config).build_model(config)
+    for name, tensor in _tiny_tokenizer().state_dict().items():
+        assert torch.equal(tensor, built.state_dict()[name]), name
+    assert published.source(load_config({"pretrained_tokenizer_path": "./ckpt"}), "pretrained_tokenizer_path") == "./ckpt"
+    assert published.tags(fresh, ["pretrained_tokenizer_path"]) == {"pretrained_tokenizer_path_source": "fresh"}
+
+
+def test_a_rank_takes_rank_zeros_decision(cache):
+    published.adopt({"pretrained_tokenizer_path": (TOKENIZER_ID, "rank 0 found it"), "other": ("x", "y")})
+    config = load_config({})
+    assert published.source(config, "pretrained_tokenizer_path") == TOKENIZER_ID
+    assert published.reason(config, "pretrained_tokenizer_path") == "rank 0 found it"
+    assert "other" not in published.decisions(["other"])
+
+
+def test_a_predictor_run_reads_both_keys_a_tokenizer_run_one():
+    assert published.read_by(load_config({})) == ["pretrained_tokenizer_path"]
+    assert published.read_by(load_config({"stage": "predictor"})) == ["pretrained_tokenizer_path",
+                                                                        "pretrained_predictor_path"]
+
+
+@pytest.mark.slow
+def test_the_quick_start_fine_tunes_the_published_tokenizer_from_the_cache(tmp_path):
+    """``mlflow run . --env-manager local`` with the quick start's params and a Hugging Face cache
+    holding a "published" tokenizer: the run starts from it (checkpoints/start equals the
+    cache's weights), says so in one line and records the choice."""
+    cache = tmp_path / "hf-cache"
+    snapshot = write_published(cache, TOKENIZER_ID, _tiny_tokenizer(seed=9))
+    uri = create_sqlite_store(tmp_path)
+    config = write_config(tmp_path / "tiny.yaml", **TINY, save_path=str(tmp_path / "outputs"),
+                          dataset_path=str(tmp_path / "cache"))
+    params = {"config_file": config, "epochs": 1, "n_train_iter": TINY["n_train_iter"],
+              "n_val_iter": TINY["n_val_iter"], "batch_size": TINY["batch_size"], "comet": "off"}
+    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local",
+           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+    env = isolated_env(tmp_path, uri, {"HF_HUB_CACHE": str(cache)})
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    (line,) = [x for x in out.splitlines() if "pretrained_tokenizer_path auto:" in x]
+    assert line.startswith(f"[kronos] pretrained_tokenizer_path auto: published {TOKENIZER_ID}, in the Hugging Face "
+                           "cache (revision "), line
+    from mlflow import MlflowClient
+    from safetensors.torch import load_file
+
+    (run,) = MlflowClient(uri).search_runs(["0"])
+    assert run.data.params["pretrained_tokenizer_path"] == "auto"  # what was asked; the tag says what it chose
+    assert run.data.tags["pretrained_tokenizer_path_source"].startswith(f"{TOKENIZER_ID} (auto: published ")
+    assert run.data.tags["verdict_base"] == TOKENIZER_ID
+    start = load_file(run_dir(tmp_path / "outputs") / "checkpoints" / "start" / "model.safetensors")
+    cached = load_file(snapshot / "model.safetensors")
+    assert start.keys() == cached.keys() and all(torch.equal(start[k], cached[k]) for k in cached)
