@@ -188,7 +188,7 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-from .stage_keys import (EVALUATION_KEYS, PREDICTOR_ONLY_KEYS, STAGE_ALIASES, STAGE_CONFIG,  # noqa: E402,F401
+from .stage_keys import (DATA_WINDOW_KEYS, EVALUATION_KEYS, PREDICTOR_ONLY_KEYS, STAGE_ALIASES, STAGE_CONFIG,  # noqa: E402,F401
                          STAGES, StageKeys, stage_keys)
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
@@ -507,12 +507,14 @@ def horizons(config: Mapping[str, Any]) -> list[int]:
     return sorted({int(s) for s in steps})
 
 
-def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Defaults, then the YAML file at ``path``, then ``overrides``; validated.
+def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
+                beneath: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults, then ``beneath`` (what a scoring command takes from the run it scores), then
+    the YAML file at ``path``, then ``overrides``; validated.
 
     Keys may be given as config keys or aliases, with dashes or underscores.
     """
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = {canonical_key(str(name)): value for name, value in (beneath or {}).items()}
     sources: list[Mapping[str, Any]] = []
     if path:
         sources.append(read_mapping(path, "config file", "must hold a mapping of key: value"))

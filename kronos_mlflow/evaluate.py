@@ -13,6 +13,10 @@ one given alone pairs with the model's other half); without them, the predictor 
 ``pretrained_tokenizer_path`` / ``pretrained_predictor_path`` params, else that run's
 ``checkpoints/start/`` when its directory is on this machine; else no zero-shot pair is scored
 (one line says so). Every config key is a flag (the data, the window sizes, the inference keys).
+A ``--model`` that names a run is scored, by default, on the data, windows and scorecard
+settings that run recorded (:data:`INHERITED_KEYS`, under the config file and the flags; a
+console line names those that differ from the defaults), the settings of the scorecard the run
+itself ended with. The flags, the store and the run are checked before anything is downloaded.
 The run (``MLFLOW_RUN_ID``'s under ``mlflow run``, else a new one) gets the metrics, tags and
 ``evaluation/`` artifacts of docs/forecast-evaluation.md, and the tag ``predictor_run_id``.
 Bad input is one line on stderr and exit code 2.
@@ -25,16 +29,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from . import config as cfg, published
 from .config import run_params
 from .console import Console
 from .errors import UserError
 from .evaluation.forecast_run import ZEROSHOT_TAG, pair
-from .evaluation.sources import MODEL_ACCEPTED, resolve_model, resolve_tokenizer
-from .flags import add_config_arguments, config_from_args
+from .evaluation.sources import MODEL_ACCEPTED, kept_settings, recorded_settings, resolve_model, resolve_tokenizer
+from .flags import add_config_arguments, config_overrides
 from .ownership import Claim, evidence, write_owner
 from .preflight import DataView, check_context, check_scorecard, check_tracking
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
+#: What ``--model``'s run decides unless a flag or the config file says otherwise.
+INHERITED_KEYS = (*cfg.DATA_WINDOW_KEYS, *(k for k in cfg.EVALUATION_KEYS if k != "evaluate"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +67,11 @@ def _run_record(run_id: str) -> tuple[dict, str]:
     run = client.get_run(run_id)
     # an empty MLproject parameter is recorded as its shell quoting
     params = {k: ("" if v.strip() in ("''", '""') else v) for k, v in run.data.params.items()}
+    for key in published.PUBLISHED:  # what auto chose there (its tag), not what this machine would choose
+        if f"{key}_source" in run.data.tags:
+            params[key] = published.from_tag(run.data.tags[f"{key}_source"])
+        elif params.get(key, "").strip().lower() == published.FRESH:
+            params[key] = ""
     return params, str(run.data.tags.get("run_directory", "")) if evidence(client, run) is None else ""
 
 
@@ -92,9 +104,13 @@ def run(args: argparse.Namespace) -> int:
     from .distributed import resolve_device  # lazy: torch, numpy
     from .evaluation.scorecard import score_forecasters  # lazy: torch, mlflow, pandas
 
-    config = config_from_args(args)
+    recorded, recorded_by = recorded_settings(args.model, INHERITED_KEYS, "--model")
+    config = cfg.load_config(config_overrides(args), path=getattr(args, "_config_file", None), beneath=recorded)
     device = resolve_device(config["device"])
     console = Console(True)
+    kept = kept_settings(recorded, config, cfg.DEFAULTS)
+    if kept:
+        console.print(f"--model's run {recorded_by} recorded {kept}: scored at those (flags override them)")
     check_context(config)
     with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
         tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))

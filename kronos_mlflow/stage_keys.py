@@ -16,6 +16,11 @@ EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "
                    "inference_sample_count", "eval_horizons", "bootstrap_unit", "backtest_time_range",
                    "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh", "backtest_benchmark",
                    "backtest_signal_stride", "backtest_n_random")
+#: Where the windows come from and how long they are: what a scoring command (``evaluate``,
+#: ``evaluate-tokenizer``) takes from the run that made the model it scores, unless given.
+DATA_WINDOW_KEYS = ("qlib_data_path", "instrument", "freq", "membership_gaps", "dataset_begin_time",
+                    "dataset_end_time", "train_time_range", "val_time_range", "test_time_range", "dataset_path",
+                    "lookback_window", "predict_window", "max_context", "clip")
 #: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
 #: run's directory and training state do not depend on them.
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",

@@ -105,3 +105,20 @@ def test_upstreams_inference_T_keeps_its_case_as_a_flag_and_a_file_key(tmp_path)
     assert load_config(path=tmp_path / "c.yaml")["inference_T"] == 0.7
     assert load_config({"inference-T": 0.8})["inference_T"] == 0.8
     assert load_config({"INSTRUMENT": "csi100"})["instrument"] == "csi100"
+
+
+def test_what_a_scored_run_recorded_sits_under_the_config_file_and_the_flags(tmp_path):
+    """``load_config(beneath=...)``: defaults < the run's recorded params < the file < the flags;
+    and the console line names only the recorded values kept that differ from the defaults."""
+    from kronos_mlflow.config import DEFAULTS, load_config
+    from kronos_mlflow.evaluation.sources import kept_settings
+
+    recorded = {"n_val_iter": "40", "lookback_window": "30", "predict_window": "5", "qlib_data_path": "",
+                "test_time_range": "2024-01-01:2024-06-30"}
+    path = tmp_path / "c.yaml"
+    path.write_text("lookback_window: 60\n")
+    config = load_config({"predict_window": "7"}, path=path, beneath=recorded)
+    assert (config["n_val_iter"], config["lookback_window"], config["predict_window"]) == (40, 60, 7)
+    assert config["test_time_range"] == ["2024-01-01", "2024-06-30"]
+    assert kept_settings(recorded, config, DEFAULTS) == "n_val_iter=40, test_time_range=2024-01-01:2024-06-30"
+    assert load_config(beneath={})["n_val_iter"] == DEFAULTS["n_val_iter"]

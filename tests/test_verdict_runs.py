@@ -186,6 +186,33 @@ def test_evaluate_tokenizer_reproduces_the_runs_verdict_and_logs_it(pretrained_r
     assert logged.data.params["model"] == f"models:/{MODEL_NAME}/1" and logged.data.params["split"] == "test"
 
 
+def test_evaluate_tokenizer_scores_a_run_at_its_own_sizes_and_checks_the_base_first(pretrained_run):
+    """``evaluate-tokenizer runs:/<id>/best_model --base CKPT`` with no data or size flag: the
+    run's own windows (the same digest, loss and verdict), a line naming the recorded sizes; an
+    unusable ``--base`` is refused before MODEL is downloaded (MODEL here names no artifact)."""
+    r = pretrained_run
+    cmd = ["kronos-mlflow", "evaluate-tokenizer", f"runs:/{r.run.info.run_id}/best_model", "--base", str(r.ckpt)]
+    proc = subprocess.run(cmd, cwd=r.root, env=r.env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert f"[kronos] MODEL's run {r.run.info.run_id} recorded " in out
+    recorded = next(line for line in out.splitlines() if "MODEL's run" in line)
+    assert f"lookback_window={TINY['lookback_window']}" in recorded and f"n_val_iter={TINY['n_val_iter']}" in recorded
+    assert f"(windows digest {r.run.data.tags['test_windows_digest'][:12]})" in proc.stdout
+    run_line = LINE.search(r.stdout).group(0)
+    assert run_line.replace("[kronos] ", "").replace("starting weights", "base") in proc.stdout.splitlines()
+    # a flag still wins over what the run recorded
+    smaller = subprocess.run([*cmd, "--n-test-iter", "3"], cwd=r.root, env=r.env, capture_output=True, text=True,
+                             timeout=300)
+    assert smaller.returncode == 0 and "data:  3 of " in smaller.stdout, smaller.stdout + smaller.stderr
+    bad = subprocess.run(["kronos-mlflow", "evaluate-tokenizer", f"runs:/{r.run.info.run_id}/no_such_model",
+                          "--base", str(r.root / "no-such-base")], cwd=r.root, env=r.env, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("kronos-mlflow evaluate-tokenizer: error: --base: ") and "no-such-base" in line, line
+
+
 def test_an_empty_test_split_gives_unavailable_and_one_line(tmp_path):
     uri = create_sqlite_store(tmp_path)
     cmd = train_command(tmp_path, epochs=1, test_time_range="2026-01-01:2026-06-30")

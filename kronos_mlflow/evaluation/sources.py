@@ -89,7 +89,7 @@ def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
                         f"expected {ACCEPTED}") from None
 
 
-def source_run(spec: str) -> str | None:
+def source_run(spec: str, tracking_uri: str | None = None) -> str | None:
     """The run that made the model a ``runs:/`` or ``models:/`` URI names (None: not known)."""
     if spec.startswith("runs:/"):
         return spec[len("runs:/"):].split("/", 1)[0] or None
@@ -99,11 +99,45 @@ def source_run(spec: str) -> str | None:
         from mlflow import MlflowClient
         from mlflow.store.artifact.utils.models import get_model_name_and_version
 
-        client = MlflowClient()
+        client = MlflowClient(tracking_uri=tracking_uri)
         name, version = get_model_name_and_version(client, spec)
         return client.get_model_version(name, version).run_id or None
     except Exception:  # noqa: BLE001 - a models:/m-<id> or an old store: the URI tag is still there
         return None
+
+
+def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = None) -> tuple[dict[str, str], str]:
+    """What the run that made ``spec`` (a ``runs:/`` or ``models:/`` URI) recorded for ``keys``,
+    as the params it logged, and that run's id: a scoring command's defaults for the data and
+    the window sizes, so that it scores the run on what it was trained and judged on. Nothing
+    is downloaded; the store and the run are checked first (:func:`mlflow_store`). ``({}, '')``
+    for a directory or hub id, or a model whose run is not known."""
+    spec = str(spec or "").strip()
+    if not is_mlflow_uri(spec):
+        return {}, ""
+    uri = mlflow_store(spec, what, tracking_uri)
+    run_id = source_run(spec, uri)
+    if not run_id:
+        return {}, ""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        params = MlflowClient(tracking_uri=uri).get_run(run_id).data.params
+    except MlflowException:
+        return {}, ""
+    # an empty MLproject parameter is recorded as its shell quoting
+    return {k: ("" if params[k].strip() in ("''", '""') else params[k]) for k in keys if k in params}, run_id
+
+
+def kept_settings(recorded: dict[str, str], config, defaults) -> str:
+    """``n_test_iter=4, lookback_window=30``: the recorded values the config kept (neither a flag
+    nor the config file set them otherwise) that differ from the defaults."""
+    from ..config import flatten
+
+    final, default = flatten(config), flatten(defaults)
+    return ", ".join(f"{k}={v if v else chr(39) * 2}" for k, v in recorded.items()
+                     if final.get(k) == v and default.get(k) != v)
 
 
 MODEL_ACCEPTED = ("runs:/<run id>/best_model, models:/NAME@ALIAS, a directory holding tokenizer/ and predictor/, "

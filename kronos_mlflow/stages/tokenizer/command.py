@@ -15,6 +15,13 @@ It prints a table of the metrics and, with ``--base``, the change and the verdic
 ``--log`` it records an MLflow run holding the same metric names (``test_*``, ``base_test_*``,
 ``test_loss_change`` ...; ``val_*`` ... with ``--split val``) and tags ``verdict``,
 ``verdict_base``. Bad input is one line on stderr and exit code 2.
+
+A MODEL that names a run (``runs:/``, ``models:/``) is scored, by default, on that run's data
+and at its sizes: every key of :data:`INHERITED_KEYS` the run recorded is the default under
+the config file and the flags (a console line names those that differ from the defaults), so
+``evaluate-tokenizer runs:/<id>/best_model`` scores the windows the run's own verdict scored.
+Every argument is checked before anything is downloaded: the flags, the store and the run,
+then ``--base`` is loaded, then MODEL.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from ...data import provide_qlib_data
 from ...distributed import resolve_device
 from ...errors import UserError
 from ...evaluation.heldout import compare_on
-from ...evaluation.sources import ACCEPTED, resolve_tokenizer
+from ...evaluation.sources import ACCEPTED, kept_settings, recorded_settings, resolve_tokenizer
+from ...stage_keys import DATA_WINDOW_KEYS
 from ...evaluation.verdict import HeldOut, percent
 from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
 from ...keys import TEST_WINDOWS_DIGEST_TAG
@@ -42,6 +50,10 @@ DATA_KEYS = (
     "train_time_range", "val_time_range", "test_time_range", "dataset_path", "lookback_window", "predict_window",
     "clip", "n_test_iter", "n_val_iter", "batch_size", "verdict_min_change", "device",
 )
+
+
+#: What MODEL's run decides unless a flag or the config file says otherwise: its data, windows and sizes.
+INHERITED_KEYS = (*DATA_WINDOW_KEYS, "n_test_iter", "n_val_iter", "batch_size", "verdict_min_change")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,17 +77,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {k[5:]: v for k, v in vars(args).items() if k.startswith("cfg__")}
-    config = cfg.load_config(overrides, path=getattr(args, "_config_file", None))
+    if not str(args.model or "").strip():
+        raise UserError(f"MODEL is empty; expected {ACCEPTED}")
+    recorded, run_id = recorded_settings(args.model, INHERITED_KEYS, "MODEL", args.tracking_uri)
+    config = cfg.load_config(overrides, path=getattr(args, "_config_file", None), beneath=recorded)
+    console = Console(True)
+    kept = kept_settings(recorded, config, cfg.DEFAULTS)
+    if kept:
+        console.print(f"MODEL's run {run_id} recorded {kept}: scored at those (flags override them)")
     device = resolve_device(config["device"])
-    model = resolve_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
+    # the base first: a base that cannot be loaded is refused before MODEL's artifacts are downloaded
     base = resolve_tokenizer(args.base, device, tracking_uri=args.tracking_uri, what="--base") if args.base else None
+    model = resolve_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
     provide_qlib_data(config)  # the front door, once the models load: an empty qlib_data_path's demo market
     windows = heldout_windows(config, args.split)
     if not len(windows):
         a, b = windows.time_range
         raise UserError(f"no {args.split} windows for instrument '{config['instrument']}' in "
                         f"{args.split}_time_range {a}:{b}; choose another range or instrument")
-    console = Console(True)
     prefix = f"{args.split}_"
     if base is not None:
         result = compare_on(windows, model, base, device, config=config, label=args.base, console=console,
