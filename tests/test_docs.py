@@ -456,3 +456,65 @@ def test_every_flag_named_in_prose_is_a_flag_of_a_command_the_docs_show():
                 if span not in SHOWN_AS_REFUSED
                 and span.split()[0].split("=", 1)[0] not in known | PLACEHOLDER_FLAGS]
     assert not problems, "flags no command takes:\n" + "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- what a command costs
+
+#: A command that trains or scores: an entry point of MLproject, a training or scoring
+#: subcommand, torchrun or the launcher.
+TRAINS_OR_SCORES = re.compile(r"^(nice (-n \d+ )?)?(mlflow run\b|kronos-mlflow (train|train-predictor|pipeline|sweep|"
+                              r"evaluate|evaluate-tokenizer|walk-forward)\b|torchrun\b|python3? sweeps/sweep\.py\b|"
+                              r"python3? -m kronos_mlflow\.(launch|train|train_predictor)\b)")
+QUICK_SIZES = re.compile(r"(-P n_train_iter=|--n-train-iter[ =])\d")
+COST = re.compile(r"\b\d[\d,.]*(-\d[\d,.]*)?\s*(s|min|minutes?|h|hours?|days?)\b")
+
+
+def _costless(command: str) -> bool:
+    """Commands whose sizes are not the defaults' to state: the user's own config file, a
+    placeholder for the rest of a command, a check or help, and a scoring command of a logged
+    model (it scores at that run's own sizes: docs/verdict.md, docs/forecast-evaluation.md)."""
+    scoring_a_run = re.search(r"kronos-mlflow evaluate(-tokenizer)? (--model )?(runs|models):/", command) or re.search(
+        r"-e evaluate\b.*-P model=(runs|models):/", command)
+    return bool(re.search(r"--config \S+\.yaml|\.\.\.|--help|--check\b", command) or scoring_a_run)
+
+
+def _sized_commands() -> list[tuple[str, str, str]]:
+    """(where, command, the cost said for it) of every command that trains or scores in a bash
+    block: the cost is its own comment, the comment lines just above it, the comment lines that
+    open the block (said for all its commands), or the prose lines just before the block (a
+    heading such as "(8-9 minutes here)")."""
+    found = []
+    for page in _pages():
+        if page.name in GENERATED:
+            continue
+        lines = page.read_text().splitlines()
+        blocks, _ = _blocks("\n".join(lines))
+        for start, lang, body in blocks:
+            if lang not in ("bash", "sh", "shell"):
+                continue
+            before = " ".join(line for line in lines[max(0, start - 4):start - 1] if line.strip())
+            above, opening, first = [], [], True
+            for line in body.replace("\\\n", " ").splitlines():
+                text = line.strip()
+                if text.startswith("#"):
+                    above.append(text)
+                    continue
+                if first:
+                    opening, first = list(above), False
+                command, _, comment = text.partition(" # ")
+                if TRAINS_OR_SCORES.match(command):
+                    said = " ".join([comment, *above, *opening, before])
+                    found.append((f"{_rel(page)}:{start}", command.strip(), said))
+                above = []
+    return found
+
+
+def test_every_command_that_trains_or_scores_uses_the_quick_sizes_or_says_what_it_costs():
+    """The MLproject's sizes (100,000 training and 20,000 validation samples an epoch) are about a
+    hundred times the quick start's: a command shown without them says how long it takes here."""
+    commands = _sized_commands()
+    assert len(commands) > 30, commands
+    problems = [f"{where}: {command}" for where, command, said in commands
+                if not QUICK_SIZES.search(command) and not _costless(command) and not COST.search(said)]
+    assert not problems, "commands that neither use the quick sizes nor say their cost:\n" + "\n".join(problems)
+    assert COST.search("(8-9 minutes here)") and COST.search("about 40 s here") and not COST.search("3 epochs")
