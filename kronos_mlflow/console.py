@@ -15,6 +15,11 @@ class Console:
         if self.enabled:
             print(f"[kronos] {text}", flush=True)
 
+    def lines(self, texts) -> None:
+        """Each of ``texts`` as its own line."""
+        for text in texts:
+            self.print(text)
+
     def warn(self, text: str) -> None:
         if self.enabled:
             warnings.warn(text, stacklevel=2)

@@ -23,6 +23,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .errors import short_reason
+from .stage_keys import stage_keys
+
 AUTO, FRESH = "auto", "fresh"
 #: The keys that may be ``auto``, and the published checkpoint ``auto`` looks for.
 PUBLISHED = {"pretrained_tokenizer_path": "NeoQuasar/Kronos-Tokenizer-base",
@@ -101,8 +104,6 @@ def _look(hub_id: str) -> tuple[str, str]:
     try:
         snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), etag_timeout=5)
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network: fresh weights, said why
-        from .errors import short_reason
-
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and the hub could "
                     f"not be reached ({short_reason(exc, 100)}); set HF_HUB_OFFLINE=1 to skip the attempt")
     return hub_id, f"published {hub_id}, downloaded from the Hugging Face hub into {_cache_dir()}"
@@ -116,8 +117,6 @@ def used_keys(config: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
 def read_by(config: Mapping[str, Any]) -> list[str]:
     """The keys a training run of ``config`` reads: its stage's models' (a predictor's tokenizer,
     also its zero-shot pair's), and the predictor ``objective: val_skill`` forecasts with."""
-    from .stage_keys import stage_keys
-
     keys = [key for names in stage_keys(config).models.values() for key in names]
     if config.get("objective") == "val_skill":
         keys.append("pretrained_predictor_path")

@@ -311,8 +311,7 @@ def main(config: Mapping[str, Any]) -> dict:
     config = cfg.validate(dict(config))
     if os.environ.get("LOCAL_WORLD_SIZE"):
         config["nproc_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
-    if not config["run_name"]:
-        config["run_name"] = default_run_name(config)
+    config["run_name"] = config["run_name"] or default_run_name(config)
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
     published.adopt(broadcast_object(published.decisions(published.read_by(config))))  # rank 0's auto: every rank's
@@ -342,9 +341,7 @@ def main(config: Mapping[str, Any]) -> dict:
         stage = spec.training(config, layout, info)  # every rank (a predictor's frozen tokenizer)
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
-        logger.set_tags(published.tags(config, published.read_by(config)))  # what auto chose, and why
-        for line in published.lines(config, published.read_by(config)):
-            console.print(line)
+        announce_starts(config, logger, console)  # what auto chose, and why
         model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
         logger.log_hyperparams({k: str(v) for k, v in finetune.counts(model).items()})
         console.print(finetune.describe(model, config))
@@ -357,9 +354,9 @@ def main(config: Mapping[str, Any]) -> dict:
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
-            for line in training_lines(result, run_id=tracking.mlflow.run_id, experiment_id=tracking.mlflow.experiment_id,
-                                       tracking_uri=tracking.mlflow.client.tracking_uri, run_directory=layout.root.resolve()):
-                console.print(line)  # what next: the run, its number, its files, how to look at it
+            console.lines(training_lines(  # what next: the run, its number, its files, how to look at it
+                result, run_id=tracking.mlflow.run_id, experiment_id=tracking.mlflow.experiment_id,
+                tracking_uri=tracking.mlflow.client.tracking_uri, run_directory=layout.root.resolve()))
         barrier()
         status = "success"
         return result
@@ -383,6 +380,14 @@ def main(config: Mapping[str, Any]) -> dict:
             teardown()
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def announce_starts(config: Mapping[str, Any], logger, console: Console) -> None:
+    """What each starting checkpoint the run reads resolved to (``auto``: published or fresh,
+    and why): a ``<key>_source`` tag and a console line per key."""
+    keys = published.read_by(config)
+    logger.set_tags(published.tags(config, keys))
+    console.lines(published.lines(config, keys))
 
 
 # --------------------------------------------------------------------------- command line

@@ -122,9 +122,14 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
     from kronos_mlflow.evaluation.val_skill import val_origins
     from kronos_mlflow.stages import spec_of
 
-    with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* pretrained_predictor_path is "
-                                          "empty"):
+    # auto (the default) with no published predictor at hand, and fresh weights asked for
+    with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* auto found no published predictor: "
+                                          "fresh weights: NeoQuasar/Kronos-small is not in the Hugging Face cache"):
         tiny(objective="val_skill")
+    for fresh, said in (("", "empty"), ("fresh", "fresh")):
+        with pytest.raises(ConfigError, match=f"objective val_skill for the tokenizer .* pretrained_predictor_path is "
+                                              f"{said}; expected a predictor checkpoint"):
+            tiny(objective="val_skill", pretrained_predictor_path=fresh)
     with pytest.raises(ConfigError, match="objective: 'val_los' is not one of val_loss, val_skill"):
         tiny(objective="val_los")
     torch.manual_seed(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import flatten
 from ..errors import UserError, short_reason
 from ..secrets import redact_uri
 
@@ -133,8 +134,6 @@ def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = Non
 def kept_settings(recorded: dict[str, str], config, defaults) -> str:
     """``n_test_iter=4, lookback_window=30``: the recorded values the config kept (neither a flag
     nor the config file set them otherwise) that differ from the defaults."""
-    from ..config import flatten
-
     final, default = flatten(config), flatten(defaults)
     return ", ".join(f"{k}={v if v else chr(39) * 2}" for k, v in recorded.items()
                      if final.get(k) == v and default.get(k) != v)
