@@ -11,6 +11,7 @@ user errors into one line on stderr with exit code 2.
     kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
     kronos-mlflow evaluate --model runs:/<run id>/best_model  # the forecast scorecard
     kronos-mlflow pipeline --epochs 2 --predictor-epochs 2  # tokenizer -> predictor -> scorecard
+    kronos-mlflow walk-forward --folds 3 --fold-length 2M --check  # the fold table of a walk-forward
     kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
 """
 
@@ -44,6 +45,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),
     "pipeline": ("kronos_mlflow.pipeline",
                  "tokenizer, predictor on it, scorecard: one parent MLflow run, a child run per step, reused when done"),
+    "walk-forward": ("kronos_mlflow.walkforward.command",
+                     "fine-tune and score fold after fold (a pipeline per test period): one verdict over all folds"),
     "upload-spool": ("kronos_mlflow.tracking.spool_command", "upload what a run kept locally while its MLflow server was down"),
 }
 

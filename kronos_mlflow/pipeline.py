@@ -107,12 +107,20 @@ class Step:
 
 
 def _overrides(args, step: str) -> dict[str, str]:
+    """The step's config overrides: the flags that go to it, then ``args.step_overrides[step]``
+    (a walk-forward fold's time ranges, per step)."""
     out = {}
     for name, (_, targets) in FLAGS.items():
         value = getattr(args, name, None)
         if value is not None and step in targets:
             out[targets[step]] = value
+    out.update((getattr(args, "step_overrides", None) or {}).get(step, {}))
     return out
+
+
+def step_config(args, step: str) -> dict:
+    """The config ``step`` runs with (before the step before it hands over its model)."""
+    return _load(args, _overrides(args, step))
 
 
 def _load(args, overrides: Mapping[str, Any]) -> dict:
@@ -350,6 +358,16 @@ class Pipeline:
         self.client.set_tag(self.parent_id, f"pipeline.{name}_reused", "true" if reused else "false")
         self.client.log_metric(self.parent_id, f"{name}_seconds", seconds)
 
+    def run_all(self) -> None:
+        """Every step in order, each training step handing its logged model to the next, then
+        the scorecard and the parent's summary."""
+        model = None
+        for step in names():
+            run_id = self.run_step(training_step(self.args, step, get(step).handed_over(model) if model else {}))
+            model = f"runs:/{run_id}/best_model"
+        self.run_step(evaluation_step(self.args, model))
+        self.summarize()
+
     def summarize(self) -> None:
         """The verdicts and the scorecard's skills on the parent run."""
         tokenizer = self.client.get_run(self.runs["tokenizer"])
@@ -401,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     ensure_sqlite_store(mlflow.get_tracking_uri())
     client = MlflowClient()
-    base = _load(args, _overrides(args, "tokenizer"))
+    base = step_config(args, "tokenizer")
     experiment_id = experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
     parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, run_name="pipeline").info.run_id
     client.set_tag(parent_id, "pipeline.role", "parent")
@@ -409,12 +427,7 @@ def run(args: argparse.Namespace) -> int:
         log_param_once(client, parent_id, key, getattr(args, key))
     pipeline, status, reason = Pipeline(args, client, experiment_id, parent_id), "FAILED", None
     try:
-        model = None  # each training step hands its logged model to the next
-        for step in names():
-            run_id = pipeline.run_step(training_step(args, step, get(step).handed_over(model) if model else {}))
-            model = f"runs:/{run_id}/best_model"
-        pipeline.run_step(evaluation_step(args, model))
-        pipeline.summarize()
+        pipeline.run_all()
         if args.registered_model_name:
             move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
         status = "FINISHED"

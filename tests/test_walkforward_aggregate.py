@@ -1,0 +1,224 @@
+"""The walk-forward aggregation on constructed folds: three test periods of random closes and
+sample paths scored by ``scores.origin_scores`` and tabulated as the scorecard writes
+``origins.parquet`` and ``forecasts.parquet``; the pooled skills against the formulas over every
+origin, the fold counts against the fold tags, the verdict rule, disjoint folds, the summary
+and its picture."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kronos_mlflow.evaluation import scores as sc
+from kronos_mlflow.evaluation.scorecard import forecasts_frame
+from kronos_mlflow.evaluation.verdict import decide
+from kronos_mlflow.walkforward.aggregate import (FoldResult, fold_counts, fold_metrics, origin_wql, pooled,
+                                                 skill_figure, summarize, walkforward_verdict, write_summary)
+
+LOOKBACK, HORIZON, SAMPLES, SYMBOLS, DATES = 16, 5, 8, 6, 12
+MIN_CHANGE = 0.005
+STARTS = ("2024-01-01", "2024-02-01", "2024-03-01")
+
+
+def _fold(k: int, start: str, noise: dict[str, float], seed: int) -> tuple[FoldResult, dict]:
+    """Fold ``k``: ``DATES`` business days from ``start`` x ``SYMBOLS`` symbols, the Kronos
+    pairs' paths the actual closes times noise of the given size, persistence the last close;
+    the run's skills and verdicts as the scorecard computes them (dates resampled)."""
+    rng = np.random.default_rng(seed)
+    days = pd.bdate_range(start, periods=DATES)
+    dates = np.repeat(days.to_numpy(), SYMBOLS)
+    symbols = np.tile([f"S{i}" for i in range(SYMBOLS)], DATES)
+    n = len(dates)
+    close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, (n, LOOKBACK + HORIZON)), axis=1))
+    history, actual = close[:, :LOOKBACK], close[:, LOOKBACK:]
+    paths = {name: actual[:, None, :] * (1.0 + rng.normal(0.0, size, (n, SAMPLES, HORIZON)))
+             for name, size in noise.items()}
+    paths["persistence"] = np.repeat(history[:, -1:], HORIZON, axis=1)[:, None, :]
+    per = {name: sc.origin_scores(p, history, actual) for name, p in paths.items()}
+    origins = pd.DataFrame({"datetime": pd.DatetimeIndex(dates), "instrument": symbols, "position": np.arange(n),
+                            "last_close": history[:, -1], "actual_return": per["persistence"]["actual_return"]})
+    for name, scores in per.items():
+        for column in ("mase", "crps") + (("direction", "forecast_return") if name != "persistence" else ()):
+            origins[f"{name}_{column}"] = scores[column]
+    forecasts = forecasts_frame(SimpleNamespace(dates=dates, instruments=symbols), per, actual)
+    metrics, tags = {}, {}
+    for base in [b for b in ("zeroshot", "persistence") if b in per]:
+        for kind, column, tag in (("skill", "mase", f"verdict_vs_{base}"),
+                                  ("wql_skill", "quantile_loss", f"verdict_wql_vs_{base}")):
+            value, low, high = sc.skill(per["finetuned"][column], per[base][column], dates)
+            metrics.update({f"{kind}_vs_{base}": value, f"{kind}_vs_{base}_ci_low": low,
+                            f"{kind}_vs_{base}_ci_high": high})
+            tags[tag] = decide(-high, -low, MIN_CHANGE)
+    period = (str(days[0].date()), str(days[-1].date()))
+    return FoldResult(k, f"run{k}", period, metrics, tags, origins, forecasts), per
+
+
+def _folds(noises) -> tuple[list[FoldResult], list[dict]]:
+    built = [_fold(k, start, noise, seed=100 + k) for k, (start, noise) in enumerate(zip(STARTS, noises), start=1)]
+    return [b[0] for b in built], [b[1] for b in built]
+
+
+@pytest.fixture(scope="module")
+def folds():
+    """The fine-tuned pair clearly better than the zero-shot pair in folds 1 and 3, about even in 2."""
+    return _folds([{"finetuned": 0.002, "zeroshot": 0.02}, {"finetuned": 0.010, "zeroshot": 0.011},
+                   {"finetuned": 0.004, "zeroshot": 0.02}])
+
+
+def _all(per_folds: list[dict], name: str, column: str) -> np.ndarray:
+    return np.concatenate([per[name][column] for per in per_folds])
+
+
+def test_origin_wql_is_the_scorecards_quantile_loss(folds):
+    results, per_folds = folds
+    table = origin_wql(results[0].forecasts)
+    for name, scores in per_folds[0].items():
+        rows = table[table["forecaster"] == name].sort_values(["datetime", "instrument"])
+        assert len(rows) == DATES * SYMBOLS
+        np.testing.assert_allclose(rows["quantile_loss"].to_numpy(), scores["quantile_loss"], rtol=1e-12)
+        np.testing.assert_allclose(rows["abs_actual"].to_numpy(), scores["abs_actual"], rtol=1e-12)
+
+
+def test_origin_wql_marks_an_origin_with_a_missing_step():
+    frame = pd.DataFrame({"datetime": pd.to_datetime(["2024-01-02"] * 2), "instrument": "S0", "forecaster": "finetuned",
+                          "step": [1, 2], "actual": [1.0, np.nan], "mean": 1.0, "median": 1.0,
+                          **{f"q{0.1 * i:.1f}": 1.0 for i in range(1, 10)}})
+    assert math.isnan(origin_wql(frame)["quantile_loss"].iloc[0])
+
+
+def test_pooled_skills_are_the_ratios_over_every_origin(folds):
+    results, per_folds = folds
+    metrics, tags = pooled(results, MIN_CHANGE)
+    assert metrics["pooled_origins"] == 3 * DATES * SYMBOLS and metrics["folds"] == 3
+    model_mase, model_loss = _all(per_folds, "finetuned", "mase"), _all(per_folds, "finetuned", "quantile_loss")
+    for base in ("zeroshot", "persistence"):
+        mase = 1.0 - model_mase.mean() / _all(per_folds, base, "mase").mean()
+        wql = 1.0 - model_loss.sum() / _all(per_folds, base, "quantile_loss").sum()
+        for name, expected, tag in ((f"pooled_skill_vs_{base}", mase, f"pooled_verdict_vs_{base}"),
+                                    (f"pooled_wql_skill_vs_{base}", wql, f"pooled_verdict_wql_vs_{base}")):
+            assert metrics[name] == pytest.approx(expected, rel=1e-9)
+            assert metrics[f"{name}_ci_low"] <= metrics[name] <= metrics[f"{name}_ci_high"]
+            assert tags[tag] == decide(-metrics[f"{name}_ci_high"], -metrics[f"{name}_ci_low"], MIN_CHANGE)
+    assert tags["pooled_verdict_vs_zeroshot"] == "better"
+
+
+def test_pooled_resamples_dates_or_origins(folds):
+    results, _ = folds
+    by_date, _ = pooled(results, MIN_CHANGE, bootstrap_unit="date")
+    by_origin, _ = pooled(results, MIN_CHANGE, bootstrap_unit="origin")
+    assert by_date["pooled_skill_vs_zeroshot"] == pytest.approx(by_origin["pooled_skill_vs_zeroshot"])
+    assert by_date["pooled_skill_vs_zeroshot_ci_low"] != by_origin["pooled_skill_vs_zeroshot_ci_low"]
+    with pytest.raises(ValueError, match="bootstrap_unit"):
+        pooled(results, MIN_CHANGE, bootstrap_unit="week")
+
+
+def test_fold_counts_read_the_fold_tags_and_skills(folds):
+    results, _ = folds
+    counts = fold_counts(results)
+    for base in ("zeroshot", "persistence"):
+        verdicts = [r.tags[f"verdict_vs_{base}"] for r in results]
+        assert counts[f"folds_better_vs_{base}"] == verdicts.count("better")
+        assert counts[f"folds_worse_vs_{base}"] == verdicts.count("worse")
+    constructed = [replace(results[0], metrics={"skill_vs_zeroshot": 0.2}, tags={"verdict_vs_zeroshot": "better"}),
+                   replace(results[1], metrics={"skill_vs_zeroshot": -0.1}, tags={"verdict_vs_zeroshot": "worse"}),
+                   replace(results[2], metrics={}, tags={})]
+    counts = fold_counts(constructed)
+    assert counts["folds_better_vs_zeroshot"] == 1 and counts["folds_worse_vs_zeroshot"] == 1
+    assert counts["win_rate_vs_zeroshot"] == 0.5  # the fold without the metric is not counted
+    assert math.isnan(counts["win_rate_vs_persistence"])
+
+
+def test_fold_metrics_name_each_fold_and_step_over_folds(folds):
+    results, _ = folds
+    steps = fold_metrics(results)
+    named = {name: (value, step) for name, value, step in steps if step is None}
+    for r in results:
+        for name in ("skill_vs_zeroshot", "skill_vs_persistence", "wql_skill_vs_zeroshot", "wql_skill_vs_persistence"):
+            for suffix in ("", "_ci_low", "_ci_high"):
+                assert named[f"fold{r.fold}_{name}{suffix}"] == (r.metrics[name + suffix], None)
+    series = [(value, step) for name, value, step in steps if name == "fold_skill_vs_zeroshot"]
+    assert series == [(r.metrics["skill_vs_zeroshot"], r.fold) for r in results]
+
+
+@pytest.mark.parametrize("pooled_verdict, fold_verdicts, expected", [
+    ("better", ["better", "inconclusive", "better"], "better"),
+    ("better", ["better", "worse", "better"], "inconclusive"),
+    ("worse", ["better", "worse", "worse"], "worse"),
+    ("inconclusive", ["better", "better", "better"], "inconclusive"),
+])
+def test_walkforward_verdict_rule(pooled_verdict, fold_verdicts, expected):
+    assert walkforward_verdict(pooled_verdict, fold_verdicts) == expected
+
+
+def test_one_worse_fold_blocks_better(folds):
+    results, _ = folds
+    summary = summarize(results, MIN_CHANGE)
+    assert summary["tags"]["pooled_verdict_vs_zeroshot"] == "better"
+    blocked = [replace(r, tags={**r.tags, "verdict_vs_zeroshot": "worse"}) if r.fold == 2 else r for r in results]
+    tags = summarize(blocked, MIN_CHANGE)["tags"]
+    assert tags["pooled_verdict_vs_zeroshot"] == "better"
+    assert tags["walkforward_verdict_vs_zeroshot"] == "inconclusive"
+    assert "better" in tags["walkforward_verdict_why"] and "fold 2 says worse" in tags["walkforward_verdict_why"]
+    assert tags["fold2_verdict_vs_zeroshot"] == "worse" and tags["fold1_verdict_vs_zeroshot"] == results[0].tags[
+        "verdict_vs_zeroshot"]
+
+
+def test_pooled_worse_or_inconclusive_carries_over():
+    results, _ = _folds([{"finetuned": 0.03, "zeroshot": 0.003}] * 3)
+    tags = summarize(results, MIN_CHANGE)["tags"]
+    assert tags["pooled_verdict_vs_zeroshot"] == "worse" and tags["walkforward_verdict_vs_zeroshot"] == "worse"
+    assert tags["walkforward_verdict_wql_vs_zeroshot"] == "worse"
+    even, _ = _folds([{"finetuned": 0.01, "zeroshot": 0.01}] * 3)
+    wide = summarize(even, 0.5)["tags"]  # two pairs of the same error: no interval clears a 50% change
+    assert wide["pooled_verdict_vs_zeroshot"] == "inconclusive"
+    assert wide["walkforward_verdict_vs_zeroshot"] == "inconclusive"
+    assert wide["walkforward_verdict_why"].startswith("vs zeroshot: pooled interval inconclusive")
+
+
+def test_folds_without_the_zeroshot_pair(folds):
+    results, _ = folds
+    alone = [replace(r, origins=r.origins.drop(columns=[c for c in r.origins.columns if c.startswith("zeroshot_")]),
+                     forecasts=r.forecasts[r.forecasts["forecaster"] != "zeroshot"],
+                     metrics={k: v for k, v in r.metrics.items() if "zeroshot" not in k},
+                     tags={k: v for k, v in r.tags.items() if "zeroshot" not in k}) for r in results]
+    summary = summarize(alone, MIN_CHANGE)
+    assert not [k for k in list(summary["metrics"]) + list(summary["tags"]) if "zeroshot" in k and "pooled" in k]
+    assert "walkforward_verdict_vs_persistence" in summary["tags"]
+    assert summary["tags"]["walkforward_verdict_why"].startswith("vs persistence")
+
+
+def test_overlapping_or_missing_folds_are_refused(folds):
+    results, _ = folds
+    shifted = results[1].origins.assign(datetime=results[1].origins["datetime"] - pd.Timedelta(days=20))
+    with pytest.raises(ValueError, match="folds 1 and 2 overlap"):
+        summarize([results[0], replace(results[1], origins=shifted), results[2]], MIN_CHANGE)
+    with pytest.raises(ValueError, match="overlap"):
+        pooled([results[0], replace(results[0], fold=2, run_id="again")], MIN_CHANGE)
+    with pytest.raises(ValueError, match="repeat"):
+        pooled([results[0], replace(results[1], fold=1)], MIN_CHANGE)
+    with pytest.raises(ValueError, match="no folds"):
+        summarize([], MIN_CHANGE)
+
+
+def test_summary_json_and_figure(folds, tmp_path):
+    results, _ = folds
+    summary = summarize(results, MIN_CHANGE)
+    path = write_summary(summary, tmp_path / "walkforward")
+    written = json.loads(path.read_text(encoding="utf-8"))
+    assert [f["fold"] for f in written["folds"]] == [1, 2, 3]
+    assert written["folds"][0]["run_id"] == "run1" and written["folds"][0]["test_period"] == list(results[0].test_period)
+    assert written["folds"][1]["verdict_vs_zeroshot"] == results[1].tags["verdict_vs_zeroshot"]
+    assert written["metrics"]["pooled_skill_vs_zeroshot"] == pytest.approx(summary["metrics"]["pooled_skill_vs_zeroshot"])
+    assert {"walkforward_verdict_vs_zeroshot", "walkforward_verdict_vs_persistence", "walkforward_verdict_wql_vs_zeroshot",
+            "walkforward_verdict_wql_vs_persistence", "walkforward_verdict_why"} <= set(written["tags"])
+    assert len(written["steps"]) == len(summary["steps"])
+    summary["metrics"]["win_rate_vs_zeroshot"] = float("nan")
+    assert json.loads(write_summary(summary, tmp_path).read_text())["metrics"]["win_rate_vs_zeroshot"] is None
+    png = skill_figure(summary, tmp_path / "skill_by_fold.png")
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
