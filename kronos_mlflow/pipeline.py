@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,42 +405,61 @@ class Pipeline:
         self.client.set_tag(self.parent_id, "mlflow.note.content", "\n".join(lines))
 
 
-def run(args: argparse.Namespace) -> int:
+def open_store(args: argparse.Namespace):
+    """The tracking store (a sqlite file made ready) and the experiment the steps' runs go to."""
     import mlflow
     from mlflow import MlflowClient
 
-    from .tracking.project_run import end_run  # lazy: numpy, urllib/http
-    from .tracking.server import ensure_sqlite_store
+    from .tracking.server import ensure_sqlite_store  # lazy: mlflow
 
+    ensure_sqlite_store(mlflow.get_tracking_uri())
+    client = MlflowClient()
+    base = step_config(args, "tokenizer")
+    return client, experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+
+
+def run_to_an_end(client, run_id: str, command: str, work: Callable[[], None],
+                  stopped: str = "it stopped before every step ended") -> int:
+    """``work()`` for the parent ``run_id``: FINISHED when it returns (0), KILLED on Ctrl-C (which
+    reaches a step's process too: it ends KILLED and continues next time), FAILED with a failed
+    step's one line as its failure_reason (1, the line on stderr), FAILED with the error otherwise."""
+    from .tracking.project_run import end_run  # lazy: numpy, urllib/http
+
+    status, reason = "FAILED", None
+    try:
+        work()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except StepFailed as exc:
+        reason = f"{command}: {exc}"
+        print(reason, file=sys.stderr, flush=True)
+        return 1
+    except BaseException as exc:
+        reason = f"{command}: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        end_run(client, run_id, status, reason or f"{command}: {stopped}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     check(args)
     if args.check:
         print("[pipeline] check passed: every step's config, checkpoints, data, origins and the tracking server "
               "are usable", flush=True)
         return 0
-    ensure_sqlite_store(mlflow.get_tracking_uri())
-    client = MlflowClient()
-    base = step_config(args, "tokenizer")
-    experiment_id = experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+    client, experiment_id = open_store(args)
     parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, run_name="pipeline").info.run_id
     client.set_tag(parent_id, "pipeline.role", "parent")
     for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
         log_param_once(client, parent_id, key, getattr(args, key))
-    pipeline, status, reason = Pipeline(args, client, experiment_id, parent_id), "FAILED", None
-    try:
+    pipeline = Pipeline(args, client, experiment_id, parent_id)
+
+    def work() -> None:
         pipeline.run_all()
         if args.registered_model_name:
             move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
-        status = "FINISHED"
-    except KeyboardInterrupt:  # Ctrl-C reaches the step's process too: it ends KILLED and continues next time
-        status = "KILLED"
-        raise
-    except StepFailed as exc:
-        reason = f"kronos-mlflow pipeline: {exc}"
-        print(reason, file=sys.stderr, flush=True)
-        return 1
-    except BaseException as exc:
-        reason = f"kronos-mlflow pipeline: {type(exc).__name__}: {exc}"
-        raise
-    finally:  # FAILED with the failed step's line as its failure_reason
-        end_run(client, parent_id, status, reason or "kronos-mlflow pipeline: it stopped before every step ended")
-    return 0
+
+    return run_to_an_end(client, parent_id, "kronos-mlflow pipeline", work)

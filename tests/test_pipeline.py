@@ -5,7 +5,6 @@ pipeline's directory and store, one after the other."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,20 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import TINY, create_sqlite_store, isolated_env, write_config
+from tiny_runs import fault_injection, pipeline_workdir, process_under
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = ("epochs", "batch_size", "n_train_iter", "n_val_iter")
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off"}
 STEPS = ("tokenizer", "predictor", "evaluation")
-
-
-def _workdir(root: Path) -> tuple[Path, dict[str, str]]:
-    root.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in TINY.items() if k not in SIZES}
-    write_config(root / "tiny.yaml", **config, n_layers=2, save_path=str(root / "outputs"),
-                 dataset_path=str(root / "cache"))
-    return root, isolated_env(root, create_sqlite_store(root))
 
 
 def _command(root: Path, **params) -> list[str]:
@@ -60,7 +50,7 @@ def _parents(runs):
 def first(tmp_path_factory):
     """The first pipeline, with a registered model name, typed twice at the same moment on a fresh
     store: every step trains once."""
-    root, env = _workdir(tmp_path_factory.mktemp("pipeline"))
+    root, env = pipeline_workdir(tmp_path_factory.mktemp("pipeline"))
     started = time.monotonic()
     logs = [open(root / f"first-{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen(_command(root, registered_model_name="kr"), cwd=root, env=env, stdout=log,
@@ -172,20 +162,13 @@ def test_force_trains_every_step_again(first):
 
 
 def _faults():
-    spec = importlib.util.spec_from_file_location("fault_injection", ROOT / "benchmarks" / "fault_injection.py")
-    faults = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(faults)
-    return faults
+    return fault_injection()
 
 
 def _predictor_process(faults, root_pid: int) -> int:
-    for pid in faults.descendants(root_pid):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"kronos_mlflow.train" in argv and b"predictor" in argv:
-            return pid
+    pid = process_under(root_pid, b"kronos_mlflow.train", b"predictor")
+    if pid is not None:
+        return pid
     raise AssertionError("no predictor training process under the pipeline")
 
 

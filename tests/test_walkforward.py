@@ -6,14 +6,17 @@ verdict recomputed from the folds' own files, a second identical command that tr
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from tiny_runs import TINY, create_sqlite_store, isolated_env, write_config
+from tiny_runs import TINY, pipeline_workdir, process_under
 
 from kronos_mlflow.config import load_config
 from kronos_mlflow.errors import UserError
@@ -21,7 +24,6 @@ from kronos_mlflow.evaluation.scores import skill
 from kronos_mlflow.walkforward import folds as fl
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = ("epochs", "batch_size", "n_train_iter", "n_val_iter")
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
          "folds": 3, "fold_length": "2M"}
 
@@ -99,12 +101,23 @@ def test_folds_that_cannot_be_built_are_refused_naming_the_fold():
         fl.plan(config, _settings(mode="rolling", train_length="1Y", folds=6), calendar)
 
 
-def _workdir(root: Path) -> tuple[Path, dict[str, str]]:
-    root.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in TINY.items() if k not in SIZES}
-    write_config(root / "tiny.yaml", **config, n_layers=2, save_path=str(root / "outputs"),
-                 dataset_path=str(root / "cache"))
-    return root, isolated_env(root, create_sqlite_store(root))
+@pytest.mark.parametrize(("flags", "needle"), [
+    (("--folds", "0"), "folds: 0 is out of range; expected an integer from 1 to 100"),
+    (("--fold-length", "3Q"), "fold_length: '3Q' is not a length"),
+    (("--walkforward-mode", "rolling"), "walkforward_mode rolling keeps train_length bars"),
+    (("--folds", "3", "--fold", "4"), "fold: 4 is out of range; expected an integer from 0 to 3"),
+    (("--folds", "40", "--fold-length", "1Y"), "its training period"),
+])
+def test_kronos_mlflow_walk_forward_refuses_bad_settings_in_one_line(tmp_path, flags, needle):
+    """Through the command a user types: exit 2, one line naming the value, no run, no traceback."""
+    from mlflow import MlflowClient
+
+    root, env = pipeline_workdir(tmp_path / "wf")
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--config", str(root / "tiny.yaml"),
+                           *flags], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"]) == []
 
 
 def _walk_forward(root: Path, env: dict, **params) -> subprocess.CompletedProcess:
@@ -117,13 +130,23 @@ def _walk_forward(root: Path, env: dict, **params) -> subprocess.CompletedProces
     return proc
 
 
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """One whole walk-forward (3 folds of 2M, the tiny sizes) in a store of its own."""
+    root, env = pipeline_workdir(tmp_path_factory.mktemp("wf"))
+    return root, env, _walk_forward(root, env)
+
+
+def _pooled(client, run_id: str) -> dict[str, float]:
+    return {k: v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(("pooled_", "fold", "win_"))}
+
+
 @pytest.mark.slow
-def test_mlflow_run_walkforward_judges_each_fold_and_pools_them(tmp_path):
+def test_mlflow_run_walkforward_judges_each_fold_and_pools_them(full, tmp_path):
     import mlflow
     from mlflow import MlflowClient
 
-    root, env = _workdir(tmp_path / "wf")
-    first = _walk_forward(root, env)
+    root, env, first = full
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs(["0"], order_by=["attributes.start_time ASC"])
     (parent,) = [r for r in runs if r.data.tags.get("walkforward.role") == "parent"]
@@ -179,3 +202,85 @@ def test_mlflow_run_walkforward_judges_each_fold_and_pools_them(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate",
                           fold_run.info.run_id], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "is not a walk-forward parent" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _walk_forward_process(root: Path, env: dict, log: Path, **params) -> subprocess.Popen:
+    values = {**SMALL, "config_file": root / "tiny.yaml", **params}
+    command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "walkforward",
+               *[a for k, v in values.items() for a in ("-P", f"{k}={v}")]]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _evaluation_process(proc: subprocess.Popen, timeout_s: float) -> int:
+    """The pid of the evaluation step's process under ``proc``, once it has started."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = process_under(proc.pid, b"kronos_mlflow", b"evaluate")
+        if pid is not None:
+            return pid
+        assert proc.poll() is None, f"the walk-forward exited (code {proc.returncode}) before its evaluation step"
+        assert time.monotonic() < deadline, f"no evaluation step within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_fold_by_fold_with_a_sigterm_then_aggregate_equals_one_whole_command(full, tmp_path):
+    """-P fold=1 makes the parent; fold 2 into it is SIGTERMed in its evaluation step and the same
+    command continues (tokenizer and predictor reused); fold 3 into it; --aggregate then gives the
+    numbers one whole command gave in a store of its own, and the whole command here trains nothing."""
+    from mlflow import MlflowClient
+
+    root, env = pipeline_workdir(tmp_path / "wf")
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    one = _walk_forward(root, env, fold=1)
+    (parent,) = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.role") == "parent"]
+    pid = parent.info.run_id
+    assert f"--aggregate {pid}" in one.stdout
+    early = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", pid], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert early.returncode == 2 and "fold 2 has not run" in early.stderr and "Traceback" not in early.stderr
+
+    proc = _walk_forward_process(root, env, tmp_path / "sigterm.log", fold=2, parent_run_id=pid)
+    try:
+        os.kill(_evaluation_process(proc, timeout_s=600), signal.SIGTERM)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = (tmp_path / "sigterm.log").read_text()
+    assert proc.returncode != 0 and "step evaluation ended KILLED" in said, said[-3000:]
+    again = _walk_forward(root, env, fold=2, parent_run_id=pid)
+    assert "[pipeline] tokenizer: reused run" in again.stdout and "[pipeline] predictor: reused run" in again.stdout
+    _walk_forward(root, env, fold=3, parent_run_id=pid)
+    launchers = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.ran_into") == pid]
+    assert len(launchers) == 3  # mlflow run's own runs of folds 2 (twice) and 3 say where they went
+
+    done = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", pid], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert client.get_run(pid).info.status == "FINISHED"
+    whole_root, whole_env, _ = full
+    whole_client = MlflowClient(whole_env["MLFLOW_TRACKING_URI"])
+    (whole,) = [r for r in whole_client.search_runs(["0"], order_by=["attributes.start_time ASC"])
+                if r.data.tags.get("walkforward.role") == "parent"][:1]
+    expected, got = _pooled(whole_client, whole.info.run_id), _pooled(client, pid)
+    assert sorted(got) == sorted(expected)
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+    # the whole command, here, with a registered model: every step of every fold reused, and the
+    # champion alias moves only on a walk-forward verdict of better
+    rerun = _walk_forward(root, env, registered_model_name="kronos-wf")
+    assert rerun.stdout.count("reused run") == 3 * 3, rerun.stdout[-3000:]
+    (newest,) = [r for r in client.search_runs(["0"], order_by=["attributes.start_time DESC"])
+                 if r.data.tags.get("walkforward.role") == "parent"][:1]
+    assert newest.info.run_id != pid and _pooled(client, newest.info.run_id) == pytest.approx(got, rel=1e-12)
+    verdict = newest.data.tags["walkforward_verdict_vs_zeroshot"]
+    aliases = {a for m in client.search_registered_models() for a in (m.aliases or {})}
+    if verdict == "better":
+        assert aliases and "champion_unchanged" not in newest.data.tags
+    else:
+        assert newest.data.tags["champion_unchanged"].startswith(f"walk-forward verdict vs zeroshot is {verdict}")
+        assert f"champion unchanged: walk-forward verdict vs zeroshot is {verdict}" in rerun.stdout
+        assert not aliases

@@ -142,6 +142,17 @@ def run_dir(save_path: Path, folder: str = "finetune_tokenizer_demo") -> Path:
     return found[0]
 
 
+def pipeline_workdir(root: Path) -> tuple[Path, dict[str, str]]:
+    """``root`` with a tiny config file (``tiny.yaml``: the tiny model, 2 layers, no sizes: the
+    command's -P values give them) and an isolated environment on a sqlite store of its own:
+    where the pipeline and walk-forward tests type their commands."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in TINY.items() if k not in ("epochs", "batch_size", "n_train_iter", "n_val_iter")}
+    write_config(root / "tiny.yaml", **config, n_layers=2, save_path=str(root / "outputs"),
+                 dataset_path=str(root / "cache"))
+    return root, isolated_env(root, create_sqlite_store(root))
+
+
 def fault_injection():
     """``benchmarks/fault_injection.py`` as a module (preempt a torchrun rank, kill a process tree)."""
     import importlib.util
@@ -151,6 +162,18 @@ def fault_injection():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def process_under(root_pid: int, *words: bytes) -> int | None:
+    """The first process under ``root_pid`` whose argv holds every one of ``words``, or None."""
+    for pid in fault_injection().descendants(root_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(word in argv for word in words):
+            return pid
+    return None
 
 
 def torchrun_to_the_end(cmd: list[str], root: Path, env: Mapping[str, str], *, kill_rank_after_epoch0: str | None = None,

@@ -24,14 +24,13 @@ import copy
 import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .. import pipeline as pl, validate as checks
-from ..child_runs import create_child, experiment_id_of, log_param_once
+from ..child_runs import create_child, log_param_once
 from ..config import format_time_range
 from ..data.prepare import provide_qlib_data
 from ..errors import UserError
@@ -126,10 +125,7 @@ def run(args: argparse.Namespace) -> int:
         print("[walk-forward] check passed: every fold's config, checkpoints, data, origins and the tracking server "
               "are usable", flush=True)
         return 0
-    ensure_sqlite_store(mlflow.get_tracking_uri())
-    client = MlflowClient()
-    base = pl.step_config(args, "tokenizer")
-    experiment_id = experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+    client, experiment_id = pl.open_store(args)
     parent_id = open_parent(client, experiment_id, args, folds, settings)
     return run_folds(client, experiment_id, parent_id, args, folds, settings, only)
 
@@ -147,6 +143,9 @@ def open_parent(client, experiment_id: str, args, folds, settings) -> str:
         parent_id = args.parent_run_id
         if run.info.status != "RUNNING":
             client.update_run(parent_id, "RUNNING")
+        launcher = os.environ.get("MLFLOW_RUN_ID")
+        if launcher and launcher != parent_id:  # mlflow run's own run: it says where its fold went
+            client.set_tag(launcher, "walkforward.ran_into", parent_id)
     else:
         parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id,
                                                                           run_name="walk-forward").info.run_id
@@ -165,10 +164,8 @@ def open_parent(client, experiment_id: str, args, folds, settings) -> str:
 
 
 def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings, only: int) -> int:
-    from ..tracking.project_run import end_run  # lazy: numpy, urllib/http
-
-    status, reason, last = "FAILED", None, None
-    try:
+    def work() -> None:
+        last = None
         for fold in folds:
             if only and fold.fold != only:
                 continue
@@ -176,24 +173,13 @@ def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings,
         if only:
             print(f"[walk-forward] fold {only} done; when every fold has run: kronos-mlflow walk-forward --aggregate "
                   f"{parent_id}", flush=True)
-        else:
-            summary = aggregate(client, parent_id, folds, evaluation_runs(client, parent_id, folds))
-            if args.registered_model_name:
-                champion(client, parent_id, summary, last, args)
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except pl.StepFailed as exc:
-        reason = f"kronos-mlflow walk-forward: {exc}"
-        print(reason, file=sys.stderr, flush=True)
-        return 1
-    except BaseException as exc:
-        reason = f"kronos-mlflow walk-forward: {type(exc).__name__}: {exc}"
-        raise
-    finally:
-        end_run(client, parent_id, status, reason or "kronos-mlflow walk-forward: it stopped before every fold ended")
-    return 0
+            return
+        summary = aggregate(client, parent_id, folds, evaluation_runs(client, parent_id, folds))
+        if args.registered_model_name:
+            champion(client, parent_id, summary, last, args)
+
+    return pl.run_to_an_end(client, parent_id, "kronos-mlflow walk-forward", work,
+                            "it stopped before every fold ended")
 
 
 def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold):
