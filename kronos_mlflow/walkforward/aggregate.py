@@ -318,30 +318,29 @@ def _draw_base(ax, folds: list[dict[str, Any]], metrics: dict[str, float], base:
 
 
 def skill_figure(summary: dict[str, Any], path: str | Path) -> Path:
-    """``skill_by_fold.png`` (at ``path``, or in it when it is a directory): each fold's
-    ``skill_vs_zeroshot`` and ``skill_vs_persistence`` with its 95% interval in fold order, the
-    pooled value and interval per base, the zero line; the title gives the walk-forward verdicts."""
+    """``skill_by_fold.png`` (at ``path``, or in it when it is a directory): one panel per base
+    (zero-shot, persistence), each on its own scale, with each fold's skill and its 95% interval
+    in fold order, the pooled value and interval, the zero line; the title gives the verdicts."""
     path = Path(path)
     path = path / FIGURE_NAME if path.is_dir() else path
     folds = summary["folds"]
-    fig = new_figure(max(6.4, 2.0 + 1.6 * len(folds)), 4.4)
-    ax = fig.add_subplot(1, 1, 1)
-    labels, spans = [], [0.0]
-    for j, base in enumerate(BASES):
-        drawn, extent = _draw_base(ax, folds, summary["metrics"], base, (j - 0.5) * 0.3)
-        labels += drawn
-        spans += extent
-    ax.axhline(0.0, color="k", lw=0.8)
-    lo, hi = min(spans), max(spans)
-    pad = 0.15 * (hi - lo or 1.0)
-    ax.set_ylim(lo - pad, hi + 2.5 * pad)  # room above for the legend
-    ax.set_xlim(-0.6, len(folds) - 0.4)
-    ax.set_xticks(range(len(folds)), [f"fold {f['fold']}\n{f['test_period'][0]}..{f['test_period'][1]}"
-                                      for f in folds], fontsize=7)
-    ax.set_ylabel("skill = 1 - MASE(fine-tuned) / MASE(baseline)", fontsize=8)
-    ax.set_title(_figure_title(summary["tags"], len(folds)), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
-    labels_inside(fig, ax, labels)
+    bases = [b for b in BASES if any(f.get(f"skill_vs_{b}") is not None for f in folds)] or list(BASES[:1])
+    fig = new_figure(max(6.4, 2.0 + 1.6 * len(folds)), 1.0 + 2.9 * len(bases))
+    ticks = [f"fold {f['fold']}\n{f['test_period'][0]}..{f['test_period'][1]}" for f in folds]
+    for j, base in enumerate(bases):
+        ax = fig.add_subplot(len(bases), 1, j + 1)
+        labels, spans = _draw_base(ax, folds, summary["metrics"], base, 0.0)
+        ax.axhline(0.0, color="k", lw=0.8)
+        lo, hi = min(spans + [0.0]), max(spans + [0.0])
+        pad = 0.15 * (hi - lo or 1.0)
+        ax.set_ylim(lo - pad, hi + 2.5 * pad)  # room above for the legend
+        ax.set_xlim(-0.6, len(folds) - 0.4)
+        ax.set_xticks(range(len(folds)), ticks if j == len(bases) - 1 else [""] * len(folds), fontsize=7)
+        ax.set_ylabel(f"skill vs {base}", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+        labels_inside(fig, ax, labels)
+    fig.suptitle(_figure_title(summary["tags"], len(folds)) + "\nskill = 1 - MASE(fine-tuned) / MASE(baseline)",
+                 fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png", dpi=110)
