@@ -479,6 +479,7 @@ CLI = ("kronos-mlflow",)  # the console script
 SWEEP = ("{py}", str(ROOT / "sweeps" / "sweep.py"))
 MLPROJECT = ("<mlproject>",)
 PIPELINE = CLI + ("pipeline", "--qlib-data-path", "{market}")
+WALKFORWARD = CLI + ("walk-forward", "--qlib-data-path", "{market}")
 
 
 def _flags(values: dict) -> tuple[str, ...]:
@@ -885,6 +886,19 @@ CASES: list[Case] = [
          PIPELINE + ("--promote", "sometimes"), "sometimes"),
     Case("pipeline-nproc", "pipeline", "`kronos-mlflow pipeline --nproc-per-node 0`",
          PIPELINE + ("--nproc-per-node", "0"), "nproc"),
+    # ===== the walk-forward: its fold settings, checked before any run is made
+    Case("walkforward-folds", "walk-forward", "`kronos-mlflow walk-forward --folds 0`",
+         WALKFORWARD + ("--folds", "0"), "folds: 0"),
+    Case("walkforward-fold-length", "walk-forward", "`walk-forward --fold-length 3Q`",
+         WALKFORWARD + ("--fold-length", "3Q"), "'3Q'"),
+    Case("walkforward-rolling", "walk-forward", "`walk-forward --walkforward-mode rolling` without `--train-length`",
+         WALKFORWARD + ("--walkforward-mode", "rolling"), "train_length"),
+    Case("walkforward-embargo", "walk-forward", "`walk-forward --embargo -3`",
+         WALKFORWARD + ("--embargo", "-3"), "embargo: -3"),
+    Case("walkforward-too-many-folds", "walk-forward", "`walk-forward --folds 100 --fold-length 1Y` (more than the "
+         "data holds)", WALKFORWARD + RANGES + ("--folds", "100", "--fold-length", "1Y"), "fewer folds"),
+    Case("walkforward-aggregate-unknown", "walk-forward", "`walk-forward --aggregate <a run id the store lacks>`",
+         CLI + ("walk-forward", "--aggregate", UNKNOWN_RUN), UNKNOWN_RUN),
     # ===== stage-two doors: what a step, a trial or the scorecard would refuse, before any run or cache
     Case("pipeline-predictor-is-tokenizer", "pipeline", "`pipeline --pretrained-predictor-path` a tokenizer checkpoint",
          STAGE2 + ("--pretrained-predictor-path", "{in}/good_ckpt"), "holds a tokenizer's config",

@@ -130,12 +130,25 @@ def run(args: argparse.Namespace) -> int:
     return run_folds(client, experiment_id, parent_id, args, folds, settings, only)
 
 
+def parent_run(client, flag: str, run_id: str):
+    """The run ``run_id`` names (``--aggregate``, ``--parent-run-id``), or one UserError naming it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+    raise UserError(f"{flag} {checks.shown(run_id)}: the tracking store has no such run; expected the parent run id "
+                    "a walk-forward command printed (on this MLFLOW_TRACKING_URI)")
+
+
 def open_parent(client, experiment_id: str, args, folds, settings) -> str:
     """The walk-forward parent: ``--parent-run-id`` (checked: a walk-forward parent of this very
     fold table), ``MLFLOW_RUN_ID`` under ``mlflow run``, else a new run."""
     digest = fl.plan_digest(folds, settings)
     if args.parent_run_id:
-        run = client.get_run(args.parent_run_id)
+        run = parent_run(client, "--parent-run-id", args.parent_run_id)
         if run.data.tags.get(ROLE_TAG) != "parent" or run.data.tags.get(PLAN_TAG) != digest:
             raise UserError(f"--parent-run-id {args.parent_run_id} is not a walk-forward parent of this fold table "
                             f"(its {PLAN_TAG} tag differs); expected the parent that printed the same fold table, or "
@@ -301,7 +314,7 @@ def champion(client, parent_id: str, summary: dict, last, args) -> None:
 
 def aggregate_parent(client, parent_id: str, args) -> int:
     """``--aggregate RUN_ID``: the parent's folds (from its own folds.json and fold runs) pooled again."""
-    run = client.get_run(parent_id)
+    run = parent_run(client, "--aggregate", parent_id)
     if run.data.tags.get(ROLE_TAG) != "parent":
         raise UserError(f"--aggregate {parent_id}: the run is not a walk-forward parent (no {ROLE_TAG} tag); expected "
                         "the run id a walk-forward command printed")
