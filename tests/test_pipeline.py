@@ -18,7 +18,8 @@ import pytest
 from tiny_runs import fault_injection, pipeline_workdir, process_under
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off"}
+SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
+         "backtest_signal_stride": 0}  # the backtest on the scorecard's own origins: no forecasts of its own
 STEPS = ("tokenizer", "predictor", "evaluation")
 
 

@@ -25,7 +25,7 @@ from kronos_mlflow.walkforward import folds as fl
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
-         "folds": 3, "fold_length": "2M"}
+         "folds": 3, "fold_length": "2M", "backtest_signal_stride": 0}  # the backtest on the scorecard's origins only
 
 
 def _calendar(n: int = 400) -> np.ndarray:
