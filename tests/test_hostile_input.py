@@ -897,6 +897,8 @@ CASES: list[Case] = [
          WALKFORWARD + ("--embargo", "-3"), "embargo: -3"),
     Case("walkforward-too-many-folds", "walk-forward", "`walk-forward --folds 100 --fold-length 1Y` (more than the "
          "data holds)", WALKFORWARD + RANGES + ("--folds", "100", "--fold-length", "1Y"), "fewer folds"),
+    Case("walkforward-parent-not-a-run-id", "walk-forward", "`walk-forward --parent-run-id ../x`",
+         WALKFORWARD + ("--parent-run-id", "../x"), "'../x'"),
     Case("walkforward-aggregate-unknown", "walk-forward", "`walk-forward --aggregate <a run id the store lacks>`",
          CLI + ("walk-forward", "--aggregate", UNKNOWN_RUN), UNKNOWN_RUN),
     # ===== stage-two doors: what a step, a trial or the scorecard would refuse, before any run or cache

@@ -101,12 +101,9 @@ def test_folds_that_cannot_be_built_are_refused_naming_the_fold():
         fl.plan(config, _settings(mode="rolling", train_length="1Y", folds=6), calendar)
 
 
-@pytest.mark.parametrize(("flags", "needle"), [
-    (("--folds", "0"), "folds: 0 is out of range; expected an integer from 1 to 100"),
-    (("--fold-length", "3Q"), "fold_length: '3Q' is not a length"),
-    (("--walkforward-mode", "rolling"), "walkforward_mode rolling keeps train_length bars"),
+@pytest.mark.parametrize(("flags", "needle"), [  # the other bad settings: the walk-forward rows of test_hostile_input
     (("--folds", "3", "--fold", "4"), "fold: 4 is out of range; expected an integer from 0 to 3"),
-    (("--folds", "40", "--fold-length", "1Y"), "its training period"),
+    (("--check", "--folds", "3", "--fold-length", "3Q"), "fold_length: '3Q' is not a length"),
 ])
 def test_kronos_mlflow_walk_forward_refuses_bad_settings_in_one_line(tmp_path, flags, needle):
     """Through the command a user types: exit 2, one line naming the value, no run, no traceback."""
@@ -130,78 +127,13 @@ def _walk_forward(root: Path, env: dict, **params) -> subprocess.CompletedProces
     return proc
 
 
-@pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    """One whole walk-forward (3 folds of 2M, the tiny sizes) in a store of its own."""
-    root, env = pipeline_workdir(tmp_path_factory.mktemp("wf"))
-    return root, env, _walk_forward(root, env)
-
-
 def _pooled(client, run_id: str) -> dict[str, float]:
     return {k: v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(("pooled_", "fold", "win_"))}
 
 
-@pytest.mark.slow
-def test_mlflow_run_walkforward_judges_each_fold_and_pools_them(full, tmp_path):
-    import mlflow
-    from mlflow import MlflowClient
-
-    root, env, first = full
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs(["0"], order_by=["attributes.start_time ASC"])
-    (parent,) = [r for r in runs if r.data.tags.get("walkforward.role") == "parent"]
-    pid = parent.info.run_id
-    assert parent.info.status == "FINISHED"
-    assert "fold  train" in first.stdout and f"[walk-forward] done: parent run {pid}" in first.stdout
-
-    table = json.loads(Path(mlflow.artifacts.download_artifacts(
-        run_id=pid, artifact_path="walkforward/folds.json", dst_path=str(tmp_path / "a"),
-        tracking_uri=env["MLFLOW_TRACKING_URI"])).read_text())
-    folds = [fl.Fold(**{**f, **{k: tuple(f[k]) for k in ("train", "val", "test")}}) for f in table["folds"]]
-    calendar_file = next((Path(env["KRONOS_MLFLOW_HOME"]) / "demo_market").glob("*/calendars/day.txt"))
-    calendar = np.array(calendar_file.read_text().split(), dtype="datetime64[s]")
-    assert len(folds) == 3 and folds[-1].test[1] == "2025-06-05"
-    assert_walk_forward(folds, calendar, TINY["lookback_window"])
-
-    # each fold: a pipeline parent under the walk-forward parent, its evaluation's scorecard; no
-    # origin forecasts a bar before the fold's training, validation and embargo end
-    pooled, verdicts = [], []
-    for fold in folds:
-        fold_run = client.get_run(parent.data.tags[f"walkforward.fold{fold.fold}_run_id"])
-        assert fold_run.data.tags["mlflow.parentRunId"] == pid and fold_run.info.status == "FINISHED"
-        evaluation = client.get_run(fold_run.data.tags["pipeline.evaluation_run_id"])
-        assert evaluation.data.params["test_time_range"] == ":".join(fold.ranges["test_time_range"])
-        origins = pd.read_parquet(mlflow.artifacts.download_artifacts(
-            run_id=evaluation.info.run_id, artifact_path="evaluation/origins.parquet",
-            dst_path=str(tmp_path / f"o{fold.fold}"), tracking_uri=env["MLFLOW_TRACKING_URI"]))
-        first_forecast = np.searchsorted(calendar, origins["datetime"].to_numpy(dtype="datetime64[s]"), side="right")
-        assert calendar[first_forecast].min() >= np.datetime64(fold.test[0], "s") > np.datetime64(fold.val[1], "s")
-        pooled.append(origins)
-        verdicts.append(evaluation.data.tags["verdict_vs_zeroshot"])
-    every = pd.concat(pooled)
-    value, low, high = skill(every["finetuned_mase"], every["zeroshot_mase"], every["datetime"].to_numpy())
-    metrics = client.get_run(pid).data.metrics
-    assert metrics["pooled_skill_vs_zeroshot"] == pytest.approx(value, rel=1e-9, abs=1e-12)
-    assert metrics["folds_better_vs_zeroshot"] == sum(v == "better" for v in verdicts)
-    history = client.get_metric_history(pid, "fold_skill_vs_zeroshot")
-    assert sorted(m.step for m in history) == [1, 2, 3]
-    artifacts = {a.path for a in client.list_artifacts(pid, "walkforward")}
-    assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
-
-    # the same command again trains nothing: every step of every fold is reused
-    trained = {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")}
-    again = _walk_forward(root, env)
-    assert {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")} == trained
-    assert again.stdout.count("reused run") == 3 * 3, again.stdout[-3000:]
-
-    # --aggregate recomputes the same verdict from the parent's own folds
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", pid], cwd=root,
+def _aggregate(root: Path, env: dict, run_id: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", run_id], cwd=root,
                           env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert client.get_run(pid).data.metrics["pooled_skill_vs_zeroshot"] == metrics["pooled_skill_vs_zeroshot"]
-    bad = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate",
-                          fold_run.info.run_id], cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "is not a walk-forward parent" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _walk_forward_process(root: Path, env: dict, log: Path, **params) -> subprocess.Popen:
@@ -225,21 +157,28 @@ def _evaluation_process(proc: subprocess.Popen, timeout_s: float) -> int:
         time.sleep(0.05)
 
 
+def _parents(client) -> list:
+    return [r for r in client.search_runs(["0"], order_by=["attributes.start_time ASC"])
+            if r.data.tags.get("walkforward.role") == "parent"]
+
+
 @pytest.mark.slow
-def test_fold_by_fold_with_a_sigterm_then_aggregate_equals_one_whole_command(full, tmp_path):
-    """-P fold=1 makes the parent; fold 2 into it is SIGTERMed in its evaluation step and the same
-    command continues (tokenizer and predictor reused); fold 3 into it; --aggregate then gives the
-    numbers one whole command gave in a store of its own, and the whole command here trains nothing."""
+def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_command(tmp_path):
+    """Three folds of 2M on the demo market, typed as a team would: -P fold=1 makes the parent;
+    fold 2 into it is SIGTERMed in its evaluation step and the same command continues; fold 3;
+    --aggregate. The whole command then trains nothing (every step of every fold reused) and its
+    parent holds the same numbers; its fold table, what each fold forecasts and the pooled
+    verdict are checked against the folds' own files; the champion moves only on better."""
+    import mlflow
     from mlflow import MlflowClient
 
     root, env = pipeline_workdir(tmp_path / "wf")
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     one = _walk_forward(root, env, fold=1)
-    (parent,) = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.role") == "parent"]
+    (parent,) = _parents(client)
     pid = parent.info.run_id
-    assert f"--aggregate {pid}" in one.stdout
-    early = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", pid], cwd=root,
-                           env=env, capture_output=True, text=True, timeout=300)
+    assert "fold  train" in one.stdout and f"--aggregate {pid}" in one.stdout
+    early = _aggregate(root, env, pid)
     assert early.returncode == 2 and "fold 2 has not run" in early.stderr and "Traceback" not in early.stderr
 
     proc = _walk_forward_process(root, env, tmp_path / "sigterm.log", fold=2, parent_run_id=pid)
@@ -257,31 +196,68 @@ def test_fold_by_fold_with_a_sigterm_then_aggregate_equals_one_whole_command(ful
     _walk_forward(root, env, fold=3, parent_run_id=pid)
     launchers = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.ran_into") == pid]
     assert len(launchers) == 3  # mlflow run's own runs of folds 2 (twice) and 3 say where they went
-
-    done = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", pid], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = _aggregate(root, env, pid)
     assert done.returncode == 0, done.stderr[-3000:]
     assert client.get_run(pid).info.status == "FINISHED"
-    whole_root, whole_env, _ = full
-    whole_client = MlflowClient(whole_env["MLFLOW_TRACKING_URI"])
-    (whole,) = [r for r in whole_client.search_runs(["0"], order_by=["attributes.start_time ASC"])
-                if r.data.tags.get("walkforward.role") == "parent"][:1]
-    expected, got = _pooled(whole_client, whole.info.run_id), _pooled(client, pid)
-    assert sorted(got) == sorted(expected)
-    assert got == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    by_fold = _pooled(client, pid)
 
-    # the whole command, here, with a registered model: every step of every fold reused, and the
-    # champion alias moves only on a walk-forward verdict of better
-    rerun = _walk_forward(root, env, registered_model_name="kronos-wf")
-    assert rerun.stdout.count("reused run") == 3 * 3, rerun.stdout[-3000:]
-    (newest,) = [r for r in client.search_runs(["0"], order_by=["attributes.start_time DESC"])
-                 if r.data.tags.get("walkforward.role") == "parent"][:1]
-    assert newest.info.run_id != pid and _pooled(client, newest.info.run_id) == pytest.approx(got, rel=1e-12)
-    verdict = newest.data.tags["walkforward_verdict_vs_zeroshot"]
+    # the whole command, with a registered model: every step of every fold reused, the same
+    # numbers, and the champion alias moves only on a walk-forward verdict of better
+    trained = {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")}
+    whole = _walk_forward(root, env, registered_model_name="kronos-wf")
+    assert {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")} == trained
+    assert whole.stdout.count("reused run") == 3 * 3, whole.stdout[-3000:]
+    parent = _parents(client)[-1]
+    wid = parent.info.run_id
+    assert wid != pid and parent.info.status == "FINISHED"
+    assert "fold  train" in whole.stdout and f"[walk-forward] done: parent run {wid}" in whole.stdout
+    assert sorted(_pooled(client, wid)) == sorted(by_fold) and _pooled(client, wid) == pytest.approx(by_fold, rel=1e-12)
+    verdict = parent.data.tags["walkforward_verdict_vs_zeroshot"]
     aliases = {a for m in client.search_registered_models() for a in (m.aliases or {})}
     if verdict == "better":
-        assert aliases and "champion_unchanged" not in newest.data.tags
+        assert aliases and "champion_unchanged" not in parent.data.tags
     else:
-        assert newest.data.tags["champion_unchanged"].startswith(f"walk-forward verdict vs zeroshot is {verdict}")
-        assert f"champion unchanged: walk-forward verdict vs zeroshot is {verdict}" in rerun.stdout
+        assert parent.data.tags["champion_unchanged"].startswith(f"walk-forward verdict vs zeroshot is {verdict}")
+        assert f"champion unchanged: walk-forward verdict vs zeroshot is {verdict}" in whole.stdout
         assert not aliases
+
+    table = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=wid, artifact_path="walkforward/folds.json", dst_path=str(tmp_path / "a"),
+        tracking_uri=env["MLFLOW_TRACKING_URI"])).read_text())
+    folds = [fl.Fold(**{**f, **{k: tuple(f[k]) for k in ("train", "val", "test")}}) for f in table["folds"]]
+    calendar_file = next((Path(env["KRONOS_MLFLOW_HOME"]) / "demo_market").glob("*/calendars/day.txt"))
+    calendar = np.array(calendar_file.read_text().split(), dtype="datetime64[s]")
+    assert len(folds) == 3 and folds[-1].test[1] == "2025-06-05"
+    assert_walk_forward(folds, calendar, TINY["lookback_window"])
+
+    # each fold: a pipeline parent under the walk-forward parent, its evaluation's scorecard; no
+    # origin forecasts a bar before the fold's training, validation and embargo end
+    pooled, verdicts = [], []
+    for fold in folds:
+        fold_run = client.get_run(parent.data.tags[f"walkforward.fold{fold.fold}_run_id"])
+        assert fold_run.data.tags["mlflow.parentRunId"] == wid and fold_run.info.status == "FINISHED"
+        evaluation = client.get_run(fold_run.data.tags["pipeline.evaluation_run_id"])
+        assert evaluation.data.params["test_time_range"] == ":".join(fold.ranges["test_time_range"])
+        origins = pd.read_parquet(mlflow.artifacts.download_artifacts(
+            run_id=evaluation.info.run_id, artifact_path="evaluation/origins.parquet",
+            dst_path=str(tmp_path / f"o{fold.fold}"), tracking_uri=env["MLFLOW_TRACKING_URI"]))
+        first_forecast = np.searchsorted(calendar, origins["datetime"].to_numpy(dtype="datetime64[s]"), side="right")
+        assert calendar[first_forecast].min() >= np.datetime64(fold.test[0], "s") > np.datetime64(fold.val[1], "s")
+        pooled.append(origins)
+        verdicts.append(evaluation.data.tags["verdict_vs_zeroshot"])
+    every = pd.concat(pooled)
+    value, low, high = skill(every["finetuned_mase"], every["zeroshot_mase"], every["datetime"].to_numpy())
+    metrics = client.get_run(wid).data.metrics
+    assert metrics["pooled_skill_vs_zeroshot"] == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert metrics["folds_better_vs_zeroshot"] == sum(v == "better" for v in verdicts)
+    history = client.get_metric_history(wid, "fold_skill_vs_zeroshot")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    artifacts = {a.path for a in client.list_artifacts(wid, "walkforward")}
+    assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
+
+    # --aggregate recomputes the same verdict from the parent's own folds; a fold run is no parent
+    proc = _aggregate(root, env, wid)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert client.get_run(wid).data.metrics["pooled_skill_vs_zeroshot"] == metrics["pooled_skill_vs_zeroshot"]
+    bad = _aggregate(root, env, fold_run.info.run_id)
+    assert bad.returncode == 2 and "is not a walk-forward parent" in bad.stderr and "Traceback" not in bad.stderr

@@ -24,6 +24,7 @@ import copy
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -110,17 +111,46 @@ def check_folds(args, folds, settings, only: int) -> None:
         args.force, args.nproc_per_node = checked.force, checked.nproc_per_node  # as the check read them
 
 
-def run(args: argparse.Namespace) -> int:
+#: What MLflow's run ids look like (``uuid4().hex``): anything else is refused before a store is opened.
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def run_id_of(flag: str, value: str) -> str:
+    text = str(value).strip()
+    if not RUN_ID.fullmatch(text):
+        raise UserError(f"{flag} '{checks.shown(value)}' is not an MLflow run id; expected the 32 hex characters of "
+                        "the parent run id a walk-forward command printed")
+    return text
+
+
+def store_client(flag: str, run_id: str):
+    """The tracking store's client for ``flag run_id``; a sqlite store that does not exist is
+    refused, not made."""
     import mlflow
     from mlflow import MlflowClient
 
+    uri = mlflow.get_tracking_uri()
+    path = checks.sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise UserError(f"{flag} {run_id}: the tracking store {path} does not exist, so it holds no walk-forward "
+                        "parent; expected the MLFLOW_TRACKING_URI the walk-forward ran on")
+    ensure_sqlite_store(uri)
+    return MlflowClient()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.aggregate:
-        ensure_sqlite_store(mlflow.get_tracking_uri())
-        return aggregate_parent(MlflowClient(), args.aggregate, args)
+        run_id = run_id_of("--aggregate", args.aggregate)
+        return aggregate_parent(store_client("--aggregate", run_id), run_id, args)
+    if args.parent_run_id:
+        args.parent_run_id = run_id_of("--parent-run-id", args.parent_run_id)
     settings, folds, only = plan_of(args)
     print(f"[walk-forward] {fl.describe(folds)}, {settings.mode}, retraining {settings.retrain}:", flush=True)
     print(fl.table(folds), flush=True)
     check_folds(args, folds, settings, only)
+    if args.parent_run_id:  # before any run is made, with --check too
+        checked_parent(store_client("--parent-run-id", args.parent_run_id), args.parent_run_id,
+                       fl.plan_digest(folds, settings))
     if args.check:
         print("[walk-forward] check passed: every fold's config, checkpoints, data, origins and the tracking server "
               "are usable", flush=True)
@@ -143,16 +173,22 @@ def parent_run(client, flag: str, run_id: str):
                     "a walk-forward command printed (on this MLFLOW_TRACKING_URI)")
 
 
+def checked_parent(client, run_id: str, digest: str):
+    """``--parent-run-id``'s run, when it is a walk-forward parent of this very fold table."""
+    run = parent_run(client, "--parent-run-id", run_id)
+    if run.data.tags.get(ROLE_TAG) != "parent" or run.data.tags.get(PLAN_TAG) != digest:
+        raise UserError(f"--parent-run-id {run_id} is not a walk-forward parent of this fold table "
+                        f"(its {PLAN_TAG} tag differs); expected the parent that printed the same fold table, or "
+                        "no --parent-run-id for a new one")
+    return run
+
+
 def open_parent(client, experiment_id: str, args, folds, settings) -> str:
     """The walk-forward parent: ``--parent-run-id`` (checked: a walk-forward parent of this very
     fold table), ``MLFLOW_RUN_ID`` under ``mlflow run``, else a new run."""
     digest = fl.plan_digest(folds, settings)
     if args.parent_run_id:
-        run = parent_run(client, "--parent-run-id", args.parent_run_id)
-        if run.data.tags.get(ROLE_TAG) != "parent" or run.data.tags.get(PLAN_TAG) != digest:
-            raise UserError(f"--parent-run-id {args.parent_run_id} is not a walk-forward parent of this fold table "
-                            f"(its {PLAN_TAG} tag differs); expected the parent that printed the same fold table, or "
-                            "no --parent-run-id for a new one")
+        run = checked_parent(client, args.parent_run_id, digest)
         parent_id = args.parent_run_id
         if run.info.status != "RUNNING":
             client.update_run(parent_id, "RUNNING")
