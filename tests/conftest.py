@@ -130,17 +130,3 @@ def commands(tmp_path_factory):
     runner = Commands(tmp_path_factory.mktemp("commands"))
     yield runner
     runner.close()
-
-
-#: Files of long end-to-end tests (each a real `mlflow run`, torchrun, server or browser), longest
-#: first. ``--dist loadfile`` hands out whole files in collection order: these go out first, so the
-#: quick files fill the other worker meanwhile instead of one worker finishing a long file alone.
-LONG_FILES = ("test_walkforward.py", "test_team_scale.py", "test_pipeline.py", "test_ui_browser.py",
-              "test_forecast_eval.py", "test_sweep_distinct.py", "test_val_skill.py", "test_preemption.py",
-              "test_verdict_runs.py", "test_hostile_input.py", "test_predictor_train.py", "test_sweep.py")
-
-
-def pytest_collection_modifyitems(items) -> None:
-    """The long files first (in ``LONG_FILES`` order), every file's own tests in their order."""
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within a file kept
