@@ -26,6 +26,7 @@ import copy
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -110,12 +111,14 @@ def describe(model: nn.Module, config: Mapping[str, Any]) -> str:
 
 
 def adapter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, layer)`` of every peft adapter layer in ``model`` (none for full and freeze)."""
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # peft not installed: no model can hold adapters
+    """``(name, layer)`` of every peft adapter layer in ``model`` (none for full and freeze).
+    A model can hold one only once peft's LoRA layers are imported, so a process that never
+    imported them (every ``full`` and ``freeze`` run) answers without importing peft."""
+    layer = sys.modules.get("peft.tuners.lora.layer")
+    lora_layer = getattr(layer, "LoraLayer", None)
+    if lora_layer is None:
         return []
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, LoraLayer)]
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, lora_layer)]
 
 
 def merged(model: nn.Module) -> nn.Module:

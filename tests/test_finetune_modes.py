@@ -115,6 +115,31 @@ def test_freeze_trains_all_but_the_embeddings_and_bottom_blocks():
     assert trained == {"norm", "dep_layer", "head"}  # the embeddings and both blocks frozen
 
 
+def test_full_and_freeze_runs_never_import_peft():
+    """peft imports transformers (seconds of every process's start): only ``lora`` loads it."""
+    code = """
+import sys
+import torch
+from kronos_mlflow import finetune
+from kronos_mlflow.config import validate
+from kronos_mlflow.stages import get
+sys.path.insert(0, sys.argv[1])
+from tiny_runs import TINY
+for stage, extra in (("tokenizer", {}), ("predictor", {"n_layers": 2})):
+    for mode in ("full", "freeze"):
+        config = validate({**TINY, "stage": stage, "finetune_mode": mode, "freeze_layers": 1, **extra})
+        spec = get(stage)
+        model = finetune.apply(spec.build_model(config), config, spec)
+        assert finetune.merged(model) is model and finetune.adapter_layers(model) == []
+        assert finetune.save_adapter(model, config, "unused") is None
+print(sorted(m for m in ("peft", "transformers") if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_the_merged_model_is_the_unmerged_one_and_leaves_its_base_alone(tmp_path):
     """The merged copy (what best_model holds) forecasts as the unmerged peft model does (to
     float rounding, 1e-5), the training model's base weights stay bit for bit, and the adapter
