@@ -158,7 +158,9 @@ class MlflowServer:
         env = dict(self._env if self._env is not None else os.environ)
         for name in TRACKING_ENV:
             env.pop(name, None)
-        env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"})
+        # no job runner: its Huey consumer processes (one Python each) serve MLflow's GenAI jobs, which
+        # these servers never run
+        env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         self.log_path = self.root / f"server-{self.starts}.log"
         self.starts += 1
         with open(self.log_path, "wb") as log:
