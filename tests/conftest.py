@@ -130,3 +130,13 @@ def commands(tmp_path_factory):
     runner = Commands(tmp_path_factory.mktemp("commands"))
     yield runner
     runner.close()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (the default) with the files of one shared session fixture on one
+    worker and the long files first (tests/scheduling.py)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from scheduling import make_scheduler
+
+    return make_scheduler(config, log)
