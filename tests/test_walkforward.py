@@ -1,4 +1,4 @@
-"""``mlflow run . -e walkforward`` end to end on the demo market with the tiny sizes: three
+"""``mlflow run . -e walkforward`` end to end on the demo market with the tiny sizes: two
 folds, each a pipeline under one parent; the fold table, what each fold forecasts, the pooled
 verdict recomputed from the folds' own files, a second identical command that trains nothing,
 ``--aggregate`` equal to the command's own aggregate; and the fold table's refusals."""
@@ -25,7 +25,7 @@ from kronos_mlflow.walkforward import folds as fl
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
-         "folds": 3, "fold_length": "2M", "backtest_signal_stride": 0}  # the backtest on the scorecard's origins only
+         "folds": 2, "fold_length": "2M", "backtest_signal_stride": 0}  # the backtest on the scorecard's origins only
 
 
 def _calendar(n: int = 400) -> np.ndarray:
@@ -164,8 +164,8 @@ def _parents(client) -> list:
 
 @pytest.mark.slow
 def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_command(tmp_path):
-    """Three folds of 2M on the demo market, typed as a team would: -P fold=1 makes the parent;
-    fold 2 into it is SIGTERMed in its evaluation step and the same command continues; fold 3;
+    """Two folds of 2M on the demo market, typed as a team would: -P fold=1 makes the parent;
+    fold 2 into it is SIGTERMed in its evaluation step and the same command continues;
     --aggregate. The whole command then trains nothing (every step of every fold reused) and its
     parent holds the same numbers; its fold table, what each fold forecasts and the pooled
     verdict are checked against the folds' own files; the champion moves only on better."""
@@ -193,9 +193,8 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     assert "the same command again continues from this step" in said
     again = _walk_forward(root, env, fold=2, parent_run_id=pid)
     assert "[pipeline] tokenizer: reused run" in again.stdout and "[pipeline] predictor: reused run" in again.stdout
-    _walk_forward(root, env, fold=3, parent_run_id=pid)
     launchers = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.ran_into") == pid]
-    assert len(launchers) == 3  # mlflow run's own runs of folds 2 (twice) and 3 say where they went
+    assert len(launchers) == 2  # mlflow run's own runs of fold 2 (stopped, then continued) say where they went
     done = _aggregate(root, env, pid)
     assert done.returncode == 0, done.stderr[-3000:]
     assert client.get_run(pid).info.status == "FINISHED"
@@ -206,7 +205,7 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     trained = {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")}
     whole = _walk_forward(root, env, registered_model_name="kronos-wf")
     assert {r.info.run_id for r in client.search_runs(["0"]) if r.data.tags.get("pipeline.step")} == trained
-    assert whole.stdout.count("reused run") == 3 * 3, whole.stdout[-3000:]
+    assert whole.stdout.count("reused run") == 2 * 3, whole.stdout[-3000:]
     parent = _parents(client)[-1]
     wid = parent.info.run_id
     assert wid != pid and parent.info.status == "FINISHED"
@@ -227,7 +226,7 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     folds = [fl.Fold(**{**f, **{k: tuple(f[k]) for k in ("train", "val", "test")}}) for f in table["folds"]]
     calendar_file = next((Path(env["KRONOS_MLFLOW_HOME"]) / "demo_market").glob("*/calendars/day.txt"))
     calendar = np.array(calendar_file.read_text().split(), dtype="datetime64[s]")
-    assert len(folds) == 3 and folds[-1].test[1] == "2025-06-05"
+    assert len(folds) == 2 and folds[-1].test[1] == "2025-06-05"
     assert_walk_forward(folds, calendar, TINY["lookback_window"])
 
     # each fold: a pipeline parent under the walk-forward parent, its evaluation's scorecard; no
@@ -251,7 +250,7 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     assert metrics["pooled_skill_vs_zeroshot"] == pytest.approx(value, rel=1e-9, abs=1e-12)
     assert metrics["folds_better_vs_zeroshot"] == sum(v == "better" for v in verdicts)
     history = client.get_metric_history(wid, "fold_skill_vs_zeroshot")
-    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert sorted(m.step for m in history) == [1, 2]
     artifacts = {a.path for a in client.list_artifacts(wid, "walkforward")}
     assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
 
