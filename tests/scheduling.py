@@ -9,7 +9,7 @@ Two rules on top of xdist's one-file-one-worker:
   end-to-end files do not start last and leave the other workers idle at the end; units not in
   ``COST`` follow in xdist's own order (most tests first).
 
-``tests/test_layout.py`` checks that ``SHARED`` names every file that uses a shared fixture.
+``tests/test_scheduling.py`` checks that ``SHARED`` names every file that uses a shared fixture.
 """
 
 from __future__ import annotations
