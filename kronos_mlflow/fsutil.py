@@ -75,5 +75,7 @@ def read_json(path: Path, *, what: str, max_bytes: int, advice: str, error: type
         raise error(f"{label} is not UTF-8 text (bad byte at offset {exc.start}); {advice}") from None
     except json.JSONDecodeError as exc:
         raise error(f"{label} is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); {advice}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise error(f"{label} is not JSON this reader accepts ({short_reason(exc, 120)}); {advice}") from None
     except RecursionError:
         raise error(f"{label} is not valid JSON (nested too deeply); {advice}") from None

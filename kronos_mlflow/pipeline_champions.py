@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .names import own_model_uri
 from .stages import get, names
 from .sweep.champion import promotion, register_as_champion
 
@@ -23,6 +24,8 @@ def move_champions(client, parent_id: str, runs: Mapping[str, str], configs: Map
         name = f"{args.registered_model_name}{suffix}"
         run = client.get_run(runs[step])
         uri = run.data.tags.get("best_model_uri")
+        if uri:  # a tag is a claim: only the run's own model moves the alias
+            uri = own_model_uri(uri, run.info.run_id, f"run {run.info.run_id}'s tag best_model_uri")
         if not uri:
             reason = f"run {run.info.run_id} logged no model"
         else:

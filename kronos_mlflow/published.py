@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from .errors import short_reason
+from . import names
+from .errors import UserError, short_reason
 from .stage_keys import stage_keys
 
 AUTO, FRESH = "auto", "fresh"
@@ -31,6 +33,10 @@ AUTO, FRESH = "auto", "fresh"
 PUBLISHED = {"pretrained_tokenizer_path": "NeoQuasar/Kronos-Tokenizer-base",
              "pretrained_predictor_path": "NeoQuasar/Kronos-small"}
 _FILES = ("config.json", "model.safetensors")
+#: a ref holds a commit hash (40 hex characters); what is read of one (a longer one is refused)
+_REF_BYTES = 128
+_REDOWNLOAD = ("remove that folder and download the checkpoint again (`hf download {hub_id}`), or set "
+               "pretrained_tokenizer_path / pretrained_predictor_path to a checkpoint directory or fresh")
 #: key -> (what the key resolves to: '' for fresh weights, else the hub id; why), per process
 _DECIDED: dict[str, tuple[str, str]] = {}
 
@@ -88,13 +94,58 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _cache_repo(hub_id: str) -> Path:
+    """``hub_id``'s folder in the Hugging Face cache (``models--OWNER--NAME``), from the cache's
+    location and the id alone (never from a ref's content)."""
+    return Path(_cache_dir()) / ("models--" + "--".join(hub_id.split("/")))
+
+
+def check_ref(hub_id: str) -> None:
+    """``refs/main`` of ``hub_id``'s cache folder, when there is one, names a snapshot: a plain
+    name (a commit hash), never a path; else one line naming the cache and the ref."""
+    ref = _cache_repo(hub_id) / "refs" / "main"
+    if not os.path.lexists(ref):
+        return
+    try:
+        if not ref.is_file():
+            raise OSError("not a regular file")
+        with open(ref, "rb") as fh:
+            text = fh.read(_REF_BYTES + 1).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UserError(f"Hugging Face cache {_cache_repo(hub_id)}: refs/main cannot be read "
+                        f"({short_reason(exc, 80)}); expected a commit hash: {_REDOWNLOAD.format(hub_id=hub_id)}") from None
+    try:
+        names.plain_name(text, f"Hugging Face cache {_cache_repo(hub_id)}: refs/main", what="revision")
+    except names.BadName as exc:
+        raise UserError(f"{exc}: {_REDOWNLOAD.format(hub_id=hub_id)}") from None
+
+
+def check_snapshot(hub_id: str, snapshot: str | os.PathLike) -> Path:
+    """``snapshot`` (what ``huggingface_hub`` resolved for ``hub_id``) as a real path, when it lies
+    inside the cache folder's ``snapshots/`` and its checkpoint files inside the cache folder
+    (real paths: links followed); else one line naming the cache and the snapshot."""
+    repo = _cache_repo(hub_id)
+    where = f"Hugging Face cache {repo}: {hub_id}'s snapshot"
+    try:
+        real = names.inside(snapshot, repo / "snapshots", where)
+        for name in _FILES:
+            if os.path.lexists(os.path.join(real, name)):
+                names.inside(os.path.join(real, name), repo, f"{where} file {name}")
+    except names.BadName as exc:
+        raise UserError(f"{exc}: {_REDOWNLOAD.format(hub_id=hub_id)}") from None
+    return real
+
+
 def _look(hub_id: str) -> tuple[str, str]:
     from huggingface_hub import snapshot_download
 
+    check_ref(hub_id)  # a ref that names a path is refused before the cache is read through it
     try:
         snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), local_files_only=True)
     except Exception:  # noqa: BLE001 - not in the cache (or a cache it cannot read): the same to the user
         snapshot = ""
+    if snapshot:
+        snapshot = str(check_snapshot(hub_id, snapshot))
     if snapshot and all(os.path.isfile(os.path.join(snapshot, name)) for name in _FILES):
         revision = os.path.basename(os.path.normpath(snapshot))
         return hub_id, f"published {hub_id}, in the Hugging Face cache (revision {revision[:12]})"
@@ -102,10 +153,11 @@ def _look(hub_id: str) -> tuple[str, str]:
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE "
                     f"is set; `hf download {hub_id}` where there is network access fine-tunes the published model")
     try:
-        snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), etag_timeout=5)
+        snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), etag_timeout=5)
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network: fresh weights, said why
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and the hub could "
                     f"not be reached ({short_reason(exc, 100)}); set HF_HUB_OFFLINE=1 to skip the attempt")
+    check_snapshot(hub_id, snapshot)
     return hub_id, f"published {hub_id}, downloaded from the Hugging Face hub into {_cache_dir()}"
 
 

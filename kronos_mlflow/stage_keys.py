@@ -19,8 +19,12 @@ EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "
 #: Where the windows come from and how long they are: what a scoring command (``evaluate``,
 #: ``evaluate-tokenizer``) takes from the run that made the model it scores, unless given.
 DATA_WINDOW_KEYS = ("qlib_data_path", "instrument", "freq", "membership_gaps", "dataset_begin_time",
-                    "dataset_end_time", "train_time_range", "val_time_range", "test_time_range", "dataset_path",
+                    "dataset_end_time", "train_time_range", "val_time_range", "test_time_range",
                     "lookback_window", "predict_window", "max_context", "clip")
+#: Where a command writes (its data cache, its outputs, their folders): always the command's own
+#: (its config file, flags, defaults), never taken from a run's recorded settings.
+PLACES_TO_WRITE = ("dataset_path", "save_path", "comet_offline_directory", "tokenizer_save_folder_name",
+                   "predictor_save_folder_name")
 #: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
 #: run's directory and training state do not depend on them.
 PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",

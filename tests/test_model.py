@@ -234,13 +234,17 @@ def test_upstream_style_hub_mixin_loads_our_save(tmp_path):
 def test_hub_id_resolves_through_snapshot_download(tmp_path, monkeypatch):
     import huggingface_hub
 
+    from huggingface_hub import constants
+
     model = tiny_model()
-    model.save_pretrained(tmp_path / "snap")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # a snapshot lies inside the cache
+    snapshot = tmp_path / "hf-cache" / "models--NeoQuasar--Kronos-Tokenizer-base" / "snapshots" / ("0" * 40)
+    model.save_pretrained(snapshot)
     calls = []
 
     def fake_snapshot_download(repo_id, **kwargs):
         calls.append(repo_id)
-        return str(tmp_path / "snap")
+        return str(snapshot)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.chdir(tmp_path)

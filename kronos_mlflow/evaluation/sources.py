@@ -9,6 +9,7 @@ from pathlib import Path
 from ..config import flatten
 from ..errors import UserError, short_reason
 from ..secrets import redact_uri
+from ..stage_keys import PLACES_TO_WRITE
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
 ACCEPTED = ("a checkpoint directory (config.json + model.safetensors), runs:/<run id>/best_model, "
@@ -110,8 +111,10 @@ def source_run(spec: str, tracking_uri: str | None = None) -> str | None:
 def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = None) -> tuple[dict[str, str], str]:
     """What the run that made ``spec`` (a ``runs:/`` or ``models:/`` URI) recorded for ``keys``,
     as the params it logged, and that run's id: a scoring command's defaults for the data and
-    the window sizes, so that it scores the run on what it was trained and judged on. Nothing
-    is downloaded; the store and the run are checked first (:func:`mlflow_store`). ``({}, '')``
+    the window sizes, so that it scores the run on what it was trained and judged on. A place to
+    write (:data:`~kronos_mlflow.stage_keys.PLACES_TO_WRITE`: ``dataset_path``, ``save_path``, ...)
+    is never among them, whatever ``keys`` asks: those are the command's own. Nothing is
+    downloaded; the store and the run are checked first (:func:`mlflow_store`). ``({}, '')``
     for a directory or hub id, or a model whose run is not known."""
     spec = str(spec or "").strip()
     if not is_mlflow_uri(spec):
@@ -128,7 +131,8 @@ def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = Non
     except MlflowException:
         return {}, ""
     # an empty MLproject parameter is recorded as its shell quoting
-    return {k: ("" if params[k].strip() in ("''", '""') else params[k]) for k in keys if k in params}, run_id
+    return {k: ("" if params[k].strip() in ("''", '""') else params[k]) for k in keys
+            if k in params and k not in PLACES_TO_WRITE}, run_id
 
 
 def kept_settings(recorded: dict[str, str], config, defaults) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, short_reason
+from ..errors import CheckpointError, UserError, short_reason
 from ..fsutil import fsync_dir, fsync_file, read_json
 
 CONFIG_NAME = "config.json"
@@ -202,6 +202,12 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike, hub_example: str 
             f"checkpoint directory '{path}' does not exist; pass a directory holding {CONFIG_NAME} and "
             f"{WEIGHTS_NAME}, or a Hugging Face hub id such as {hub_example}"
         )
+    from ..published import check_ref, check_snapshot  # lazy: published imports this module
+
+    try:
+        check_ref(raw)  # the cache's ref names a snapshot, never a path
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
     try:
         import huggingface_hub
 
@@ -213,7 +219,10 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike, hub_example: str 
             f"'{raw}' is not a local directory and the Hugging Face hub id could not be reached "
             f"({short_reason(exc, 120)}); {_download_hint(raw)}"
         ) from None
-    resolved = Path(snapshot)
+    try:
+        resolved = check_snapshot(raw, snapshot)  # inside the cache's snapshots/, links followed
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
     if not resolved.is_dir():
         raise CheckpointError(f"hub id '{raw}' resolved to '{resolved}', which is not a directory; {_download_hint(raw)}")
     _require_files(resolved)

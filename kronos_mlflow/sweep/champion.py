@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..keys import TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
+from ..errors import UserError
+from ..names import RUN_ID, own_model_uri, shown
 from ..reuse import model_problem
 from ..stages import get, names, spec_of
 
@@ -116,10 +118,16 @@ def set_champion(client, study, registered_model_name: str, *, config: Mapping[s
         run_id = best.user_attrs.get("mlflow_run_id")
         if not run_id:
             return None, f"best trial {best.number} has no MLflow run"
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):  # the study's storage is input too
+            return None, f"best trial {best.number}'s MLflow run '{shown(run_id)}' is not an MLflow run id"
         run = client.get_run(run_id)
         uri = run.data.tags.get("best_model_uri")
         if not uri:
             return None, f"best trial {best.number} logged no model"
+        try:  # a tag is a claim: only the run's own model moves the alias
+            uri = own_model_uri(uri, run_id, f"best trial {best.number}'s tag best_model_uri")
+        except UserError as exc:
+            return None, str(exc)
         decision = promotion(client, registered_model_name, run, config, promote)
         if not decision.move:
             return None, decision.reason

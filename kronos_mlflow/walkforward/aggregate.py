@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import UserError
 from ..evaluation import scores as sc
 from ..evaluation.figures import COLORS, labels_inside
 from ..evaluation.scorecard import QUANTILE_COLUMNS, VERDICT_TAGS, WQL_VERDICT_TAGS
@@ -57,6 +58,11 @@ INTERVAL = ("", "_ci_low", "_ci_high")
 SUMMARY_NAME = "summary.json"
 FIGURE_NAME = "skill_by_fold.png"
 BOOTSTRAP_UNITS = ("date", "origin")
+
+
+class FoldsError(UserError, ValueError):
+    """The folds' runs cannot be pooled (none, a repeated fold, a fold without origins,
+    overlapping folds): their tables came from runs, so this is one line for the user."""
 
 
 @dataclass
@@ -95,23 +101,23 @@ def origin_wql(forecasts: pd.DataFrame) -> pd.DataFrame:
 
 
 def check_folds(results: Sequence[FoldResult]) -> list[FoldResult]:
-    """The folds in fold order; ValueError for none, a repeated fold number, a fold without
+    """The folds in fold order; FoldsError for none, a repeated fold number, a fold without
     origins, or folds whose origin periods overlap (or run against the fold order)."""
     if not results:
-        raise ValueError("no folds to aggregate: a walk-forward summary needs at least one fold's evaluation run")
+        raise FoldsError("no folds to aggregate: a walk-forward summary needs at least one fold's evaluation run")
     ordered = sorted(results, key=lambda r: r.fold)
     numbers = [r.fold for r in ordered]
     if len(set(numbers)) != len(numbers):
-        raise ValueError(f"fold numbers repeat ({numbers}): each fold is one test period")
+        raise FoldsError(f"fold numbers repeat ({numbers}): each fold is one test period")
     for r in ordered:
         missing = [c for c in ("datetime", "instrument", "finetuned_mase") if c not in r.origins.columns]
         if missing or not len(r.origins):
-            raise ValueError(f"fold {r.fold} (run {r.run_id}) has no scored origins"
+            raise FoldsError(f"fold {r.fold} (run {r.run_id}) has no scored origins"
                              + (f" (origins.parquet lacks {missing})" if missing else ""))
     for before, after in zip(ordered, ordered[1:]):
         last, first = _times(before.origins["datetime"]).max(), _times(after.origins["datetime"]).min()
         if not last < first:
-            raise ValueError(f"folds {before.fold} and {after.fold} overlap: fold {before.fold}'s origins run to "
+            raise FoldsError(f"folds {before.fold} and {after.fold} overlap: fold {before.fold}'s origins run to "
                              f"{last}, fold {after.fold}'s start at {first}; walk-forward test periods must be "
                              "disjoint and in fold order")
     return ordered
@@ -155,7 +161,7 @@ def pooled(results: Sequence[FoldResult], min_change: float,
            bootstrap_unit: str = "date") -> tuple[dict[str, float], dict[str, str]]:
     """Metrics and tags over every fold's origins together (see the module doc)."""
     if bootstrap_unit not in BOOTSTRAP_UNITS:
-        raise ValueError(f"bootstrap_unit: {bootstrap_unit!r} must be one of {BOOTSTRAP_UNITS}")
+        raise FoldsError(f"bootstrap_unit: {bootstrap_unit!r} must be one of {BOOTSTRAP_UNITS}")
     ordered = check_folds(results)
     origins = pd.concat([r.origins for r in ordered], ignore_index=True)
     losses = _quantile_losses(ordered, origins)

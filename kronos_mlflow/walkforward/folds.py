@@ -26,23 +26,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .. import validate as checks
+from .. import handover as hv, names, validate as checks
 from ..config import format_time_range, parse_date, time_bounds
 from ..errors import UserError
 
 MODES = ("expanding", "rolling")
 RETRAIN = ("predictor", "both")
-LENGTH_ACCEPTED = "a number of bars (60) or a calendar span: a count and D, W, M or Y (90D, 6W, 3M, 1Y)"
-_SPAN = re.compile(r"^\s*(\d+)\s*([DWMY])\s*$", re.IGNORECASE)
 _UNITS = {"D": "days", "W": "weeks", "M": "months", "Y": "years"}
+#: The longest length: 200 years in each unit, or 10 million bars (200 years of 5-minute bars
+#: hold fewer). pandas holds times from 1677 to 2262 only, and no market's calendar is longer.
+MAX_SPAN = {"D": 73_000, "W": 10_400, "M": 2_400, "Y": 200}
+MAX_BARS = 10**7
+LENGTH_ACCEPTED = ("a number of bars (60) or a calendar span: a count and D, W, M or Y (90D, 6W, 3M, 1Y), at most "
+                   "10,000,000 bars or 200 years")
+_SPAN = re.compile(r"^\s*([0-9]+)\s*([DWMY])\s*$", re.IGNORECASE | re.ASCII)
 #: The longest walk-forward: more folds than this is a typo, not a plan.
 MAX_FOLDS = 100
 
@@ -63,13 +70,19 @@ class Length:
 def parse_length(name: str, value: Any) -> Length:
     """``"3M"`` -> 3 months, ``"60"`` -> 60 bars; anything else one UserError naming ``name``."""
     text = str(value).strip()
-    if re.fullmatch(r"\d+", text):
-        bars = checks.integer(name, text, 1, 10**7, what=name, error=UserError)
+    if re.fullmatch(r"[0-9]+", text):
+        bars = checks.integer(name, text, 1, MAX_BARS, what=name, error=UserError)
         return Length(text, bars=bars)
     match = _SPAN.match(text)
-    if not match or int(match.group(1)) < 1:
+    digits = match.group(1).lstrip("0") if match else ""
+    if not digits:  # not a length, or a count of 0
         raise UserError(f"{name}: '{checks.shown(value)}' is not a length; expected {LENGTH_ACCEPTED}")
-    return Length(text.upper(), count=int(match.group(1)), unit=match.group(2).upper())
+    unit = match.group(2).upper()
+    if len(digits) > 6 or int(digits) > MAX_SPAN[unit]:
+        spans = ", ".join(f"{n:,}{u}" for u, n in MAX_SPAN.items())
+        raise UserError(f"{name}: '{checks.shown(value)}' is longer than 200 years; expected a span of at most "
+                        f"200 years ({spans}) or at most {MAX_BARS:,} bars")
+    return Length(text.upper(), count=int(digits), unit=unit)
 
 
 @dataclass(frozen=True)
@@ -144,7 +157,10 @@ def _before(calendar: np.ndarray, last: int, length: Length, name: str, fold: in
     if length.bars:
         first = last - length.bars + 1
     else:  # the bars after the day one span before the last: that day must be on the calendar's range
-        stop = np.datetime64((pd.Timestamp(calendar[last]) - length.offset()).to_datetime64(), "s")
+        try:
+            stop = np.datetime64((pd.Timestamp(calendar[last]) - length.offset()).to_datetime64(), "s")
+        except (OverflowError, pd.errors.OutOfBoundsDatetime):  # before 1677: before any calendar's first bar
+            stop = calendar[0] - np.timedelta64(1, "s")
         first = int(np.searchsorted(calendar, stop, side="right")) if stop >= calendar[0] else -1
     if first < 0 or first > last:
         raise UserError(f"fold {fold}: its {name} ({length.text}) would start before the calendar's first bar "
@@ -237,5 +253,65 @@ def describe(folds: list[Fold]) -> str:
     return f"{len(folds)} fold{'s' if len(folds) != 1 else ''}, {folds[0].test[0]}..{folds[-1].test[1]}" if folds else ""
 
 
+# ----------------------------------------------------------------------------- folds.json, read back
+
+#: ``walkforward/folds.json`` (:func:`as_json`): its settings with their kinds, each fold's keys,
+#: each fold's config ranges
+_SETTINGS = {"folds": int, "fold_length": str, "mode": str, "train_length": str, "embargo": (int, None),
+             "val_length": str, "end": str, "retrain": str}
+_FOLD = ("fold", "train", "val", "embargo", "test", "test_bars", "val_bars", "train_bars", "ranges")
+_RANGES = ("train_time_range", "val_time_range", "test_time_range")
+
+
+def read_folds_json(path: str | os.PathLike, source: str):
+    """``(Settings, [Fold, ...])`` of a ``walkforward/folds.json`` (see the module doc), or one
+    UserError line naming ``source``."""
+    table = hv.json_value(Path(path), source, "the fold table a walk-forward command logged")
+    table = hv.keys_of(table, ("settings", "folds"), source, "the file")
+    given = hv.keys_of(table["settings"], tuple(_SETTINGS), source, "settings")
+    for key, kind in _SETTINGS.items():
+        value = given[key]
+        if kind is int:
+            hv.integer(value, source, f"settings.{key}", 1, MAX_FOLDS)
+        elif kind == (int, None):
+            if value is not None:
+                hv.integer(value, source, f"settings.{key}", 0, hv.MAX_EMBARGO)
+        else:
+            hv.text(value, source, f"settings.{key}")
+    try:
+        Settings.checked(folds=given["folds"], fold_length=given["fold_length"], mode=given["mode"],
+                         train_length=given["train_length"], embargo=given["embargo"],
+                         val_length=given["val_length"], end=given["end"], retrain=given["retrain"])
+    except UserError as exc:
+        raise UserError(f"{source}: settings: {exc}") from None
+    settings = Settings(**given)
+    rows = table["folds"]
+    if not isinstance(rows, list) or not 1 <= len(rows) <= MAX_FOLDS:
+        raise UserError(f"{source}: folds is {hv.kind_of(rows)}" + (f" of {len(rows)}" if isinstance(rows, list) else "")
+                        + f"; expected a list of 1 to {MAX_FOLDS} folds")
+    if len(rows) != settings.folds:
+        raise UserError(f"{source}: folds lists {len(rows)} folds and settings.folds says {settings.folds}; expected "
+                        "one entry per fold")
+    folds = [_fold_read(row, k, source) for k, row in enumerate(rows, start=1)]
+    return settings, folds
+
+
+def _fold_read(row: Any, k: int, source: str):
+    """Fold ``k`` (1-based) of the table: its number, periods, bar counts and config ranges."""
+    where = f"folds[{k - 1}]"
+    row = hv.keys_of(row, _FOLD, source, where)
+    number = names.fold_number(row["fold"], source, maximum=MAX_FOLDS)
+    if number != k:
+        raise UserError(f"{source}: {where} is fold {number}; expected the folds in order, fold {k} here")
+    periods = {name: hv.period(row[name], source, f"{where}.{name}") for name in ("train", "val", "test")}
+    counts = {name: hv.integer(row[name], source, f"{where}.{name}", 1, hv.MAX_BARS)
+              for name in ("test_bars", "val_bars", "train_bars")}
+    embargo = hv.integer(row["embargo"], source, f"{where}.embargo", 0, hv.MAX_EMBARGO)
+    ranges = hv.keys_of(row["ranges"], _RANGES, source, f"{where}.ranges")
+    ranges = {name: list(hv.period(ranges[name], source, f"{where}.ranges.{name}")) for name in _RANGES}
+    return Fold(number, periods["train"], periods["val"], embargo, periods["test"], counts["test_bars"],
+                counts["val_bars"], counts["train_bars"], ranges)
+
+
 __all__ = ["Fold", "Length", "Settings", "as_json", "describe", "format_time_range", "parse_length", "plan",
-           "plan_digest", "table", "tokenizer_ranges"]
+           "plan_digest", "read_folds_json", "table", "tokenizer_ranges"]
