@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UserError
+from .names import ascii_digits, shown as shown_value
 from .keys import (BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1,
                    VAL_METRIC, VERDICT_TAG)
 from .secrets import redact_uri
@@ -70,13 +71,19 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # --------------------------------------------------------------------------- command line
 
 
+#: The most runs --top shows of a group.
+TOP_MAX = 1_000_000
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number; expected 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1; expected the number of runs to show (1 or more)")
+    digits = str(text).strip()
+    if not ascii_digits(digits[1:] if digits.startswith(("+", "-")) else digits):
+        raise argparse.ArgumentTypeError(f"'{shown_value(text)}' is not a whole number (digits 0-9); expected 1 to "
+                                         f"{TOP_MAX:,}")
+    value = int(digits) if len(digits) <= 9 else TOP_MAX + 1
+    if not 1 <= value <= TOP_MAX:
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is out of range; expected the number of runs to "
+                                         f"show, 1 to {TOP_MAX:,}")
     return value
 
 
@@ -243,7 +250,7 @@ def resolve_experiments(client, experiment: str | None, parent_run=None) -> list
         return [_experiment_by_id(client, env_id, "MLFLOW_EXPERIMENT_ID").experiment_id]
     name = name or "Default"
     exp = client.get_experiment_by_name(name)
-    if exp is None and name.isdigit():
+    if exp is None and ascii_digits(name):
         try:
             exp = client.get_experiment(name)
         except MlflowException:

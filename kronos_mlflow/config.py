@@ -26,6 +26,7 @@ from typing import Any
 from . import published, validate as checks
 from .errors import ConfigError
 from .keys import MLPROJECT_PARAMS
+from .names import ascii_digits
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
 from .validate import SEED_MAX
 from .timeranges import format_time_range, parse_date, parse_time_range, time_bounds  # noqa: F401 (the config's names)
@@ -320,8 +321,12 @@ def _coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{key}: '{value}' is not an integer")
         if isinstance(value, int):  # however large: the ranges below refuse it by name
             return int(value)
+        text = str(value).strip() if not isinstance(value, float) else ""
+        checks.number_text(key, value, text, MAX_VALUES.get(key, 1.0))
+        if re.fullmatch(r"[+-]?[0-9]+", text):  # exact: the ranges below refuse it by name
+            return int(text)
         try:
-            number = float(str(value).strip()) if not isinstance(value, float) else value
+            number = float(text) if not isinstance(value, float) else value
         except (ValueError, OverflowError):
             raise ConfigError(f"{key}: '{checks.shown(value)}' is not an integer") from None
         if not math.isfinite(number) or number != int(number):
@@ -330,8 +335,10 @@ def _coerce(key: str, value: Any) -> Any:
     if isinstance(default, float):
         if isinstance(value, bool):
             raise ConfigError(f"{key}: '{value}' is not a number")
+        text = str(value).strip() if not isinstance(value, (int, float)) else ""
+        checks.number_text(key, value, text, MAX_VALUES.get(key, 1.0))
         try:
-            number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+            number = float(text) if not isinstance(value, (int, float)) else float(value)
         except (ValueError, OverflowError):
             raise ConfigError(f"{key}: '{checks.shown(value)}' is not a number") from None
         if not math.isfinite(number):
@@ -501,7 +508,7 @@ def horizons(config: Mapping[str, Any]) -> list[int]:
     if not raw:
         return default
     steps = [part.strip() for part in raw.split(",")]
-    if not all(s.isdigit() and 1 <= int(s) <= horizon for s in steps):
+    if not all(ascii_digits(s) and len(s) <= 7 and 1 <= int(s) <= horizon for s in steps):
         raise ConfigError(f"eval_horizons: {checks.shown(raw)} is not a comma-separated list of forecast steps; expected "
                           f"integers in 1..predict_window ({horizon}), e.g. {','.join(map(str, default))}")
     return sorted({int(s) for s in steps})

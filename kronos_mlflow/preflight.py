@@ -16,7 +16,8 @@ have seen (docs/reliability.md, Checked before work):
 - :func:`check_tracking`: the tracking store a door logs to (never created by the check);
 - :class:`DataView`: where those checks read the data splits: an existing cache where it is,
   a missing one prepared in a scratch folder and moved into place (``publish``) only once every
-  check passed, or removed. A refusal leaves no cache behind.
+  check passed, or removed; the demo market (an empty ``qlib_data_path``) likewise, when it is
+  not made yet. A refusal leaves no cache and no demo market behind.
 
 The checks are the steps' own functions (``build_model``, ``val_origins``,
 ``forecast_origins``, the backtest's range), called on the same config, never copies of them.
@@ -93,16 +94,20 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
 
 
 class DataView:
-    """Configs whose prepared splits can be read, without writing the data cache before every
-    check has passed. ``with DataView() as data:`` ... ``data.config(config)`` ... the caches
-    prepared for the checks are moved into place when the block ends without an error
-    (``publish=False``: removed either way), else removed."""
+    """Configs whose prepared splits can be read, without writing the data cache or the demo
+    market before every check has passed. ``with DataView() as data:`` ... ``data.config(config)``
+    ... the caches prepared for the checks (and the demo market, when the checks made it) are
+    moved into place when the block ends without an error (``publish=False``: removed either
+    way), else removed."""
 
     def __init__(self, *, publish: bool = True, quiet_splits: tuple[str, ...] = ("test",)):
         self.publish_on_success = publish
         self.quiet_splits = quiet_splits  # whose "no <split> windows" warning is not for this door to say
         self._root: Path | None = None
-        self._scratch: dict[Path, str] = {}  # the cache's final folder -> the scratch dataset_path
+        #: the cache's folder as the checks name it -> (the scratch dataset_path, the config as given
+        #: when its market is a demo market made here: its cache is renamed to it once that is in place)
+        self._scratch: dict[Path, tuple[str, dict[str, Any] | None]] = {}
+        self._demo: dict[str, Path] = {}  # freq -> the demo market made in the scratch folder
         self._warnings: list = []  # the data's warnings, said once every check passed (a refusal is one line)
 
     def __enter__(self) -> DataView:
@@ -112,24 +117,54 @@ class DataView:
         try:
             if kind is None and self.publish_on_success:
                 self.publish()
+            elif isinstance(exc, UserError):  # a refusal names the demo market's own place, not the scratch copy
+                exc.args = tuple(self._at_home(str(a)) for a in exc.args)
         finally:
             self.close()
 
-    def config(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """``config`` with a ``dataset_path`` that holds its prepared splits: its own when the
-        cache is complete there, else a scratch folder's, prepared now (a refusal of the data
-        is the one ``kronos-mlflow prepare`` gives)."""
-        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits, provide_qlib_data  # lazy: numpy
+    def _at_home(self, text: str) -> str:
+        """``text`` naming the demo markets made here by their own places."""
+        from .data.demo import default_demo_path  # lazy: numpy
 
-        provide_qlib_data(config)  # the front door's data: an empty qlib_data_path's demo market, made once
-        final = cache_dir_for(config)
-        if (final / MANIFEST).is_file():
+        for freq, made in self._demo.items():
+            text = text.replace(str(made), str(default_demo_path(freq)))
+        return text
+
+    def _scratch_root(self) -> Path:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="kronos-check-"))
+        return self._root
+
+    def market(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` with a market to read: its own ``qlib_data_path``; for an empty one the demo
+        market where it is made, else one generated in the scratch folder (moved where it belongs
+        by :meth:`publish`, once every check passed: a refusal leaves none)."""
+        from .data.demo import ensure_demo_market  # lazy: numpy
+        from .data.prepare import demo_market_made, provide_qlib_data
+
+        if str(config.get("qlib_data_path") or "").strip() or demo_market_made(config):
+            provide_qlib_data(config)  # checks the directory (an older demo market gets its benchmark)
             return dict(config)
+        freq = str(config.get("freq") or "day")
+        if freq not in self._demo:
+            self._demo[freq] = ensure_demo_market(freq=freq, home=self._scratch_root() / "home")
+        return {**config, "qlib_data_path": str(self._demo[freq])}
+
+    def config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` with a ``dataset_path`` that holds its prepared splits (and a market to read,
+        :meth:`market`): its own when the cache is complete there, else a scratch folder's,
+        prepared now (a refusal of the data is the one ``kronos-mlflow prepare`` gives)."""
+        from .data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits  # lazy: numpy
+
+        market = self.market(config)
+        final = cache_dir_for(market)
+        if (final / MANIFEST).is_file():
+            return market
         if final not in self._scratch:
-            if self._root is None:
-                self._root = Path(tempfile.mkdtemp(prefix="kronos-check-"))
-            self._scratch[final] = str(self._root / str(len(self._scratch)))
-        ready = {**config, "dataset_path": self._scratch[final]}
+            made_here = str(market["qlib_data_path"]) != str(config.get("qlib_data_path") or "")
+            self._scratch[final] = (str(self._scratch_root() / str(len(self._scratch))),
+                                    dict(config) if made_here else None)
+        ready = {**market, "dataset_path": self._scratch[final][0]}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DataWarning)
             prepare_splits(ready)
@@ -141,22 +176,30 @@ class DataView:
         return ready
 
     def publish(self) -> None:
-        """Move each cache prepared here to its own ``dataset_path`` (as ``prepare`` would have
-        written it: a complete cache published at once, never over a complete one), and say the
-        data's warnings (bars dropped, an empty validation split), bar the empty splits of
-        ``quiet_splits`` (an empty test split is the verdict's or the scorecard's to say)."""
+        """Move the demo market made here to where it belongs, then each cache prepared here to
+        its own ``dataset_path`` (as ``prepare`` would have written it: a complete cache published
+        at once, never over a complete one), and say the data's warnings (bars dropped, an empty
+        validation split), bar the empty splits of ``quiet_splits`` (an empty test split is the
+        verdict's or the scorecard's to say)."""
         from .data import provider as pv  # lazy: numpy
-        from .data.prepare import MANIFEST
+        from .data.demo import ensure_demo_market
+        from .data.prepare import MANIFEST, adopt_cache
 
         for w in self._warnings:
             if not any(str(w.message).startswith(f"no {split} windows") for split in self.quiet_splits):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                warnings.warn_explicit(self._at_home(str(w.message)), w.category, w.filename, w.lineno)
         self._warnings.clear()
+        for freq, made in self._demo.items():
+            ensure_demo_market(freq=freq, made=made)
 
-        for final, scratch in self._scratch.items():
+        for final, (scratch, given) in self._scratch.items():
             built = Path(scratch) / final.name
             if not (built / MANIFEST).is_file():
                 continue
+            if given is not None:  # prepared from the demo market made here: named after its own place
+                final = adopt_cache(built, given)
+                if final is None:
+                    continue
 
             def move(tmp: Path, built: Path = built) -> None:
                 for entry in built.iterdir():
@@ -174,6 +217,7 @@ class DataView:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
         self._scratch.clear()
+        self._demo.clear()
 
 
 def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *, tokenizer=None):

@@ -56,7 +56,7 @@ def parse_time_range(key: str, value: Any) -> list[str]:
             parts = text.split("/")
         elif "," in text:
             parts = text.split(",")
-        elif re.search(r"\d[T ]\d", text):  # date-times hold ':' themselves: only START/END is unambiguous
+        elif re.search(r"[0-9][T ][0-9]", text):  # date-times hold ':' themselves: only START/END is unambiguous
             parts = [text]
         else:
             parts = text.split(":") if text else []

@@ -36,10 +36,26 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 #: Seeds every library of the run accepts (numpy's legacy seeding and Optuna's samplers: 32 bits).
 SEED_MAX = 2**32 - 1
+#: Numbers as a user types them, in ASCII digits only: a whole number, a decimal with an exponent.
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def beyond_every_range(text: str) -> bool:
+    """Whether ``text`` is a number, in ASCII digits, that no range of this project holds: more
+    than 30 digits (``int`` reads up to 4,300, and a message would echo them) or a decimal that
+    overflows a float (``1e400``)."""
+    text = text.strip()
+    if _INTEGER_TEXT.fullmatch(text):
+        return len(text.lstrip("+-").lstrip("0_")) > 30
+    return bool(_FLOAT_TEXT.fullmatch(text)) and math.isinf(float(text))
 
 
 def shown(value: Any, limit: int = 80) -> str:
-    text = str(value)
+    try:
+        text = str(value)
+    except ValueError:  # an int of more digits than Python converts to text (4,300)
+        text = f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1:,} digits"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -48,31 +64,45 @@ def limit_text(limit: float) -> str:
     return f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
 
 
+def number_text(key: str, value: Any, text: str, high: float, *, error: type[UserError] = ConfigError) -> None:
+    """``text`` (``value`` as typed) is ASCII (``"٣"``: Python reads 3, a user would not) and
+    within reach of a range (not thousands of digits, not ``1e400``): else one line naming it
+    and the range's end ``high``."""
+    if not text.isascii():
+        raise error(f"{key}: '{shown(value)}' is not a number; expected digits 0-9")
+    if beyond_every_range(text):
+        raise error(f"{key}: '{shown(value)}' is out of range; expected at most {limit_text(high)}")
+
+
 def integer(key: str, value: Any, low: int, high: int, *, error: type[UserError] = ConfigError,
             what: str | None = None) -> int:
-    """``value`` (an int, an integral float such as ``1e5``, or their text) as an int in
-    ``[low, high]``."""
+    """``value`` (an int, an integral float such as ``1e5``, or their text in ASCII digits) as an
+    int in ``[low, high]``. Other scripts' digits (``"٣"``, which ``int`` reads as 3) are not a
+    number; a number too long for any type (thousands of digits, ``1e400``) is out of range."""
     name = what or key
+    expected = f"expected an integer from {low:,} to {high:,}"
     if isinstance(value, bool):
-        raise error(f"{name}: '{value}' is not an integer; expected an integer from {low:,} to {high:,}")
+        raise error(f"{name}: '{value}' is not an integer; {expected}")
     if isinstance(value, numbers.Integral):
         number: Any = int(value)
     else:
         text = str(value).strip()
+        if not text.isascii():
+            raise error(f"{name}: '{shown(value)}' is not an integer (digits are 0-9); {expected}")
+        if beyond_every_range(text):  # thousands of digits, 1e400: a number, beyond any range
+            raise error(f"{name}: {shown(value)} is out of range; {expected}")
         try:
             number = int(text)
         except ValueError:
             try:
                 as_float = float(text)
             except ValueError:
-                raise error(f"{name}: '{shown(value)}' is not an integer; expected an integer from {low:,} to "
-                            f"{high:,}") from None
+                raise error(f"{name}: '{shown(value)}' is not an integer; {expected}") from None
             if not math.isfinite(as_float) or as_float != int(as_float):
-                raise error(f"{name}: '{shown(value)}' is not an integer; expected an integer from {low:,} to "
-                            f"{high:,}") from None
+                raise error(f"{name}: '{shown(value)}' is not an integer; {expected}") from None
             number = int(as_float)
     if not low <= number <= high:
-        raise error(f"{name}: {shown(value)} is out of range; expected an integer from {low:,} to {high:,}")
+        raise error(f"{name}: {shown(value)} is out of range; {expected}")
     return number
 
 
@@ -90,10 +120,16 @@ def number(key: str, value: Any, low: float | None = None, high: float | None = 
         expected = "a finite number"
     if isinstance(value, bool):
         raise error(f"{name}: '{value}' is not a number; expected {expected}")
+    if not isinstance(value, numbers.Real) and not str(value).strip().isascii():
+        raise error(f"{name}: '{shown(value)}' is not a number (digits are 0-9); expected {expected}")
     try:
         result = float(value) if isinstance(value, numbers.Real) else float(str(value).strip())
-    except (ValueError, OverflowError):
+    except OverflowError:  # an int beyond any float
+        raise error(f"{name}: {shown(value)} is out of range; expected {expected}") from None
+    except ValueError:
         raise error(f"{name}: '{shown(value)}' is not a number; expected {expected}") from None
+    if math.isinf(result) and beyond_every_range(str(value)):  # 1e400: a number, beyond any range
+        raise error(f"{name}: {shown(value)} is out of range; expected {expected}")
     if not math.isfinite(result):
         raise error(f"{name}: '{shown(value)}' is not a finite number; expected {expected}")
     if low is not None and (result <= low if low_open else result < low) or high is not None and result > high:

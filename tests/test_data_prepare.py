@@ -181,6 +181,26 @@ def test_empty_path_prepares_the_demo_market(tmp_path, isolated_home):
     assert len(ds) == 1000 and ds[0][0].shape == (101, 6) and ds[0][1].shape == (101, 5)
 
 
+def test_the_demo_market_is_made_only_with_splits_prepared_from_it(tmp_path, isolated_home):
+    """A demo market not made yet is made aside with the splits: a refusal of the data (an
+    instrument the demo market lacks) leaves neither, and names the market's own place; a
+    preparation that passes moves both into place, the splits named as every later command
+    names them (the run prepares nothing again)."""
+    from kronos_mlflow.data.prepare import cache_dir_for, market_calendar
+
+    bad = load_config({"qlib_data_path": "", "dataset_path": str(tmp_path / "ds"), "instrument": "nasdaq"})
+    with pytest.raises(DataError, match=f"'nasdaq' is not in '{isolated_home}/demo_market/"):
+        prepare_splits(bad, progress=False)
+    assert not isolated_home.exists() and not (tmp_path / "ds").exists()
+    cfg = load_config({"qlib_data_path": "", "dataset_path": str(tmp_path / "ds"), "n_train_iter": 100})
+    calendar = market_calendar(cfg)  # computed while the market is not made: nothing written
+    assert not isolated_home.exists()
+    out = prepare_splits(cfg, progress=False)
+    assert out == cache_dir_for(cfg) and read_manifest(out)["key"]["qlib_data_path"] == str(resolve_qlib_path(cfg))
+    assert [p.name for p in (tmp_path / "ds").iterdir() if not p.name.endswith(".lock")] == [out.name]
+    assert np.array_equal(market_calendar(cfg), calendar)
+
+
 def test_only_the_front_door_makes_the_demo_market(tmp_path, isolated_home):
     """Evaluation and training read data; they never generate it. Before any command prepared
     data, the scorecard's origins, the backtest's calendar and the path itself refuse in one

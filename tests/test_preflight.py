@@ -88,6 +88,27 @@ def test_pipeline_check_makes_no_run_and_leaves_the_data_ready(tmp_path, monkeyp
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
 
 
+def test_a_check_makes_the_demo_market_only_once_every_check_passed(tmp_path, monkeypatch):
+    """Checks on the demo market before it is made read a copy in a scratch folder: a refusal
+    after the data was read leaves no demo market and no cache, and names the market's own
+    place; checks that pass move the market and the splits prepared from it into place."""
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.data.prepare import cache_dir_for, demo_market_made
+    from kronos_mlflow.errors import UserError
+    from kronos_mlflow.preflight import DataView
+
+    isolate(monkeypatch, tmp_path)
+    home = tmp_path / "home"
+    config = load_config({**TINY, "qlib_data_path": "", "dataset_path": str(tmp_path / "cache")})
+    with pytest.raises(UserError, match=f"read {home}/demo_market/"), DataView() as data:
+        ready = data.config(config)
+        raise UserError(f"a later check refused; read {ready['qlib_data_path']}")
+    assert not home.exists() and not (tmp_path / "cache").exists()
+    with DataView() as data:
+        data.config(config)
+    assert demo_market_made(config) and (cache_dir_for(config) / "manifest.json").is_file()
+
+
 @pytest.fixture()
 def store(tmp_path, monkeypatch):
     """An isolated process on a migrated sqlite store: ``(client, RUNNING run id)``."""

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..features import amount_from_ohlcv
+from ..names import ascii_digits
 from . import provider as pv
 from .prepare import DataWarning
 
@@ -136,7 +137,7 @@ def _read_one(path: Path, time_unit: str | None = None):
 
 
 # A timestamp's UTC offset: after a time of day, Z or +HH:MM / -HHMM / +HH.
-_ZONE_RE = r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\s*(Z|[+-]\d{2}(?::?\d{2})?)$"
+_ZONE_RE = r"[0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?\s*(Z|[+-][0-9]{2}(?::?[0-9]{2})?)$"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -163,7 +164,7 @@ _EXAMPLE_S = 1704067200  # 2024-01-01 00:00:00 UTC
 # YYYYMMDD date (at most 29991231) reaches 1971 in seconds (31536000).
 _AUTO_FIRST_S = 31_536_000  # 1971-01-01 00:00:00 UTC
 _FIRST_S, _LAST_S = -9_223_372_036, 9_223_372_036  # pandas' first and last datetimes (1677, 2262), in seconds
-_INTEGER = r"[+-]?\d+"
+_INTEGER = r"[+-]?[0-9]+"  # ASCII digits: "٣" is not a number a file holds
 
 
 def check_time_unit(time_unit: str | None) -> None:
@@ -201,7 +202,7 @@ def parse_times(raw, where: str, column: str, time_unit: str | None = None) -> n
                             f"as {_EXAMPLE_S * per}")
         return numbers.astype(f"datetime64[{time_unit}]").astype("datetime64[s]")
     if len(text) and integer.all():
-        if all(len(t) == 8 and t.isdigit() for t in text):
+        if all(len(t) == 8 and ascii_digits(t) for t in text):
             import pandas as pd
 
             days = pd.to_datetime(raw, format="%Y%m%d", errors="coerce")
@@ -212,7 +213,7 @@ def parse_times(raw, where: str, column: str, time_unit: str | None = None) -> n
 
 
 def _int64(text, where: str, column: str, what: str, expected: str) -> np.ndarray:
-    numbers = [int(t) for t in text]
+    numbers = [int(t) if len(t) <= 25 else 2**64 for t in text]  # longer: beyond int64 (int() reads 4,300 digits)
     big = next((i for i, n in enumerate(numbers) if not -(2**63) < n < 2**63), None)
     if big is not None:
         raise DataError(f"{where} row {big + 2}: '{text[big]}' in column {column} is too large for {what}; "

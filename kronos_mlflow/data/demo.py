@@ -252,26 +252,49 @@ def write_demo_market(out, n_symbols: int | None = None, seed: int = DEFAULT_SEE
     return final
 
 
-def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, freq: str = "day") -> Path:
+def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, freq: str = "day", *,
+                     home: Path | None = None) -> Path:
+    """Where the demo market of these arguments is kept under ``home`` (default :func:`kronos_home`)."""
     tail = "" if freq == "day" else f"-{freq}"
-    return kronos_home() / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}{tail}"
+    root = kronos_home() if home is None else Path(home)
+    return root / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}{tail}"
 
 
-def default_demo_path(freq: str = "day") -> Path:
+def default_demo_path(freq: str = "day", *, home: Path | None = None) -> Path:
     """Where :func:`ensure_demo_market` keeps the default demo market of ``freq`` (made or not)."""
-    return demo_market_path(DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS, DEFAULT_SEED, freq)
+    return demo_market_path(DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS, DEFAULT_SEED, freq,
+                            home=home)
+
+
+def default_demo_calendar(freq: str = "day") -> list[str]:
+    """The calendar of the default demo market of ``freq`` (its ``calendars/<freq>.txt`` lines),
+    computed without generating or writing the market."""
+    if freq == "day":
+        return _business_days(DEFAULT_START, DEFAULT_END)
+    if freq not in INTRADAY_FREQS:
+        raise DataError(f"--freq '{freq}' is not a demo frequency; expected day, {', '.join(INTRADAY_FREQS)}")
+    minutes = session_minutes(freq)
+    return [f"{d} {m}:00" for d in _business_days(INTRADAY_DEFAULT_START, DEFAULT_END) for m in minutes]
 
 
 def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, progress: bool = False,
-                       freq: str = "day") -> Path:
-    """The cached default demo market, generated on first use (safe under concurrent ranks)."""
+                       freq: str = "day", *, home: Path | None = None, made: Path | None = None) -> Path:
+    """The cached default demo market, generated on first use (safe under concurrent ranks), under
+    ``home`` (default :func:`kronos_home`). ``made``: the same market made elsewhere (in a scratch
+    folder, while a command's checks ran), moved into place instead of generated again (its
+    files keep their times, so data prepared from it keeps its fingerprint)."""
     if n_symbols is None:
         n_symbols = DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS
     _check_size(n_symbols, seed)
-    final = demo_market_path(n_symbols, seed, freq)
+    final = demo_market_path(n_symbols, seed, freq, home=home)
 
     def build(tmp: Path) -> None:
-        if freq == "day":
+        if made is not None:
+            import shutil
+
+            for entry in Path(made).iterdir():
+                shutil.move(str(entry), str(tmp / entry.name))
+        elif freq == "day":
             _write_market(tmp, generate_demo_market(n_symbols, seed), progress)
         else:
             _write_intraday(tmp, generate_intraday_market(freq, n_symbols, seed), progress)

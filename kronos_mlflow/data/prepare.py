@@ -35,10 +35,13 @@ validation or test split is a :class:`DataWarning` and ``QlibDataset`` for it ha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -48,20 +51,17 @@ from typing import Any
 import numpy as np
 
 from ..config import HELP, load_config, time_bounds, validate
-from ..errors import DataError
+from ..errors import DataError, UserError
 from ..features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
 from . import provider as pv
-from .demo import default_demo_path, ensure_demo_market
+from .demo import default_demo_calendar, default_demo_path, ensure_demo_market
+from .qlib_read import QLIB_FIELDS, merge_spans, read_qlib  # noqa: F401 (QLIB_FIELDS, merge_spans: the data's names)
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 2
 SPLITS = ("train", "val", "test")
-QLIB_FIELDS = ("$open", "$high", "$low", "$close", "$volume")
 MANIFEST = "manifest.json"
-# Above this many symbols Qlib's own process pool pays off; below it forking costs more than
-# it saves (measured: 60 symbols read in 0.2 s in-process, 0.36-1.1 s with 2 workers).
-_PARALLEL_SYMBOLS = 400
 
 
 class DataWarning(UserWarning):
@@ -92,6 +92,26 @@ def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
                             "or by kronos-mlflow demo-data; or set qlib_data_path to a Qlib directory")
         return path
     return pv.check_provider(Path(raw).expanduser().resolve(), freq=freq)
+
+
+def demo_market_made(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` reads the demo market (an empty ``qlib_data_path``) and it is made already."""
+    freq = str(config.get("freq") or "day")
+    return not str(config.get("qlib_data_path") or "").strip() and (default_demo_path(freq) /
+                                                                     pv.calendar_file(freq)).is_file()
+
+
+def market_calendar(config: Mapping[str, Any]) -> np.ndarray:
+    """The bars of the market ``config`` reads (``datetime64[s]``, ascending): its provider's
+    ``calendars/<freq>.txt``, or the demo market's, computed when it is not made yet. Nothing is
+    written (a command plans on it before its checks: :mod:`kronos_mlflow.preflight`)."""
+    freq = str(config.get("freq") or "day")
+    if not str(config.get("qlib_data_path") or "").strip() and not demo_market_made(config):
+        lines = default_demo_calendar(freq)
+    else:
+        text = (resolve_qlib_path(config) / pv.calendar_file(freq)).read_text()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return np.array(lines, dtype="datetime64[s]")
 
 
 def provide_qlib_data(config: Mapping[str, Any]) -> Path:
@@ -145,151 +165,6 @@ def cache_dir_for(config: Mapping[str, Any], digest: str | None = None) -> Path:
     cfg = validated(config)
     digest = digest or data_digest(cfg)
     return Path(cfg["dataset_path"]).expanduser().absolute() / f"kronos-{digest[:20]}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading Qlib
-# ----------------------------------------------------------------------------------------------
-
-def _init_qlib(path: Path, n_symbols: int) -> None:
-    """``qlib.init`` quietly (WARNING level), without caches, restoring the excepthook it sets."""
-    hook = sys.excepthook
-    try:
-        import qlib
-        from qlib.config import NUM_USABLE_CPU
-        from qlib.constant import REG_CN
-
-        kernels = 1 if n_symbols <= _PARALLEL_SYMBOLS else max(1, min(NUM_USABLE_CPU, 8))
-        qlib.init(provider_uri=str(path), region=REG_CN, logging_level=logging.WARNING, kernels=kernels,
-                  expression_cache=None, dataset_cache=None)
-    finally:
-        sys.excepthook = hook
-
-
-def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: int, predict: int, path: Path):
-    """Upstream's read range: begin - lookback bars .. end + predict bars, clipped to the calendar."""
-    b, e = time_bounds(begin, end)
-    cal = calendar.astype("datetime64[s]")
-    start = int(np.searchsorted(cal, b, side="left"))
-    stop = int(np.searchsorted(cal, e, side="right")) - 1  # last bar <= end
-    if start > stop:
-        raise DataError(
-            f"dataset_begin_time..dataset_end_time {begin}..{end} holds no trading day of '{path}' "
-            f"(its calendar covers {calendar[0]}..{calendar[-1]}); choose dates inside it"
-        )
-    return calendar[max(start - lookback, 0)], calendar[min(stop + predict, len(calendar) - 1)], \
-        min(stop + predict, len(calendar) - 1) - max(start - lookback, 0) + 1
-
-
-# At most this many bars are asked of Qlib at once (symbols x calendar bars): a chunk's
-# DataFrame stays around 100 MB whatever the market's size or frequency.
-_CHUNK_BARS = 2_000_000
-
-
-def _drop_qlib_feature_cache() -> None:
-    """Qlib keeps the last 500 series it loaded in memory (``H["f"]``, ``mem_cache_size_limit``):
-    at minute scale that is gigabytes. Each chunk is read once, so the cache only costs."""
-    try:
-        from qlib.data.cache import H
-
-        H["f"].clear()
-    except Exception:  # pragma: no cover - a Qlib without that cache
-        pass
-
-
-def merge_spans(spans, calendar_days: np.ndarray) -> list[tuple[np.datetime64, np.datetime64]]:
-    """One symbol's membership spans (``(start, end)`` pairs of anything ``numpy.datetime64``
-    accepts) as day ranges, sorted, with spans merged when no trading day of ``calendar_days``
-    (sorted ``datetime64[D]``) lies strictly between them (touching or overlapping spans)."""
-    days = sorted((np.datetime64(str(a)[:10], "D"), np.datetime64(str(b)[:10], "D")) for a, b in spans)
-    out: list[list[np.datetime64]] = []
-    for a, b in days:
-        if out:
-            between = int(np.searchsorted(calendar_days, a, side="left")) - \
-                int(np.searchsorted(calendar_days, out[-1][1], side="right"))
-            if between <= 0:
-                out[-1][1] = max(out[-1][1], b)
-                continue
-        out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, predict: int,
-              progress: bool = False, freq: str = "day", membership_gaps: str = "split"):
-    """Yield ``(symbol, times, values float32 (n, 5))`` series of ``instrument`` (open, high, low,
-    close, volume) read through ``D.features(..., freq=freq)``, membership spans applied.
-
-    ``times`` is ``datetime64[D]`` for daily bars, ``datetime64[s]`` for intraday ones. With
-    ``membership_gaps="split"`` each membership span of a symbol is its own series (a symbol that
-    left the index and came back yields two); with ``"join"`` the bars of all its spans are one
-    series (upstream: mask to the spans, then ``dropna``). Qlib's exceptions become one-line
-    DataErrors.
-    """
-    unit = "D" if freq == "day" else "s"
-    try:
-        _init_qlib(path, len(pv.read_instrument_file(path, instrument)))
-        import pandas as pd
-        from qlib.data import D
-
-        calendar = np.asarray(D.calendar(freq=freq), dtype=f"datetime64[{unit}]")
-        if len(calendar) == 0:
-            raise DataError(f"qlib_data_path '{path}': calendars/{freq}.txt holds no dates; expected one date a line")
-        lo, hi, n_bars = _date_range_indices(calendar, begin, end, lookback, predict, path)
-        lo_s, hi_s = str(pd.Timestamp(lo)), str(pd.Timestamp(hi))
-        spans = D.list_instruments(D.instruments(instrument), start_time=lo_s, end_time=hi_s, as_list=False,
-                                   freq=freq)
-        symbols = sorted(spans)
-    except DataError:
-        raise
-    except Exception as exc:  # Qlib's errors carry paths and tracebacks; keep one line
-        raise DataError(f"Qlib cannot read '{path}' (instrument '{instrument}'): {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}; check the directory's format") from None
-    if not symbols:
-        raise DataError(
-            f"instrument '{instrument}' in '{path}' lists no symbol trading between {lo_s} and {hi_s}; "
-            "choose another instrument or dataset_begin_time/dataset_end_time"
-        )
-    calendar_days = np.unique(calendar.astype("datetime64[D]"))
-    chunk = 25 if len(symbols) <= _PARALLEL_SYMBOLS else 400
-    chunk = max(1, min(chunk, _CHUNK_BARS // max(1, n_bars)))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(symbols), desc=f"reading {instrument} ({freq})", unit="symbol",
-                   disable=None)  # a terminal only: no redraws in a log file
-    try:
-        for i in range(0, len(symbols), chunk):
-            names = symbols[i : i + chunk]
-            try:
-                df = D.features(names, list(QLIB_FIELDS), start_time=lo_s, end_time=hi_s, freq=freq)
-            except Exception as exc:
-                raise DataError(f"Qlib cannot read symbols {names[0]}..{names[-1]} of '{path}': "
-                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                                "a file may be truncated or not in Qlib's format") from None
-            _drop_qlib_feature_cache()
-            if len(df):
-                inst = df.index.get_level_values(0).to_numpy()
-                dates = df.index.get_level_values(1).to_numpy().astype(f"datetime64[{unit}]")
-                values = df[list(QLIB_FIELDS)].to_numpy(dtype=np.float32)
-                del df
-                bounds = np.flatnonzero(inst[1:] != inst[:-1]) + 1
-                for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(inst)]):
-                    sym = str(inst[a])
-                    d = dates[a:b]
-                    day = d.astype("datetime64[D]")
-                    # Qlib applies spans only to market configs: mask here, one span at a time.
-                    masks = [(day >= s0) & (day <= s1) for s0, s1 in merge_spans(spans.get(sym, []), calendar_days)]
-                    if membership_gaps == "join" and masks:
-                        masks = [np.logical_or.reduce(masks)]
-                    for keep in masks:
-                        if keep.any():
-                            yield sym, d[keep], values[a:b][keep]
-            if bar is not None:
-                bar.update(len(names))
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -504,8 +379,54 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
 
 def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False) -> Path:
     """The commands' front door: :func:`cached_splits` after :func:`provide_qlib_data` (the demo
-    market made first when ``qlib_data_path`` is empty)."""
-    return cached_splits(config, progress, force, path=provide_qlib_data(validated(config)))
+    market made first when ``qlib_data_path`` is empty). A demo market not made yet is made with
+    the splits in a scratch folder, and both are moved into place once the splits are prepared:
+    a refusal of the data (no training window, an unknown instrument) writes neither."""
+    cfg = validated(config)
+    if str(cfg.get("qlib_data_path") or "").strip() or demo_market_made(cfg):
+        return cached_splits(cfg, progress, force, path=provide_qlib_data(cfg))
+    freq = str(cfg.get("freq") or "day")
+    scratch = Path(tempfile.mkdtemp(prefix="kronos-prepare-"))
+    try:
+        market = ensure_demo_market(freq=freq, home=scratch / "home")
+        with said_at_home(market, freq):
+            built = cached_splits({**cfg, "qlib_data_path": str(market), "dataset_path": str(scratch / "cache")},
+                                  progress, path=market)
+        ensure_demo_market(freq=freq, made=market)  # the market in its place, its files' times kept
+        final = adopt_cache(built, cfg)
+        if final is None:  # another process put its own market there first: prepare from that one
+            return cached_splits(cfg, progress, force, path=resolve_qlib_path(cfg))
+
+        def move(tmp: Path) -> None:
+            for entry in built.iterdir():
+                shutil.move(str(entry), str(tmp / entry.name))
+
+        try:
+            pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
+        except OSError as exc:
+            raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
+                            "choose a writable dataset_path") from None
+        return final
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def said_at_home(made: Path, freq: str):
+    """While the demo market is read from ``made`` (a scratch folder's copy), what is said of it
+    (a refusal's line, the data's warnings) names its own place under ``KRONOS_MLFLOW_HOME``."""
+    home = str(default_demo_path(freq))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        except UserError as exc:
+            exc.args = tuple(str(a).replace(str(made), home) for a in exc.args)
+            raise
+        finally:
+            said = list(caught)
+    for w in said:
+        warnings.warn_explicit(str(w.message).replace(str(made), home), w.category, w.filename, w.lineno)
 
 
 def cached_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False, *,
@@ -533,6 +454,22 @@ def cached_splits(config: Mapping[str, Any], progress: bool = True, force: bool 
         raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
                         "choose a writable dataset_path") from None
     return final
+
+
+def adopt_cache(built: Path, config: Mapping[str, Any]) -> Path | None:
+    """Where the splits in ``built`` belong for ``config``, when they were prepared from the same
+    market files at another place (the demo market a command's checks made in a scratch folder,
+    moved into place since): its manifest renamed to ``config``'s key. None when the files now at
+    ``config``'s market differ from those (its run prepares its own splits)."""
+    cfg = validated(config)
+    key = _cache_key(cfg, resolve_qlib_path(cfg))
+    manifest = read_manifest(built)
+    if {**manifest.get("key", {}), "qlib_data_path": key["qlib_data_path"]} != json.loads(json.dumps(key)):
+        return None
+    digest = pv.digest_of(key)
+    manifest.update(key=key, digest=digest)
+    (Path(built) / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return cache_dir_for(cfg, digest)
 
 
 def read_manifest(cache_dir: Path) -> dict[str, Any]:

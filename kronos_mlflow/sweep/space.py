@@ -43,7 +43,7 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
         if not isinstance(spec, dict):
             raise ConfigError(f"search space: '{name}' needs a mapping with low and high")
         try:
-            low, high = float(spec["low"]), float(spec["high"])
+            low, high = _float(spec["low"]), _float(spec["high"])
         except (KeyError, TypeError, ValueError, OverflowError):
             raise ConfigError(f"search space: '{name}' needs numeric low and high") from None
         log = bool(spec.get("log", True))
@@ -69,6 +69,13 @@ def load_search_space(path: str | os.PathLike | None = None) -> dict[str, dict[s
         if name in raw:
             space[name] = _int_range(name, raw[name], lowest)
     return space
+
+
+def _float(value: Any) -> float:
+    """A YAML number, or its text in ASCII digits (``float`` reads ``"٣"`` as 3.0); else ValueError."""
+    if isinstance(value, bool) or isinstance(value, str) and not value.strip().isascii():
+        raise ValueError(f"not a number: {shown(value)}")
+    return float(value)
 
 
 def _choices(name: str, spec: Any, accepted: tuple[str, ...]) -> dict[str, Any]:

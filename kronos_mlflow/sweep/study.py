@@ -36,16 +36,16 @@ def make_pruner(spec: str):
         key, _, value = item.partition("=")
         key = key.strip()
         try:
-            number = float(value)
+            number = float(value) if value.strip().isascii() else math.nan  # "٣": float() reads 3.0
         except ValueError:
             raise ConfigError(f"pruner '{spec}': option '{item}' is not key=number") from None
         if not math.isfinite(number):
-            raise ConfigError(f"pruner '{spec}': {key} {value.strip()} is not a finite number")
+            raise ConfigError(f"pruner '{spec}': {key} {value.strip()} is not a finite number (digits 0-9)")
         if key in _PRUNER_INTS:
             low = _PRUNER_INTS[key]
-            if number != int(number) or number < low:
+            if number != int(number) or not low <= number <= PRUNER_INT_MAX:
                 raise ConfigError(f"pruner '{spec}': {key} {value.strip()} is out of range; expected an integer "
-                                  f">= {low}")
+                                  f"from {low} to {PRUNER_INT_MAX:,}")
             number = int(number)
         elif key == "percentile" and not 0.0 <= number <= 100.0:
             raise ConfigError(f"pruner '{spec}': percentile {value.strip()} is out of range; expected 0 to 100")
@@ -75,7 +75,9 @@ def make_pruner(spec: str):
     raise ConfigError(f"pruner '{spec}' is not one of successive_halving, hyperband, median, percentile, none")
 
 
-# Integer options of Optuna's pruners, with their smallest accepted value.
+# Integer options of Optuna's pruners, with their smallest accepted value; each at most
+# PRUNER_INT_MAX (trials, epochs or a factor between rungs: a billion is beyond any sweep).
+PRUNER_INT_MAX = 10**9
 _PRUNER_INTS = {"n_startup_trials": 0, "n_warmup_steps": 0, "interval_steps": 1, "n_min_trials": 1,
                 "min_resource": 1, "max_resource": 1, "reduction_factor": 2, "min_early_stopping_rate": 0,
                 "bootstrap_count": 0}
