@@ -38,8 +38,11 @@ def train_command(nproc: int, flags: Sequence[str], module: str = "kronos_mlflow
 def child_env(run_id: str, experiment_id: str, tracking_uri: str,
               extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment pointed at the child run ``run_id``."""
+    from .tracking.gate import HANDOVER_ENV, handover_env  # lazy: the tracking package imports numpy, urllib/http
+
     env = dict(os.environ)
-    env.update({"MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_TRACKING_URI": tracking_uri,
+    env.pop(HANDOVER_ENV, None)  # this process's own, if it was handed a run: never passed on
+    env.update({**handover_env(run_id), "MLFLOW_EXPERIMENT_ID": experiment_id, "MLFLOW_TRACKING_URI": tracking_uri,
                 **(extra or {})})
     env.pop("MLFLOW_EXPERIMENT_NAME", None)
     return env
@@ -47,9 +50,11 @@ def child_env(run_id: str, experiment_id: str, tracking_uri: str,
 
 def create_child(client, experiment_id: str, parent_run_id: str, run_name: str,
                  tags: Mapping[str, str] | None = None) -> str:
-    """A new child run of ``parent_run_id``; returns its id."""
-    all_tags = {"mlflow.parentRunId": parent_run_id, "mlflow.runName": run_name, **(tags or {})}
-    return client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    """A new child run of ``parent_run_id``, handed to the process :func:`child_env` starts
+    (:func:`kronos_mlflow.tracking.gate.child_run`); returns its id."""
+    from .tracking.gate import child_run  # lazy: numpy, urllib/http
+
+    return child_run(client, experiment_id, parent_run_id, run_name, tags)
 
 
 def experiment_id_of(client, experiment_name: str | None) -> str:

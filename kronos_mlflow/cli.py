@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         line = f"kronos-mlflow {args.command}: error: {exc}"
         print(line, file=sys.stderr)
-        record_failure(line)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
+        record_failure(line, exc)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
         print(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}", file=sys.stderr)

@@ -16,9 +16,11 @@ one given alone pairs with the model's other half); without them, the predictor 
 A ``--model`` that names a run is scored, by default, on the data, windows and scorecard
 settings that run recorded (:data:`INHERITED_KEYS`, under the config file and the flags; a
 console line names those that differ from the defaults), the settings of the scorecard the run
-itself ended with. The flags, the store and the run are checked before anything is downloaded.
-The run (``MLFLOW_RUN_ID``'s under ``mlflow run``, else a new one) gets the metrics, tags and
-``evaluation/`` artifacts of docs/forecast-evaluation.md, and the tag ``predictor_run_id``.
+itself ended with; where it writes (``dataset_path``, ``save_path``) is never the run's: always
+this command's config file, flags or defaults. The flags, the store and the run are checked
+before anything is downloaded. The run (``MLFLOW_RUN_ID``'s under ``mlflow run``, else a new
+one) gets the metrics, tags and ``evaluation/`` artifacts of docs/forecast-evaluation.md, and the
+tag ``predictor_run_id``.
 Bad input is one line on stderr and exit code 2.
 """
 
@@ -38,10 +40,13 @@ from .evaluation.sources import MODEL_ACCEPTED, kept_settings, recorded_settings
 from .flags import add_config_arguments, config_overrides
 from .ownership import Claim, evidence, write_owner
 from .preflight import DataView, check_context, check_scorecard, check_tracking
+from .stage_keys import PLACES_TO_WRITE
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
-#: What ``--model``'s run decides unless a flag or the config file says otherwise.
-INHERITED_KEYS = (*cfg.DATA_WINDOW_KEYS, *(k for k in cfg.EVALUATION_KEYS if k != "evaluate"))
+#: What ``--model``'s run decides unless a flag or the config file says otherwise; never a place
+#: to write (``dataset_path``, ``save_path``: :data:`~kronos_mlflow.stage_keys.PLACES_TO_WRITE`).
+INHERITED_KEYS = tuple(k for k in (*cfg.DATA_WINDOW_KEYS, *cfg.EVALUATION_KEYS)
+                       if k != "evaluate" and k not in PLACES_TO_WRITE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
 
     recorded, recorded_by = recorded_settings(args.model, INHERITED_KEYS, "--model")
     config = cfg.load_config(config_overrides(args), path=getattr(args, "_config_file", None), beneath=recorded)
+    from .tracking.gate import check_handed  # lazy: numpy, urllib/http
+
+    check_handed("evaluate", config["experiment_name"] or None)  # the run it would write, before any download
     device = resolve_device(config["device"])
     console = Console(True)
     kept = kept_settings(recorded, config, cfg.DEFAULTS)
@@ -160,7 +168,7 @@ def _log(args, config, card, console) -> str:
 
     logger = MLflowLogger(config["experiment_name"] or None,
                           run_name=config["run_name"] or f"evaluate {os.path.basename(args.model.rstrip('/'))}",
-                          claim=Claim())
+                          claim=Claim(command="evaluate"))
     try:
         root = Path(os.path.expanduser(str(config["save_path"]))) / EVALUATIONS_FOLDER / logger.run_id
         write_owner(root, logger.owner_token, logger.run_id, logger.experiment_id)

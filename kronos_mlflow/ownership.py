@@ -128,6 +128,7 @@ class Claim:
     token: str | None = None
     named_by: str | None = None
     directory: Path | None = None
+    command: str = "train"  # the command that claims it (kronos_mlflow.tracking.gate.DOORS)
 
     @property
     def resume(self) -> bool:
@@ -161,28 +162,6 @@ def check_writable(run, token: str | None, *, what: str, experiment_id: str | No
     if run.info.status == "FINISHED" and not allow_finished:
         raise OwnershipError(f"{what} names MLflow run {run_id}, which is FINISHED, and a finished run is never written "
                              f"again; nothing was written: {advice}")
-
-
-def check_claimable(run, directory_owner: Owner | None, *, source: str) -> str | None:
-    """A run handed to a new training (``MLFLOW_RUN_ID``: the run ``mlflow run`` or a sweep or a
-    pipeline made for it) may be claimed when it carries no owner yet and is not FINISHED, or when
-    it is the run ``directory_owner`` (this run directory's ``owner.json``) names and carries that
-    token (an earlier attempt in this directory claimed it). Returns the token to keep (None: draw
-    a new one); raises :class:`OwnershipError` otherwise."""
-    run_id = run.info.run_id
-    if run.info.lifecycle_stage == "deleted":
-        raise OwnershipError(f"MLflow run {run_id} ({source}) is deleted; restore it or unset {source}")
-    if run.info.status == "FINISHED":
-        raise OwnershipError(f"MLflow run {run_id} ({source}) is FINISHED, and a finished run is never written again; "
-                             f"nothing was written: unset {source} to start a new run")
-    if run.data.tags.get(TAG) is None:
-        return None
-    if directory_owner is not None and directory_owner.run_id == run_id and owns(run, directory_owner.token):
-        return directory_owner.token
-    where = f" ({directory_owner.directory})" if directory_owner is not None else ""
-    raise OwnershipError(f"MLflow run {run_id} ({source}) already belongs to another training (tag {TAG}), whose "
-                         f"files are not in this run directory{where}; nothing was written: unset {source} to "
-                         "start a new run, or run the command that made it")
 
 
 def evidence(client, run, *, directory_tag: str = "run_directory") -> str | None:

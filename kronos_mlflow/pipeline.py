@@ -134,9 +134,10 @@ def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def check(args) -> None:
+def check(args, command: str = "pipeline", data: DataView | None = None) -> None:
     """Every value, and everything a step would refuse at its start or its end, before any run
-    is made (:func:`check_steps`): one UserError naming the bad value and the step."""
+    is made (:func:`check_steps`): one UserError naming the bad value and the step. The run
+    ``MLFLOW_RUN_ID`` hands to ``command`` is checked first, by the store gate."""
     text = str(args.force).strip().lower()
     if text not in SWITCH:
         raise UserError(f"argument --force: '{checks.shown(args.force)}' is not a switch; expected true or false")
@@ -147,9 +148,12 @@ def check(args) -> None:
     for step in STEPS:
         with _step_named(step):  # the predictor's `epochs` is --predictor-epochs: say which step
             configs[step] = _load(args, check_overrides(args, step))
+    from .tracking.gate import check_handed  # lazy: numpy, urllib/http
+
+    check_handed(command, configs["tokenizer"].get("experiment_name"))  # before any data is read
 
     check_tracking(configs["tokenizer"])  # the parent's experiment (experiment_name, MLFLOW_EXPERIMENT_NAME)
-    check_steps(args, configs)  # the last check: its data cache is written once every check passed
+    check_steps(args, configs, data)  # the last check: its data cache is written once every check passed
 
 
 #: What the predictor step's tokenizer is called while the checks run (its run does not exist yet).
@@ -176,7 +180,7 @@ def _step_named(step: str):
         raise UserError(f"{step} step: {exc}") from None
 
 
-def check_steps(args, configs: Mapping[str, dict]) -> None:
+def check_steps(args, configs: Mapping[str, dict], data: DataView | None = None) -> None:
     """What each step would refuse, before the first child run or data cache: the training
     steps' start (paths, device, processes, speed settings, Comet), their checkpoints (kinds,
     finite weights; the predictor on the tokenizer the first step will hand over: the same
@@ -184,9 +188,10 @@ def check_steps(args, configs: Mapping[str, dict]) -> None:
     validation origins of ``objective: val_skill``), the tokenizer step's training state (unless
     ``--force``; the predictor's run folder is named after the tokenizer step's run, which does
     not exist yet), and the evaluation's test origins and backtest range
-    (:mod:`kronos_mlflow.preflight`)."""
+    (:mod:`kronos_mlflow.preflight`). ``data``: the view of a caller that checks more (a
+    walk-forward's folds): it publishes what was prepared once all of it passed."""
     world = args.nproc_per_node
-    with DataView() as data:
+    with (contextlib.nullcontext(data) if data is not None else DataView()) as data:
         handed = None  # what the step before starts from and hands over: its bits stay
         for index, step in enumerate(names()):
             config = configs[step]
@@ -450,9 +455,11 @@ def run(args: argparse.Namespace) -> int:
         print("[pipeline] check passed: every step's config, checkpoints, data, origins and the tracking server "
               "are usable", flush=True)
         return 0
+    from .tracking.gate import command_run  # lazy: numpy, urllib/http
+
     client, experiment_id = open_store(args)
-    parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, run_name="pipeline").info.run_id
-    client.set_tag(parent_id, "pipeline.role", "parent")
+    parent_id = command_run(client, experiment_id, command="pipeline", run_name="pipeline",
+                            tags={"pipeline.role": "parent"})
     for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
         log_param_once(client, parent_id, key, getattr(args, key))
     pipeline = Pipeline(args, client, experiment_id, parent_id)

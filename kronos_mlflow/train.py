@@ -47,10 +47,9 @@ from .errors import EXIT_USAGE, UserError, same_on_every_rank
 from .flags import add_config_arguments, config_from_args
 from .layout import RunLayout
 from .next_steps import training_lines
-from .ownership import STATE_ADVICE, Claim, OwnershipError, check_claimable, check_writable, read_owner, token_of
+from .ownership import STATE_ADVICE, Claim, OwnershipError, read_owner, token_of
 from .preflight import DataView, check_start, check_training
 from .runlock import WRITER_LOCK, Busy, hold, holder
-from .secrets import redact_uri
 from .settings import check_environment
 from .stages import spec_of
 from .stopping import TrainingStopped
@@ -118,6 +117,7 @@ def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: M
     from .tracking import build_tracking  # lazy: numpy, urllib/http
 
     saved = (resume_state or {}).get("run_ids") or {}
+    command = "train-predictor" if config.get("stage") == "predictor" else "train"
     if rank != 0:
         claim = None
     elif resume_state is not None:
@@ -125,9 +125,9 @@ def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: M
         if not saved.get("mlflow_run_id"):
             raise OwnershipError(f"{named_by} names no MLflow run, so no run wrote it; nothing was written: "
                                  f"{STATE_ADVICE}")
-        claim = Claim(token=token_of(saved), named_by=named_by, directory=layout.root)
+        claim = Claim(token=token_of(saved), named_by=named_by, directory=layout.root, command=command)
     else:  # a new run, or MLFLOW_RUN_ID's (kept with its token when this directory's owner.json claimed it)
-        claim = Claim(directory=layout.root)
+        claim = Claim(directory=layout.root, command=command)
     return build_tracking(config, rank, run_id=saved.get("mlflow_run_id"),
                           comet_experiment_key=saved.get("comet_experiment_key"), resume=resume_state is not None,
                           spool_dir=layout.spool, claim=claim,
@@ -231,39 +231,34 @@ def check_resume(config: Mapping[str, Any], world_size: int) -> dict[str, Any] |
 
 
 def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[str, Any] | None) -> None:
-    """Read only: the run the training would write may be written (:func:`start_tracking`'s rules):
-    a saved state's run carries its token, is in this command's experiment and is not FINISHED;
-    a run ``MLFLOW_RUN_ID`` hands over is not FINISHED nor another training's."""
+    """Read only: the runs the training would write may be written (:func:`start_tracking`'s
+    rules, through :mod:`kronos_mlflow.tracking.gate`): a saved state's run carries its token, is
+    in this command's experiment and is not FINISHED; a run ``MLFLOW_RUN_ID`` hands over passes
+    the gate (with a saved state it only gets a tag saying where the training went: it must be
+    a run ``mlflow run`` made for this launch)."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
-    from .tracking.mlflow import command_experiment  # lazy: numpy, urllib/http
+    from .tracking import gate  # lazy: numpy, urllib/http
 
     client = MlflowClient()
-    store = redact_uri(client.tracking_uri)
+    experiment = gate.command_experiment(client, str(config.get("experiment_name") or "") or None)
+    command = "train-predictor" if config.get("stage") == "predictor" else "train"
     if state is not None:
         saved = state.get("run_ids") or {}
-        named_by = f"the training state in {state['directory']}"
-        run_id = saved.get("mlflow_run_id")
-        try:
-            run = client.get_run(run_id) if run_id else None
-        except MlflowException:
-            run = None
-        if run is None:
-            raise OwnershipError(f"{named_by} names MLflow run {run_id or '(none)'}, which is not in the tracking store "
-                                 f"{store}; nothing was written: point MLFLOW_TRACKING_URI at the store that holds it, "
-                                 f"or {STATE_ADVICE}")
-        check_writable(run, token_of(saved), what=named_by, store=store,
-                       experiment_id=command_experiment(client, str(config.get("experiment_name") or "") or None))
+        run = gate.owned_run(client, saved.get("mlflow_run_id"), token_of(saved),
+                             what=f"the training state in {state['directory']}", experiment_id=experiment,
+                             advice=STATE_ADVICE)
+        launcher = gate.handed_run_id()
+        if launcher and launcher != run.info.run_id:
+            handed = gate.get_run(client, launcher, "MLFLOW_RUN_ID")
+            why = gate.refusal(handed, command=command, experiment_id=None)
+            if why:
+                raise gate.RunRefused(why)
         return
-    launcher = os.environ.get("MLFLOW_RUN_ID", "").strip()
-    if launcher:
-        try:
-            run = client.get_run(launcher)
-        except MlflowException:
-            return  # check_run_target says so
-        root = RunLayout.of(config, world_size).root
-        check_claimable(run, read_owner(root) if root.is_dir() else None, source="MLFLOW_RUN_ID")
+    root = RunLayout.of(config, world_size).root
+    gate.handed_run(client, command=command,
+                    experiment_id=gate.handed_experiment(client, str(config.get("experiment_name") or "") or None),
+                    directory_owner=read_owner(root) if root.is_dir() else None)
 
 
 def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None:
@@ -463,7 +458,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
             print(f"{name}: error: {exc}", file=sys.stderr)
             # the launcher's run (`mlflow run`, a sweep, a pipeline) says why, unless a training
             # already claimed it (its logger then ended it FAILED with this reason)
-            record_failure(f"{name}: error: {exc}")
+            record_failure(f"{name}: error: {exc}", exc)
         elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
             print(f"[rank {rank}] {name}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -30,6 +30,7 @@ and ``test_docs_table_is_current`` fails when it is stale.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -444,6 +445,36 @@ def make_spools(inp: Path, ws: Path) -> None:
            token="e" * 64)
 
 
+def make_handover_runs(inp: Path, ws: Path) -> None:
+    """One-fold walk-forward parents in the workspace's store (tests/handover_runs.py), each with
+    one handed-over file damaged, what a colleague's parent may hold: ``handover_<kind>_parent``
+    (the artifacts in the case's input directory, outside the hashed workspace)."""
+    import handover_runs as hr
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
+    experiment = client.create_experiment("handover", artifact_location=(inp / "artifacts").as_uri())
+    path_like, extra = hr.folds_table(), hr.folds_table()
+    path_like["folds"][0]["fold"] = "../../outside"  # with the plan tag that matches it
+    extra["folds"][0]["surprise"] = 1
+    origins, forecasts = hr.tables()
+    for name, damage in {"path": {"folds_json": path_like}, "json": {"folds_json": b"{not json"},
+                         "key": {"folds_json": extra}, "origins": {"origins": b"origins, as CSV\n"},
+                         "forecasts": {"forecasts": forecasts.assign(step=forecasts["step"] + 0.5)}}.items():
+        hr.log_walkforward(client, experiment, inp / "staging", f"handover_{name}", **damage)
+
+
+def _handover_runs(ws: Path) -> dict[str, str]:
+    """The workspace store's runs named ``handover_...`` (:func:`make_handover_runs`): name -> id."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{ws / 'mlflow.db'}?mode=ro", uri=True)
+    try:
+        return dict(con.execute("SELECT name, run_uuid FROM runs WHERE name LIKE 'handover!_%' ESCAPE '!'"))
+    finally:
+        con.close()
+
+
 def make_all(inp: Path, ws: Path) -> None:
     """Every hostile file, in the case's own input directory (outside the hashed workspace)."""
     make_configs(inp, ws)
@@ -497,6 +528,38 @@ RANGES = _flags({k: v for k, v in DATES.items() if not k.startswith("dataset_")}
 STAGE2 = PIPELINE + ("--config", "{in}/stage2.yaml") + RANGES
 SWEEP2 = SWEEP + ("--stage", "predictor") + BASE
 EVAL2 = CLI + ("evaluate", "--model", "{in}/pair") + BASE
+
+#: Every door of the store gate (kronos_mlflow.tracking.gate.DOORS), as a user runs it: the command
+#: itself (not only --check) and its make. ``test_every_door_is_attacked`` keeps it complete.
+DOOR_COMMANDS: dict[str, tuple[tuple[str, ...], Callable | None]] = {
+    "train": (TRAIN_RUN + BASE + ("--save-path", "{in}/fresh"), None),
+    "train-predictor": (("{py}", "-m", "kronos_mlflow.train_predictor") + BASE
+                        + ("--tokenizer", "{in}/good_ckpt", "--save-path", "{in}/fresh"), make_predictor_5_5),
+    "evaluate": (EVAL2, make_forecaster),
+    "pipeline": (STAGE2, None),
+    "walk-forward": (WALKFORWARD + ("--config", "{in}/stage2.yaml") + RANGES, None),
+    "sweep": (SWEEP + BASE, None),
+}
+#: MLFLOW_RUN_ID naming a run no command may write: (the run's name in the workspace, the needle, in words).
+HOSTILE_RUNS = (("finished", "FINISHED", "a FINISHED run"), ("deleted", "deleted", "a deleted run"),
+                ("elsewhere", "in experiment", "a run of another experiment"),
+                ("busy", "already holds", "a colleague's RUNNING run holding metrics and a note"))
+DOOR_CASES = [
+    *(Case(f"gate-{door}-{name}", "gate", f"`MLFLOW_RUN_ID` of {words}, for `{door}`", argv, needle, make=make,
+           env={"MLFLOW_RUN_ID": "{" + name + "}"})
+      for door, (argv, make) in DOOR_COMMANDS.items() for name, needle, words in HOSTILE_RUNS),
+    *(Case(f"gate-mlproject-{entry}", "gate", f"`MLFLOW_RUN_ID` of a FINISHED run, for `mlflow run . -e {entry}`",
+           (f"<mlproject:{entry}>", "model={in}/pair", "tokenizer={in}/good_ckpt",
+            f"search_space={ROOT / 'sweeps' / 'search_space.yaml'}"), "FINISHED", make=make_forecaster,
+           env={"MLFLOW_RUN_ID": "{finished}"})
+      for entry in ("main", "predictor", "evaluate", "pipeline", "walkforward", "sweep")),
+    Case("gate-pipeline-check", "gate", "`MLFLOW_RUN_ID` of a FINISHED run, `pipeline --check`",
+         STAGE2 + ("--check",), "FINISHED", env={"MLFLOW_RUN_ID": "{finished}"}),
+    Case("gate-sweep-check", "gate", "`MLFLOW_RUN_ID` of a deleted run, `sweep --check`", SWEEP + BASE + ("--check",),
+         "deleted", env={"MLFLOW_RUN_ID": "{deleted}"}),
+    Case("gate-run-id-path", "gate", "`MLFLOW_RUN_ID=../../etc` (not a run id)", STAGE2, "'../../etc'",
+         env={"MLFLOW_RUN_ID": "../../etc"}),
+]
 
 CASES: list[Case] = [
     # --- command-line flags (python -m kronos_mlflow.train --check / kronos-mlflow train --check)
@@ -793,6 +856,7 @@ CASES: list[Case] = [
          make=make_busy_directory),
     Case("run-directory-busy-check", "ownership", "the same, `--check`", TRAIN + BASE + ("--save-path", "{in}/busy"),
          "being written by another process", make=make_busy_directory),
+    *DOOR_CASES,
     # ===== the verdict: its config keys, the sweep's promote rule, kronos-mlflow evaluate-tokenizer
     Case("flag-n-test-iter", "flag", "`--n-test-iter -1`", TRAIN + BASE + ("--n-test-iter", "-1"), "n_test_iter"),
     Case("flag-verdict-min-change", "flag", "`--verdict-min-change 1.5`",
@@ -886,6 +950,51 @@ CASES: list[Case] = [
          PIPELINE + ("--promote", "sometimes"), "sometimes"),
     Case("pipeline-nproc", "pipeline", "`kronos-mlflow pipeline --nproc-per-node 0`",
          PIPELINE + ("--nproc-per-node", "0"), "nproc"),
+    # ===== numbers, lengths and digits with bounds; --check refuses what the command refuses; the demo market
+    Case("bounds-fold-length-huge", "bounds", "`walk-forward --fold-length 99999999999Y` (was an OverflowError "
+         "traceback)", WALKFORWARD + ("--fold-length", "99999999999Y"), "99999999999Y"),
+    Case("bounds-val-length-digits", "bounds", "`walk-forward --val-length` a 5,000-digit number of bars",
+         WALKFORWARD + ("--val-length", "9" * 5000), "val_length"),
+    Case("bounds-embargo-huge", "bounds", "`walk-forward --embargo 1e400`", WALKFORWARD + ("--embargo", "1e400"),
+         "1e400"),
+    Case("bounds-fold-length-arabic-digit", "bounds", "`walk-forward --fold-length ٣M` (an Arabic-Indic 3)",
+         WALKFORWARD + ("--fold-length", "٣M"), "'٣M'"),
+    Case("bounds-epochs-arabic-digit", "bounds", "`--epochs ٣` (Python's int() reads 3)",
+         TRAIN + BASE + ("--epochs", "٣"), "'٣'"),
+    Case("bounds-horizon-superscript", "bounds", "`--eval-horizons 1,²` (str.isdigit() is True for ²)",
+         PREDICT + BASE + ("--eval-horizons", "1,²"), "1,²"),
+    Case("bounds-horizon-digits", "bounds", "`--eval-horizons` a 5,000-digit step (was a ValueError traceback)",
+         PREDICT + BASE + ("--eval-horizons", "9" * 5000), "eval_horizons"),
+    Case("bounds-n-val-iter-overflow", "bounds", "`--n-val-iter 1e400` (beyond every range)",
+         TRAIN + BASE + ("--n-val-iter", "1e400"), "n_val_iter"),
+    Case("bounds-pruner-arabic-digit", "bounds", "`sweep.py --pruner median:n_startup_trials=٣`",
+         SWEEP + ("--pruner", "median:n_startup_trials=٣"), "٣"),
+    Case("bounds-pruner-huge", "bounds", "`sweep.py --pruner hyperband:max_resource=1e300`",
+         SWEEP + ("--pruner", "hyperband:max_resource=1e300"), "max_resource"),
+    Case("bounds-compare-top-arabic-digit", "bounds", "`kronos-mlflow compare --top ٣`",
+         CLI + ("compare", "--top", "٣"), "'٣'"),
+    Case("bounds-demo-symbols-arabic-digit", "bounds", "`kronos-mlflow demo-data --symbols ٨`",
+         CLI + ("demo-data", "--out", "{ws}/demo", "--symbols", "٨"), "'٨'"),
+    Case("check-test-after-data-pipeline", "pipeline", "`pipeline --check --test-time-range 2030-01-01:2030-12-31` "
+         "(after the data, which ends 2021)", STAGE2 + ("--check", "--test-time-range", "2030-01-01:2030-12-31"),
+         "2030-01-01:2030-12-31"),
+    Case("check-test-after-data-evaluate", "evaluate", "`evaluate --check --test-time-range 2030-01-01:2030-12-31`",
+         EVAL2 + ("--check", "--test-time-range", "2030-01-01:2030-12-31"), "2030-01-01:2030-12-31", make=make_forecaster),
+    Case("check-two-day-val-skill", "predictor", "`train-predictor --check --objective val_skill --val-time-range "
+         "2021-07-01:2021-07-02` (shorter than one validation window)",
+         CLI + ("train-predictor", "--check") + BASE + ("--objective", "val_skill", "--val-time-range", "2021-07-01:2021-07-02"),
+         "2021-07-01:2021-07-02"),
+    Case("demo-train-check-refused", "demo data", "`train --check --batch-size 65` on the demo market, not made yet "
+         "(a refusal makes none)", CLI + ("train", "--check") + _flags({**TINY, "dataset_path": "{ws}/cache", "save_path": "{ws}/outputs"})
+         + ("--batch-size", "65"), "batch_size 65"),
+    Case("demo-pipeline-refused", "demo data", "`pipeline --n-train-iter 4` on the demo market, not made yet",
+         CLI + ("pipeline", "--config", "{in}/stage2.yaml", "--n-train-iter", "4"), "batch_size 8"),
+    Case("demo-walkforward-refused", "demo data", "`walk-forward --check --n-train-iter 4` on the demo market, "
+         "not made yet", CLI + ("walk-forward", "--check", "--config", "{in}/stage2.yaml", "--folds", "2",
+                                "--fold-length", "2M", "--n-train-iter", "4"), "batch_size 8"),
+    Case("demo-prepare-refused", "demo data", "`prepare --qlib-data-path '' --instrument nasdaq` (the demo market "
+         "has none)", CLI + ("prepare", "--qlib-data-path", "", "--dataset-path", "{ws}/cache", "--instrument",
+                             "nasdaq"), "nasdaq"),
     # ===== the walk-forward: its fold settings, checked before any run is made
     Case("walkforward-folds", "walk-forward", "`kronos-mlflow walk-forward --folds 0`",
          WALKFORWARD + ("--folds", "0"), "folds: 0"),
@@ -901,6 +1010,23 @@ CASES: list[Case] = [
          WALKFORWARD + ("--parent-run-id", "../x"), "'../x'"),
     Case("walkforward-aggregate-unknown", "walk-forward", "`walk-forward --aggregate <a run id the store lacks>`",
          CLI + ("walk-forward", "--aggregate", UNKNOWN_RUN), UNKNOWN_RUN),
+    # ===== handed-over files: another run's folds.json and scorecard tables, read through one reader each
+    Case("handover-folds-path", "handover", "`walk-forward --aggregate` of a parent whose folds.json numbers a fold "
+         "`../../outside` (a path; its plan tag matches)", CLI + ("walk-forward", "--aggregate",
+                                                                  "{handover_path_parent}"), "'../../outside'",
+         make=make_handover_runs),
+    Case("handover-folds-not-json", "handover", "`walk-forward --aggregate` of a parent whose folds.json is not JSON",
+         CLI + ("walk-forward", "--aggregate", "{handover_json_parent}"), "walkforward/folds.json",
+         make=make_handover_runs),
+    Case("handover-folds-extra-key", "handover", "`walk-forward --aggregate` of a parent whose folds.json has a key "
+         "a fold table never has", CLI + ("walk-forward", "--aggregate", "{handover_key_parent}"), "'surprise'",
+         make=make_handover_runs),
+    Case("handover-origins-not-parquet", "handover", "`walk-forward --aggregate` of a fold whose evaluation run's "
+         "origins.parquet is CSV text", CLI + ("walk-forward", "--aggregate", "{handover_origins_parent}"),
+         "evaluation/origins.parquet", make=make_handover_runs),
+    Case("handover-forecasts-step-float", "handover", "`walk-forward --aggregate` of a fold whose forecasts.parquet "
+         "has fractional steps", CLI + ("walk-forward", "--aggregate", "{handover_forecasts_parent}"),
+         "column step", make=make_handover_runs),
     # ===== stage-two doors: what a step, a trial or the scorecard would refuse, before any run or cache
     Case("pipeline-predictor-is-tokenizer", "pipeline", "`pipeline --pretrained-predictor-path` a tokenizer checkpoint",
          STAGE2 + ("--pretrained-predictor-path", "{in}/good_ckpt"), "holds a tokenizer's config",
@@ -1086,6 +1212,11 @@ def _build_template(root: Path) -> Path:
     deleted = client.create_run("0", run_name="deleted").info.run_id
     client.set_terminated(deleted)
     client.delete_run(deleted)
+    # a colleague's runs: one of another experiment, as mlflow run makes it, and one training now
+    client.create_run(client.create_experiment("colleagues"), run_name="elsewhere",
+                      tags={"mlflow.project.entryPoint": "main"})
+    busy = client.create_run("0", run_name="busy", tags={"mlflow.note.content": "my colleague's notes"}).info.run_id
+    client.log_metric(busy, "train_loss", 1.0)
     (ws / "home").mkdir()
     return ws
 
@@ -1101,14 +1232,15 @@ def _hashes(root: Path) -> dict[str, str]:
     return out
 
 
-def _mlproject_check_command(overrides: dict[str, str]) -> str:
-    """The first (``--check``) half of MLproject's ``main`` command, rendered as ``mlflow run``
-    renders it: every parameter shell-quoted, defaults for those not given."""
+def _mlproject_check_command(overrides: dict[str, str], entry: str = "main") -> str:
+    """The first (``--check``) half of MLproject's ``entry`` command (the whole command when it has
+    one part), rendered as ``mlflow run`` renders it: every parameter shell-quoted, defaults for
+    those not given, overrides only for the parameters the entry point declares."""
     import yaml
 
-    spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"]["main"]
+    spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"][entry]
     values = {name: str(p.get("default", "")) for name, p in spec["parameters"].items()}
-    values.update(overrides)
+    values.update({k: v for k, v in overrides.items() if k in values})
     command = spec["command"].split("&&")[0]
     return command.format(**{k: shlex.quote(v) for k, v in values.items()})
 
@@ -1137,8 +1269,10 @@ class Result:
         text = text.replace(str(self.ws), "<ws>").replace(str(self.inp), "<in>").replace(market, "<market>")
         text = text.replace(finished_run_id(self.ws), "<finished-run-id>").replace(stopped_run_id(self.ws),
                                                                                    "<stopped-run-id>")
-        for name in ("running", "deleted"):
+        for name in ("running", "deleted", "elsewhere", "busy"):
             text = text.replace(_run_named(self.ws, name), f"<{name}-run-id>")
+        for name, run_id in _handover_runs(self.ws).items():
+            text = text.replace(run_id, f"<{name}-run-id>")
         text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
         if os.environ.get("HF_HUB_CACHE"):  # the tests' empty Hugging Face cache (tests/conftest.py)
             text = text.replace(os.environ["HF_HUB_CACHE"], "<hf-cache>")
@@ -1172,20 +1306,26 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
     market = root.parent / "market"
     fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market),
             "finished": finished_run_id(ws), "stopped": stopped_run_id(ws),
-            "running": _run_named(ws, "running"), "deleted": _run_named(ws, "deleted")}
+            "running": _run_named(ws, "running"), "deleted": _run_named(ws, "deleted"),
+            "elsewhere": _run_named(ws, "elsewhere"), "busy": _run_named(ws, "busy"), **_handover_runs(ws)}
     env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     env.update({k: v.format(**fill) for k, v in case.env.items()})
-    if case.argv[0] == "<mlproject>":
+    if case.argv[0].startswith("<mlproject"):
+        entry = case.argv[0][len("<mlproject"):-1].lstrip(":") or "main"
         overrides = {"qlib_data_path": str(market), "config_file": str(inp / "mlproject.yaml"),
                      **{k: v for k, v in DATES.items()}}
-        _write(inp / "mlproject.yaml", "".join(f"{k}: {v}\n" for k, v in {
+        _write(inp / "mlproject.yaml", "".join(f"{k}: {json.dumps(v)}\n" for k, v in {  # quoted: YAML reads off as false
             **TINY, "dataset_path": str(ws / "cache"), "save_path": str(ws / "outputs")}.items()))
         for item in case.argv[1:]:
             key, _, value = item.partition("=")
             overrides[key] = value.format(**fill)
-        words = shlex.split(_mlproject_check_command(overrides))  # as bash splits what mlflow run renders
-        assert words[:3] == ["python", "-m", "kronos_mlflow.train"], words[:3]
+        words = shlex.split(_mlproject_check_command(overrides, entry))  # as bash splits what mlflow run renders
+        assert words[0] == "python", words[:3]
         argv = [sys.executable, *words[1:]]
+        if argv[1:3] == ["-m", "kronos_mlflow"]:  # python -m kronos_mlflow COMMAND: the console script's main
+            argv = ["kronos-mlflow", *argv[3:]]
+        elif argv[1] == "sweeps/sweep.py":
+            argv[1] = str(ROOT / "sweeps" / "sweep.py")
     else:
         argv = [a.format(**fill) for a in case.argv]
     entry, script_argv = entry_of(argv)
@@ -1276,6 +1416,20 @@ def test_there_are_enough_cases_across_all_areas():
     assert len(CASES) >= 76 and len({c.id for c in CASES}) == len(CASES)
     assert {c.area for c in CASES} >= {"flag", "MLproject", "config file", "Qlib dir", "CSV", "checkpoint", "sweep",
                                        "tracking", "spool", "demo data"}
+
+
+def test_every_door_is_attacked():
+    """Each command the store gate lets write a handed-over run, and each MLproject entry point, is
+    run with MLFLOW_RUN_ID of every kind of run it must refuse."""
+    import yaml
+
+    from kronos_mlflow.tracking import gate
+
+    assert set(DOOR_COMMANDS) == set(gate.DOORS)
+    entries = set(yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"])
+    assert {c.argv[0][len("<mlproject:"):-1] for c in DOOR_CASES if c.argv[0].startswith("<mlproject:")} == entries
+    attacked = {(c.id.split("-")[1], c.env["MLFLOW_RUN_ID"]) for c in DOOR_CASES}
+    assert len(DOOR_CASES) >= len(gate.DOORS) * len(HOSTILE_RUNS) + len(entries) and len(attacked) > 0
 
 
 def promise_broken(r: Result) -> str | None:

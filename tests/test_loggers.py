@@ -305,7 +305,8 @@ def test_mlflow_attaches_to_mlflow_run_id(env, client):
     parent = client.create_run(experiment_id, run_name="made-by-mlflow-run")
     client.log_param(parent.info.run_id, "epochs", "2")
     env.setenv("MLFLOW_RUN_ID", parent.info.run_id)
-    env.setenv("MLFLOW_EXPERIMENT_NAME", "some-other-experiment")  # the run wins
+    env.setenv("MLFLOW_EXPERIMENT_ID", experiment_id)  # as mlflow run sets it
+    env.setenv("MLFLOW_EXPERIMENT_NAME", "some-other-experiment")  # the shell's: the run (and its id) win
     before = len(client.search_runs([experiment_id]))
     logger = MLflowLogger(run_name=None)
     assert logger.run_id == parent.info.run_id and logger.experiment_id == experiment_id

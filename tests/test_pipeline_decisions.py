@@ -32,6 +32,7 @@ from tiny_runs import TINY, create_sqlite_store, isolate, write_config
 from kronos_mlflow import pipeline as pipeline_module
 from kronos_mlflow.keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
 from kronos_mlflow.pipeline import TAG_STEP, Pipeline, StepFailed, training_step
+from kronos_mlflow.tracking.gate import HANDOVER_ENV
 
 SIZES = {"epochs": 2, "predictor_epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36}
 NAME = "kr"  # --registered-model-name
@@ -115,6 +116,7 @@ class World:
         (``state``), its best checkpoint logged as ``best_model`` (``model``; a predictor's
         forecaster holds ``tokenizer_dir``), ended ``end`` (success, killed, failed)."""
         from kronos_mlflow.child_runs import create_child
+        from kronos_mlflow.tracking.gate import handover_env
         from kronos_mlflow.config import run_params
         from kronos_mlflow.layout import RunLayout
         from kronos_mlflow.model import KronosTokenizer
@@ -130,7 +132,8 @@ class World:
                 child = create_child(self.client, self.experiment_id, earlier, f"pipeline {step.name}",
                                      {TAG_STEP: step.name, "config_digest": step.digest,
                                       "data_digest": step.data_digest})
-                mp.setenv("MLFLOW_RUN_ID", child)
+                for key, value in handover_env(child).items():  # as child_env hands it to the step's process
+                    mp.setenv(key, value)
             mp.setenv("MLFLOW_EXPERIMENT_ID", self.experiment_id)
             tracking = start_tracking(step.config, 0, layout, None)
         logger = tracking.logger
@@ -269,6 +272,7 @@ def test_an_owned_evaluation_is_reused_only_with_its_scorecard(world, capsys):
     """The evaluation step's run, claimed as ``kronos-mlflow evaluate`` claims it (a run
     directory of its own with owner.json): reused when it holds evaluation/scorecard.json."""
     from kronos_mlflow.child_runs import create_child
+    from kronos_mlflow.tracking.gate import handover_env
     from kronos_mlflow.evaluate import EVALUATIONS_FOLDER
     from kronos_mlflow.ownership import Claim, write_owner
     from kronos_mlflow.pipeline import evaluation_step
@@ -281,8 +285,10 @@ def test_an_owned_evaluation_is_reused_only_with_its_scorecard(world, capsys):
         child = create_child(world.client, world.experiment_id, world.pipeline().parent_id, "pipeline evaluation",
                              {TAG_STEP: "evaluation", "config_digest": step.digest, "data_digest": step.data_digest})
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MLFLOW_RUN_ID", child)
-            logger = MLflowLogger(None, run_name="evaluate", claim=Claim())
+            for key, value in handover_env(child).items():  # as child_env hands it to the step's process
+                mp.setenv(key, value)
+            mp.setenv("MLFLOW_EXPERIMENT_ID", world.experiment_id)
+            logger = MLflowLogger(None, run_name="evaluate", claim=Claim(command="evaluate"))
         root = Path(step.config["save_path"]) / EVALUATIONS_FOLDER / logger.run_id
         write_owner(root, logger.owner_token, logger.run_id, logger.experiment_id)
         logger.set_tags({"run_directory": str(root.resolve())})
@@ -393,6 +399,7 @@ def test_a_training_that_resumed_a_stand_alone_run_makes_that_run_the_step_only_
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("MLFLOW_RUN_ID", run_id)
             mp.setenv("MLFLOW_EXPERIMENT_ID", env["MLFLOW_EXPERIMENT_ID"])
+            mp.setenv(HANDOVER_ENV, env[HANDOVER_ENV])  # the token the pipeline handed its child
             from kronos_mlflow.train import start_tracking
 
             tracking = start_tracking(step.config, 0, layout, state)

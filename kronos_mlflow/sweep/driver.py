@@ -40,6 +40,7 @@ from ..preflight import DataView, check_processes, check_start, check_tracking, 
 from ..settings import check_environment
 from ..stages import get, spec_of
 from ..tracking.comet import check_comet
+from ..tracking.gate import check_handed, command_run, named_run
 from ..tracking.project_run import end_failed, end_run, record_failure
 from ..tracking.server import ensure_sqlite_store
 from .champion import PROMOTE, best_trial_record, set_champion
@@ -438,6 +439,8 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     check_space(space, train_flags, config)
     args.storage = args.storage or default_storage()
     pruner = make_pruner(args.pruner)
+    experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    check_handed("sweep", experiment_name or None)  # the run MLFLOW_RUN_ID hands over, before any data is read
     check_tracking({**config, "experiment_name": args.experiment_name or config.get("experiment_name") or ""})
     check_trials(args, config)  # the last check: its data cache is written once every check passed
     if args.check:
@@ -454,19 +457,14 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
 
     ensure_sqlite_store(mlflow.get_tracking_uri())  # created once, whatever number of workers start together
     client = MlflowClient()
-    experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     experiment_id = experiment_id_of(client, experiment_name)
-    # `mlflow run -e sweep` already made a run for this process: it becomes the parent.
-    parent_id = os.environ.get("MLFLOW_RUN_ID")
+    # `mlflow run -e sweep` already made a run for this process: it becomes the parent (the store gate checks it).
     parent_tags = {"optuna.study_name": study.study_name, "sweep.role": "parent", "sweep.objective": objective,
                    "optuna.storage": redact_url(args.storage)}
 
     parent_tags.update(study_tags(args.storage, study.study_name))  # how to open the study's dashboard
-    if parent_id:
-        for k, v in parent_tags.items():
-            client.set_tag(parent_id, k, v)
-    else:
-        parent_id = client.create_run(experiment_id, run_name=f"sweep {study.study_name}", tags=parent_tags).info.run_id
+    parent_id = command_run(client, experiment_id, command="sweep", run_name=f"sweep {study.study_name}",
+                            tags=parent_tags)
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
                        "promote": args.promote, "objective": objective,
@@ -510,6 +508,7 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
                 client.set_tag(parent_id, key, str(value))
             best_run = best.user_attrs.get("mlflow_run_id")
             if best_run:
+                best_run = named_run(client, best_run, f"best trial {best.number}").info.run_id
                 client.set_tag(parent_id, "best_run", best_run)
                 _show_best_trial_test(client, parent_id, best_run)
             if args.registered_model_name:
@@ -524,8 +523,8 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
         best = None
         if complete:
             trial = study.best_trial
-            run_id = trial.user_attrs.get("mlflow_run_id")
-            verdict = client.get_run(run_id).data.tags.get("verdict") if run_id else None
+            run_id = trial.user_attrs.get("mlflow_run_id")  # the study's storage is input too: a name, checked
+            verdict = named_run(client, run_id, f"best trial {trial.number}").data.tags.get("verdict") if run_id else None
             best = {"number": trial.number, "value": trial.value, "run_id": run_id, "verdict": verdict}
         parent = client.get_run(parent_id)
         for line in sweep_lines(parent_id=parent_id, experiment_id=parent.info.experiment_id,
@@ -562,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sweep(argv)
     except UserError as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
-        record_failure(f"sweep: error: {exc}")  # under `mlflow run -e sweep`: the parent's failure_reason
+        record_failure(f"sweep: error: {exc}", exc)  # under `mlflow run -e sweep`: the parent's failure_reason
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("sweep: interrupted", file=sys.stderr)

@@ -14,13 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UserError, short_reason
-from ..ownership import (STATE_ADVICE, TAG, Claim, OwnershipError, check_claimable, check_writable, new_token,
-                         read_owner, token_hash, write_owner)
+from ..ownership import (STATE_ADVICE, TAG, Claim, OwnershipError, check_writable, new_token, read_owner, token_hash,
+                         write_owner)
 from ..secrets import redact, redact_uri, scrub_params, secret_values
 from ..validate import mlflow_experiment_name
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import (FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line,
                        same_param)
+from .gate import RunRefused, command_experiment as gate_experiment, handed_experiment, new_run, refusal
 from .server import ensure_sqlite_store, hide_uri_printing, mlflow_limits, probe_tracking_server
 
 log = logging.getLogger("kronos_mlflow.tracking")
@@ -114,8 +115,12 @@ class MLflowLogger(OutageQueue):
                 self._check_launcher_run(launcher_run_id)
             run = self._attach(run_id, run_name, claim=claim, experiment_name=experiment_name)
             self.attached = True
-        elif run_id or launcher_run_id:
-            run = self._attach(run_id or launcher_run_id, run_name, claim=claim)
+        elif run_id:  # opened by its id from Python
+            run = self._attach(run_id, run_name, claim=claim)
+            self.attached = True
+        elif launcher_run_id:  # handed over: through the store gate
+            run = self._attach(launcher_run_id, run_name, claim=claim or Claim(), experiment_name=experiment_name,
+                               handed=True)
             self.attached = True
         else:
             run = self._create(experiment_name, run_name, user_tags, claim)
@@ -142,7 +147,9 @@ class MLflowLogger(OutageQueue):
             run = self.client.get_run(launcher_run_id)
         except MlflowException:
             return  # named nowhere else: _point_launcher_run reports it and goes on
-        check_claimable(run, None, source="MLFLOW_RUN_ID")
+        why = refusal(run, command="train", experiment_id=None)
+        if why:
+            raise RunRefused(why)
 
     def _point_launcher_run(self, launcher_run_id: str) -> None:
         """A resumed training continues its saved run; the run ``mlflow run`` (or a sweep) made for
@@ -161,11 +168,11 @@ class MLflowLogger(OutageQueue):
     # ---- run resolution -------------------------------------------------------------------
 
     def _attach(self, run_id: str, run_name: str | None, *, claim: Claim | None = None,
-                experiment_name: str | None = None):
+                experiment_name: str | None = None, handed: bool = False):
         """Open an existing run: the one a training state names (``claim.resume``: it must carry
         the state's token, be in this command's experiment and not be FINISHED), or the one
-        ``MLFLOW_RUN_ID`` hands over (claimed when it carries no owner yet; see
-        :func:`kronos_mlflow.ownership.check_claimable`). Every check comes before any write."""
+        ``MLFLOW_RUN_ID`` hands over (``handed``: the store gate's rules,
+        :func:`kronos_mlflow.tracking.refusal`). Every check comes before any write."""
         from mlflow.exceptions import MlflowException
 
         source = claim.named_by if claim is not None and claim.resume else "MLFLOW_RUN_ID"
@@ -189,9 +196,15 @@ class MLflowLogger(OutageQueue):
             check_writable(run, claim.token, what=source, store=redact_uri(self.tracking_uri),
                            experiment_id=command_experiment(self.client, experiment_name))
             token = claim.token
-        elif claim is not None:
+        elif handed:
+            claim = claim or Claim()
             owner = read_owner(claim.directory) if claim.directory is not None else None
-            token = check_claimable(run, owner, source="MLFLOW_RUN_ID") or claim.token or new_token()
+            why = refusal(run, command=claim.command, directory_owner=owner,
+                               experiment_id=handed_experiment(self.client, experiment_name))
+            if why:
+                raise RunRefused(why)
+            token = owner.token if owner is not None and owner.run_id == run_id and TAG in run.data.tags else None
+            token = token or claim.token or new_token()
             if claim.directory is not None:  # before the tag: a restart finds the claim it made
                 write_owner(claim.directory, token, run_id, run.info.experiment_id)
         elif TAG not in run.data.tags and run.info.status != "FINISHED":
@@ -276,7 +289,7 @@ class MLflowLogger(OutageQueue):
         if claim is not None and claim.directory is not None:  # the claim first: a restart finds its token
             write_owner(claim.directory, self.owner_token, None, experiment_id)
         run_tags[TAG] = token_hash(self.owner_token)  # the run is created owned: no moment without it
-        run = self.client.create_run(experiment_id, run_name=run_name or None, tags=run_tags)
+        run = new_run(self.client, experiment_id, run_name=run_name, tags=run_tags)
         if claim is not None and claim.directory is not None:
             write_owner(claim.directory, self.owner_token, run.info.run_id, experiment_id)
         return run
@@ -474,18 +487,8 @@ class MLflowLogger(OutageQueue):
 
 
 def command_experiment(client, experiment_name: str | None) -> str:
-    """The experiment a command logs to (as :class:`MLflowLogger` picks it: ``experiment_name``,
-    ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_EXPERIMENT_ID``, the default), read only: a named
-    experiment that does not exist yet is given as ``'<name>' (not created)``."""
-    name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
-    if name:
-        experiment = client.get_experiment_by_name(name)
-        return experiment.experiment_id if experiment is not None else f"'{name}' (not created)"
-    if os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip():
-        return os.environ["MLFLOW_EXPERIMENT_ID"].strip()
-    from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
-
-    return DEFAULT_EXPERIMENT_ID
+    """The experiment a command logs to, read only (:func:`kronos_mlflow.tracking.gate.command_experiment`)."""
+    return gate_experiment(client, experiment_name)
 
 
 def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None) -> None:

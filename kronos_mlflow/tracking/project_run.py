@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import os
 
-from ..ownership import TAG as OWNER_TAG
 from ..secrets import redact
 from .protocol import FAILURE_REASON_MAX_CHARS, one_line
 from .server import hide_uri_printing
 
 
-def record_failure(line: str) -> bool:
-    """Tag the run of ``MLFLOW_RUN_ID`` (if set, still RUNNING and not yet claimed by a training:
-    :mod:`kronos_mlflow.ownership`) with ``failure_reason`` = ``line`` and end it FAILED. Best
+def record_failure(line: str, exc: BaseException | None = None) -> bool:
+    """Tag the run of ``MLFLOW_RUN_ID`` with ``failure_reason`` = ``line`` and end it FAILED, when
+    it is still RUNNING and the store gate lets this command write it (a bare run ``mlflow run``
+    made, or one handed over by this project: :func:`kronos_mlflow.tracking.gate.refusal`; never a
+    training's own run, which records its own end, nor a run the gate refused: ``exc``). Best
     effort: returns whether it was recorded; never raises."""
+    from .gate import RunRefused, refusal  # lazy: keeps this module's import light (the launcher imports it)
+
     run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
-    if not run_id:
+    if not run_id or isinstance(exc, RunRefused):
         return False
     try:
         from mlflow import MlflowClient
@@ -31,8 +34,8 @@ def record_failure(line: str) -> bool:
         client = MlflowClient()
         hide_uri_printing(client.tracking_uri)
         run = client.get_run(run_id)
-        if run.info.status not in ("RUNNING", "SCHEDULED") or OWNER_TAG in run.data.tags:
-            return False  # ended, or a training's own run (it records its own end): not ours to end
+        if run.info.status not in ("RUNNING", "SCHEDULED") or refusal(run, command=None, experiment_id=None):
+            return False  # ended, a training's own run, or not this command's to write
         end_failed(client, run_id, line)
         return True
     except Exception:  # noqa: BLE001 - the error line on stderr is what matters

@@ -24,20 +24,20 @@ import copy
 import json
 import math
 import os
-import re
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .. import pipeline as pl, validate as checks
+from .. import handover, names, pipeline as pl, validate as checks
 from ..child_runs import create_child, log_param_once
 from ..config import format_time_range
-from ..data.prepare import provide_qlib_data
+from ..data.prepare import market_calendar
 from ..errors import UserError
+from ..preflight import DataView
+from ..ownership import OwnershipError
 from ..next_steps import look_command
 from ..pipeline_champions import move_champions
-from ..tracking.server import ensure_sqlite_store
 from . import aggregate as agg, folds as fl
 
 ROLE_TAG, FOLD_TAG, PLAN_TAG = "walkforward.role", "walkforward.fold", "walkforward.plan_digest"
@@ -74,9 +74,9 @@ def settings_of(args) -> fl.Settings:
 
 
 def calendar_of(config) -> np.ndarray:
-    """The market's calendar (the front door: the demo market is made here when asked for)."""
-    path = provide_qlib_data(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
-    return np.array([line.strip() for line in path.read_text().splitlines() if line.strip()], dtype="datetime64[s]")
+    """The market's calendar; the demo market's is computed when it is not made yet (it is made
+    once every fold's check passed: :class:`~kronos_mlflow.preflight.DataView`)."""
+    return market_calendar(config)
 
 
 def fold_args(args, folds: list[fl.Fold], settings: fl.Settings, fold: fl.Fold):
@@ -99,58 +99,44 @@ def plan_of(args) -> tuple[fl.Settings, list[fl.Fold], int]:
 
 
 def check_folds(args, folds, settings, only: int) -> None:
-    """Every fold's pipeline checks (:func:`kronos_mlflow.pipeline.check`), naming the fold."""
-    for fold in folds:
-        if only and fold.fold != only:
-            continue
-        checked = fold_args(args, folds, settings, fold)
-        try:
-            pl.check(checked)
-        except UserError as exc:
-            raise UserError(f"fold {fold.fold}: {exc}") from None
-        args.force, args.nproc_per_node = checked.force, checked.nproc_per_node  # as the check read them
+    """Every fold's pipeline checks (:func:`kronos_mlflow.pipeline.check`), naming the fold, on
+    one data view: the folds' data caches (and the demo market) are written once all passed."""
+    with DataView() as data:
+        for fold in folds:
+            if only and fold.fold != only:
+                continue
+            check_fold(args, folds, settings, fold, data)
 
 
-#: What MLflow's run ids look like (``uuid4().hex``): anything else is refused before a store is opened.
-RUN_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def run_id_of(flag: str, value: str) -> str:
-    text = str(value).strip()
-    if not RUN_ID.fullmatch(text):
-        raise UserError(f"{flag} '{checks.shown(value)}' is not an MLflow run id; expected the 32 hex characters of "
-                        "the parent run id a walk-forward command printed")
-    return text
-
-
-def store_client(flag: str, run_id: str):
-    """The tracking store's client for ``flag run_id``; a sqlite store that does not exist is
-    refused, not made."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    uri = mlflow.get_tracking_uri()
-    path = checks.sqlite_path(uri)
-    if path is not None and not path.is_file():
-        raise UserError(f"{flag} {run_id}: the tracking store {path} does not exist, so it holds no walk-forward "
-                        "parent; expected the MLFLOW_TRACKING_URI the walk-forward ran on")
-    ensure_sqlite_store(uri)
-    return MlflowClient()
+def check_fold(args, folds, settings, fold, data) -> None:
+    """One fold's pipeline checks, a refusal naming the fold."""
+    checked = fold_args(args, folds, settings, fold)
+    try:
+        pl.check(checked, "walk-forward", data)
+    except OwnershipError:
+        raise  # the store gate's refusal names the run, not a fold
+    except UserError as exc:
+        raise UserError(f"fold {fold.fold}: {exc}") from None
+    args.force, args.nproc_per_node = checked.force, checked.nproc_per_node  # as the check read them
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..tracking import gate  # lazy: numpy, urllib/http
+
     if args.aggregate:
-        run_id = run_id_of("--aggregate", args.aggregate)
-        return aggregate_parent(store_client("--aggregate", run_id), run_id, args)
+        run_id = names.run_id(args.aggregate, "--aggregate")
+        return aggregate_parent(gate.reader(f"--aggregate {run_id}"), run_id, args)
     if args.parent_run_id:
-        args.parent_run_id = run_id_of("--parent-run-id", args.parent_run_id)
+        args.parent_run_id = names.run_id(args.parent_run_id, "--parent-run-id")
+    if gate.handed_run_id():  # the run MLFLOW_RUN_ID hands over, before the fold table reads any data
+        gate.check_handed("walk-forward", pl.step_config(args, "tokenizer").get("experiment_name"))
     settings, folds, only = plan_of(args)
     print(f"[walk-forward] {fl.describe(folds)}, {settings.mode}, retraining {settings.retrain}:", flush=True)
     print(fl.table(folds), flush=True)
-    check_folds(args, folds, settings, only)
     if args.parent_run_id:  # before any run is made, with --check too
-        checked_parent(store_client("--parent-run-id", args.parent_run_id), args.parent_run_id,
+        checked_parent(gate.reader(f"--parent-run-id {args.parent_run_id}"), args.parent_run_id,
                        fl.plan_digest(folds, settings))
+    check_folds(args, folds, settings, only)  # the last check: its data (and demo market) written once all passed
     if args.check:
         print("[walk-forward] check passed: every fold's config, checkpoints, data, origins and the tracking server "
               "are usable", flush=True)
@@ -160,44 +146,49 @@ def run(args: argparse.Namespace) -> int:
     return run_folds(client, experiment_id, parent_id, args, folds, settings, only)
 
 
-def parent_run(client, flag: str, run_id: str):
-    """The run ``run_id`` names (``--aggregate``, ``--parent-run-id``), or one UserError naming it."""
-    from mlflow.exceptions import MlflowException
+def parent_rule(digest: str | None):
+    """Why a run is not a walk-forward parent (of the fold table ``digest``, when given): for the
+    store gate's :func:`~kronos_mlflow.tracking.gate.continued_parent`. A walk-forward's own rule
+    lets a FINISHED parent take another fold or be aggregated again."""
 
-    try:
-        return client.get_run(run_id)
-    except MlflowException as exc:
-        if getattr(exc, "error_code", "") not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise
-    raise UserError(f"{flag} {checks.shown(run_id)}: the tracking store has no such run; expected the parent run id "
-                    "a walk-forward command printed (on this MLFLOW_TRACKING_URI)")
+    def why(run) -> str | None:
+        if run.data.tags.get(ROLE_TAG) != "parent":
+            return (f"the run is not a walk-forward parent (no {ROLE_TAG} tag); expected the parent run id a "
+                    "walk-forward command printed")
+        if digest is not None and run.data.tags.get(PLAN_TAG) != digest:
+            return (f"the run is not a walk-forward parent of this fold table (its {PLAN_TAG} tag differs); expected "
+                    "the parent that printed the same fold table, or no --parent-run-id for a new one")
+        return None
+
+    return why
 
 
 def checked_parent(client, run_id: str, digest: str):
     """``--parent-run-id``'s run, when it is a walk-forward parent of this very fold table."""
-    run = parent_run(client, "--parent-run-id", run_id)
-    if run.data.tags.get(ROLE_TAG) != "parent" or run.data.tags.get(PLAN_TAG) != digest:
-        raise UserError(f"--parent-run-id {run_id} is not a walk-forward parent of this fold table "
-                        f"(its {PLAN_TAG} tag differs); expected the parent that printed the same fold table, or "
-                        "no --parent-run-id for a new one")
-    return run
+    from ..tracking import gate  # lazy: numpy, urllib/http
+
+    return gate.continued_parent(client, run_id, flag="--parent-run-id", experiment_id=None, rule=parent_rule(digest))
 
 
 def open_parent(client, experiment_id: str, args, folds, settings) -> str:
     """The walk-forward parent: ``--parent-run-id`` (checked: a walk-forward parent of this very
     fold table), ``MLFLOW_RUN_ID`` under ``mlflow run``, else a new run."""
+    from ..tracking import gate  # lazy: numpy, urllib/http
+
     digest = fl.plan_digest(folds, settings)
     if args.parent_run_id:
         run = checked_parent(client, args.parent_run_id, digest)
         parent_id = args.parent_run_id
+        launcher = gate.handed_run_id()
+        if launcher and launcher != parent_id:  # mlflow run's own run: it says where its fold went
+            gate.handed_run(client, command="walk-forward",
+                            experiment_id=os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip() or experiment_id)
         if run.info.status != "RUNNING":
             client.update_run(parent_id, "RUNNING")
-        launcher = os.environ.get("MLFLOW_RUN_ID")
-        if launcher and launcher != parent_id:  # mlflow run's own run: it says where its fold went
+        if launcher and launcher != parent_id:
             client.set_tag(launcher, "walkforward.ran_into", parent_id)
     else:
-        parent_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id,
-                                                                          run_name="walk-forward").info.run_id
+        parent_id = gate.command_run(client, experiment_id, command="walk-forward", run_name="walk-forward")
     client.set_tag(parent_id, ROLE_TAG, "parent")
     client.set_tag(parent_id, PLAN_TAG, digest)
     for key, value in (("folds", settings.folds), ("fold_length", settings.fold_length),
@@ -257,6 +248,8 @@ def evaluation_runs(client, parent_id: str, folds) -> dict[int, str]:
     """Fold -> its evaluation run, read from the parent's fold runs and checked: each fold run is
     a FINISHED child of ``parent_id`` with this fold's ranges, whose evaluation run FINISHED
     scoring exactly the fold's test range. A tag naming a run is a claim; this is the proof."""
+    from ..tracking import gate  # lazy: numpy, urllib/http
+
     out = {}
     tags = client.get_run(parent_id).data.tags
     for fold in folds:
@@ -264,14 +257,16 @@ def evaluation_runs(client, parent_id: str, folds) -> dict[int, str]:
         if not fold_id:
             raise UserError(f"walk-forward {parent_id}: fold {fold.fold} has not run; expected every fold (run it with "
                             f"--fold {fold.fold} --parent-run-id {parent_id})")
-        run = client.get_run(fold_id)
+        run = gate.named_run(client, fold_id, f"walk-forward {parent_id}: its tag walkforward.fold{fold.fold}_run_id")
+        fold_id = run.info.run_id
         want = format_time_range(fold.ranges["test_time_range"])
         problem = (f"it is {run.info.status}" if run.info.status != "FINISHED" else
                    "it is not this parent's" if run.data.tags.get("mlflow.parentRunId") != parent_id else
                    "its test range differs" if run.data.params.get("test_time_range") != want else "")
         evaluation = run.data.tags.get("pipeline.evaluation_run_id", "")
         if not problem:
-            scored = client.get_run(evaluation) if evaluation else None
+            where = f"walk-forward {parent_id}: fold {fold.fold}'s run {fold_id}, its tag pipeline.evaluation_run_id"
+            scored = gate.named_run(client, evaluation, where) if evaluation else None
             problem = ("it has no evaluation run" if scored is None else
                        f"its evaluation run {evaluation} is {scored.info.status}" if scored.info.status != "FINISHED"
                        else f"its evaluation run {evaluation} scored {scored.data.params.get('test_time_range')}"
@@ -284,16 +279,14 @@ def evaluation_runs(client, parent_id: str, folds) -> dict[int, str]:
 
 
 def _fold_result(client, fold: fl.Fold, run_id: str, scratch: Path) -> agg.FoldResult:
-    import mlflow
-    import pandas as pd
-
+    """One fold's evaluation run with its two tables, each downloaded into a folder of its own
+    under ``scratch`` and read through its reader (:mod:`kronos_mlflow.handover`)."""
     run = client.get_run(run_id)
     frames = {}
-    for name in ("origins", "forecasts"):
-        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"evaluation/{name}.parquet",
-                                                    dst_path=str(scratch / str(fold.fold)),
-                                                    tracking_uri=client.tracking_uri)
-        frames[name] = pd.read_parquet(local)
+    for name, artifact, read in (("origins", handover.ORIGINS_PARQUET, handover.read_origins),
+                                 ("forecasts", handover.FORECASTS_PARQUET, handover.read_forecasts)):
+        where = f"fold {fold.fold}'s evaluation run {run_id}"
+        frames[name] = read(handover.download(client, run_id, artifact, scratch, where), f"{where}: its {artifact}")
     return agg.FoldResult(fold=fold.fold, run_id=run_id, test_period=fold.test, metrics=dict(run.data.metrics),
                           tags=dict(run.data.tags), origins=frames["origins"], forecasts=frames["forecasts"])
 
@@ -305,8 +298,8 @@ def aggregate(client, parent_id: str, folds, runs: dict[int, str]) -> dict:
         scratch = Path(tmp)
         results = [_fold_result(client, fold, runs[fold.fold], scratch) for fold in folds]
         params = client.get_run(runs[folds[0].fold]).data.params  # the scorecard's rule, as the folds recorded it
-        summary = agg.summarize(results, float(params.get("verdict_min_change") or 0.0),
-                                params.get("bootstrap_unit") or "date")
+        summary = agg.summarize(results, *handover.scorecard_rule(params, f"fold {folds[0].fold}'s evaluation run "
+                                                                          f"{runs[folds[0].fold]}"))
         for key, value in summary["metrics"].items():
             if math.isfinite(value):  # an interval a single fold cannot give stays out, as the scorecard leaves it
                 client.log_metric(parent_id, key, value)
@@ -350,18 +343,12 @@ def champion(client, parent_id: str, summary: dict, last, args) -> None:
 
 def aggregate_parent(client, parent_id: str, args) -> int:
     """``--aggregate RUN_ID``: the parent's folds (from its own folds.json and fold runs) pooled again."""
-    run = parent_run(client, "--aggregate", parent_id)
-    if run.data.tags.get(ROLE_TAG) != "parent":
-        raise UserError(f"--aggregate {parent_id}: the run is not a walk-forward parent (no {ROLE_TAG} tag); expected "
-                        "the run id a walk-forward command printed")
-    import mlflow
+    from ..tracking import gate  # lazy: numpy, urllib/http
 
-    with tempfile.TemporaryDirectory() as tmp:
-        local = mlflow.artifacts.download_artifacts(run_id=parent_id, artifact_path="walkforward/folds.json",
-                                                    dst_path=tmp, tracking_uri=client.tracking_uri)
-        table = json.loads(Path(local).read_text())
-    settings = fl.Settings(**table["settings"])
-    folds = [fl.Fold(**{**f, **{k: tuple(f[k]) for k in ("train", "val", "test")}}) for f in table["folds"]]
+    run = gate.continued_parent(client, parent_id, flag="--aggregate", experiment_id=None, rule=parent_rule(None))
+    with tempfile.TemporaryDirectory(prefix="kronos-walkforward-") as tmp:  # checked before any fold's download
+        local = handover.download(client, parent_id, handover.FOLDS_JSON, tmp, f"--aggregate {parent_id}")
+        settings, folds = fl.read_folds_json(local, f"--aggregate {parent_id}: its {handover.FOLDS_JSON}")
     if fl.plan_digest(folds, settings) != run.data.tags.get(PLAN_TAG):
         raise UserError(f"--aggregate {parent_id}: its walkforward/folds.json does not match its {PLAN_TAG} tag; "
                         "expected the files the walk-forward command logged")

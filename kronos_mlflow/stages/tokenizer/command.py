@@ -20,6 +20,8 @@ A MODEL that names a run (``runs:/``, ``models:/``) is scored, by default, on th
 and at its sizes: every key of :data:`INHERITED_KEYS` the run recorded is the default under
 the config file and the flags (a console line names those that differ from the defaults), so
 ``evaluate-tokenizer runs:/<id>/best_model`` scores the windows the run's own verdict scored.
+Where it writes (the data cache, ``dataset_path``) is never the run's: always this command's
+flags, config file or default.
 Every argument is checked before anything is downloaded: the flags, the store and the run,
 then ``--base`` is loaded, then MODEL.
 """
@@ -38,7 +40,7 @@ from ...distributed import resolve_device
 from ...errors import UserError
 from ...evaluation.heldout import compare_on
 from ...evaluation.sources import ACCEPTED, kept_settings, recorded_settings, resolve_tokenizer
-from ...stage_keys import DATA_WINDOW_KEYS
+from ...stage_keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
 from ...evaluation.verdict import HeldOut, percent
 from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
 from ...keys import TEST_WINDOWS_DIGEST_TAG
@@ -52,8 +54,10 @@ DATA_KEYS = (
 )
 
 
-#: What MODEL's run decides unless a flag or the config file says otherwise: its data, windows and sizes.
-INHERITED_KEYS = (*DATA_WINDOW_KEYS, "n_test_iter", "n_val_iter", "batch_size", "verdict_min_change")
+#: What MODEL's run decides unless a flag or the config file says otherwise: its data, windows and
+#: sizes; never a place to write (``dataset_path``: the data cache is this command's own).
+INHERITED_KEYS = tuple(k for k in (*DATA_WINDOW_KEYS, "n_test_iter", "n_val_iter", "batch_size", "verdict_min_change")
+                       if k not in PLACES_TO_WRITE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,8 +161,9 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
     tags = {"evaluation.split": args.split, TEST_WINDOWS_DIGEST_TAG: result.windows_digest}
     if result.verdict:
         tags.update(result.tags())
-    run = client.create_run(experiment_id, run_name=f"evaluate {os.path.basename(args.model.rstrip('/'))}",
-                            tags=tags)
+    from ...tracking.gate import new_run  # lazy: numpy, urllib/http
+
+    run = new_run(client, experiment_id, run_name=f"evaluate {os.path.basename(args.model.rstrip('/'))}", tags=tags)
     run_id = run.info.run_id
     params = {"model": args.model, "base": args.base, "split": args.split,
               **{k: v for k, v in cfg.flatten(config).items() if k in DATA_KEYS}}
