@@ -86,14 +86,3 @@ def inside(path: str | os.PathLike, root: str | os.PathLike, source: str) -> Pat
     raise BadName(f"{source} '{shown(str(path), 200)}' resolves to {shown(str(real), 200)}, outside "
                      f"{shown(str(real_root), 200)}; expected a path inside it")
 
-
-def own_model_uri(value: Any, run_id: str, source: str) -> str:
-    """``value`` (a run's ``best_model_uri`` tag) as the URI of a model ``run_id`` itself logged:
-    ``runs:/<run_id>/<plain name>[/<plain name>...]``; a tag that points at another run's model,
-    a registry or a path is one line naming ``source``."""
-    prefix = f"runs:/{run_id}/"
-    if isinstance(value, str) and value.startswith(prefix):
-        parts = value[len(prefix):].split("/")
-        if parts and all(PLAIN.fullmatch(p) for p in parts):
-            return value
-    raise BadName(f"{source} '{shown(value)}' is not a model of run {run_id}; expected {prefix}<artifact path>")

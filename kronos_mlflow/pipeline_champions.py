@@ -10,24 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .names import own_model_uri
+from .errors import UserError
 from .stages import get, names
 from .sweep.champion import promotion, register_as_champion
 
 
 def move_champions(client, parent_id: str, runs: Mapping[str, str], configs: Mapping[str, Mapping], args) -> dict[str, str]:
     """Register and promote each stage's model; returns step -> what happened (tagged on the parent)."""
+    from .tracking.gate import own_model_uri  # lazy: numpy, urllib/http
+
     done = {}
     for step in names():  # each stage's rule: its name suffix, the verdict that must be better
         spec = get(step)
         suffix, verdict_tag = spec.champion_suffix, spec.pipeline_verdict_tag
         name = f"{args.registered_model_name}{suffix}"
         run = client.get_run(runs[step])
-        uri = run.data.tags.get("best_model_uri")
+        uri, reason = run.data.tags.get("best_model_uri"), ""
         if uri:  # a tag is a claim: only the run's own model moves the alias
-            uri = own_model_uri(uri, run.info.run_id, f"run {run.info.run_id}'s tag best_model_uri")
+            try:
+                uri = own_model_uri(client, run, f"run {run.info.run_id}'s tag best_model_uri")
+            except UserError as exc:
+                uri, reason = None, str(exc)
         if not uri:
-            reason = f"run {run.info.run_id} logged no model"
+            reason = reason or f"run {run.info.run_id} logged no model"
         else:
             decision = promotion(client, name, run, configs[step], args.promote, verdict_tag=verdict_tag)
             reason = decision.reason

@@ -170,3 +170,18 @@ def test_only_the_gate_creates_runs():
             if re.search(r"\.create_run\(", line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}")
     assert offenders == []
+
+
+def test_a_champion_moves_only_to_the_runs_own_model(store):
+    """A ``best_model_uri`` tag is a claim: another run's model, a path, a registry name are refused."""
+    mine, theirs = (store.create_run(store.exp).info.run_id for _ in range(2))
+    model = store.create_logged_model(store.exp, name="best_model", source_run_id=mine)
+    other = store.create_logged_model(store.exp, name="best_model", source_run_id=theirs)
+    for uri in (f"runs:/{mine}/best_model", f"models:/{model.model_id}"):
+        store.set_tag(mine, "best_model_uri", uri)
+        assert gate.own_model_uri(store, store.get_run(mine), "tag") == uri
+    for uri in (f"runs:/{theirs}/best_model", f"models:/{other.model_id}", f"runs:/{mine}/../x",
+                "models:/kr-tokenizer@champion", "/etc/passwd", f"models:/m-{'0' * 32}"):
+        store.set_tag(mine, "best_model_uri", uri)
+        with pytest.raises(gate.RunRefused, match="is not a model run"):
+            gate.own_model_uri(store, store.get_run(mine), "tag")

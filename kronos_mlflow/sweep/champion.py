@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from ..keys import TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
 from ..errors import UserError
-from ..names import RUN_ID, own_model_uri, shown
+from ..names import RUN_ID, shown
 from ..reuse import model_problem
 from ..stages import get, names, spec_of
 
@@ -124,8 +124,10 @@ def set_champion(client, study, registered_model_name: str, *, config: Mapping[s
         uri = run.data.tags.get("best_model_uri")
         if not uri:
             return None, f"best trial {best.number} logged no model"
+        from ..tracking.gate import own_model_uri  # lazy: numpy, urllib/http
+
         try:  # a tag is a claim: only the run's own model moves the alias
-            uri = own_model_uri(uri, run_id, f"best trial {best.number}'s tag best_model_uri")
+            uri = own_model_uri(client, run, f"best trial {best.number}'s tag best_model_uri")
         except UserError as exc:
             return None, str(exc)
         decision = promotion(client, registered_model_name, run, config, promote)

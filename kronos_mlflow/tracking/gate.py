@@ -130,6 +130,27 @@ def named_run(client, value: Any, source: str):
                                 f"{_store_name(client)} ({short_reason(exc)})")) from None
 
 
+def own_model_uri(client, run, source: str) -> str:
+    """``run``'s ``best_model_uri`` tag (a claim) as a model ``run`` itself logged: ``runs:/<its
+    id>/<plain names>``, or ``models:/m-<id>`` whose logged model's source run is ``run``; else
+    one line naming ``source``. What moves a champion alias goes through here."""
+    value, run_id = run.data.tags.get("best_model_uri"), run.info.run_id
+    prefix = f"runs:/{run_id}/"
+    if isinstance(value, str) and value.startswith(prefix):
+        if all(names.PLAIN.fullmatch(part) for part in value[len(prefix):].split("/")):
+            return value
+    elif isinstance(value, str) and value.startswith("models:/"):
+        model_id = value[len("models:/"):]
+        if names.PLAIN.fullmatch(model_id):
+            try:
+                if client.get_logged_model(model_id).source_run_id == run_id:
+                    return value
+            except Exception:  # noqa: BLE001 - a model the store lacks: refused below
+                pass
+    raise RunRefused(f"{source} '{names.shown(value)}' is not a model run {run_id} logged; expected {prefix}<artifact "
+                     "path> or the models:/ URI of a model that run logged")
+
+
 def handed_run_id() -> str | None:
     """``MLFLOW_RUN_ID`` (None when unset), checked as a run id."""
     value = os.environ.get("MLFLOW_RUN_ID", "").strip()
