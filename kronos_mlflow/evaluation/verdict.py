@@ -63,11 +63,21 @@ def paired_bootstrap(test_losses, base_losses, n_resamples: int = N_RESAMPLES, s
         tm, bm = t[idx].mean(axis=1), b[idx].mean(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             changes[start:start + size] = np.where(bm > 0, (tm - bm) / bm, np.nan)
+    return change, *_interval(change, changes, level)
+
+
+def _interval(change: float, changes: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval of the resampled ``changes``; NaN when any is not finite. When
+    every resample is the same sample (one window or one group), the interval is the point
+    ``change`` itself: summed in another order, the resamples differ from it only by rounding,
+    and an interval that misses its own point by one ulp would be read as a finding."""
     if not math.isfinite(change) or not np.isfinite(changes).all():
-        return change, float("nan"), float("nan")
+        return float("nan"), float("nan")
+    if changes.max() - changes.min() <= 1e-12 * max(1.0, abs(change)):
+        return change, change
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(changes, [tail, 100 - tail])
-    return change, float(low), float(high)
+    return float(low), float(high)
 
 
 def group_sums(values, groups) -> tuple[np.ndarray, np.ndarray]:
@@ -104,11 +114,7 @@ def grouped_bootstrap(test_losses, base_losses, groups, n_resamples: int = N_RES
         ts, bs = tg[idx].sum(axis=1), bg[idx].sum(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             changes[start:start + len(idx)] = np.where(bs > 0, (ts - bs) / bs, np.nan)
-    if not math.isfinite(change) or not np.isfinite(changes).all():
-        return change, float("nan"), float("nan")
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(changes, [tail, 100 - tail])
-    return change, float(low), float(high)
+    return change, *_interval(change, changes, level)
 
 
 def decide(ci_low: float, ci_high: float, min_change: float) -> str:
