@@ -117,7 +117,7 @@ def start_tracking(config: Mapping[str, Any], rank: int, layout, resume_state: M
     from .tracking import build_tracking  # lazy: numpy, urllib/http
 
     saved = (resume_state or {}).get("run_ids") or {}
-    command = "train-predictor" if config.get("stage") == "predictor" else "train"
+    command = "train"  # either stage: the gate's rules for train and train-predictor are one
     if rank != 0:
         claim = None
     elif resume_state is not None:
@@ -242,7 +242,7 @@ def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[s
 
     client = MlflowClient()
     experiment = gate.command_experiment(client, str(config.get("experiment_name") or "") or None)
-    command = "train-predictor" if config.get("stage") == "predictor" else "train"
+    command = "train"  # either stage: the gate's rules for train and train-predictor are one
     if state is not None:
         saved = state.get("run_ids") or {}
         run = gate.owned_run(client, saved.get("mlflow_run_id"), token_of(saved),

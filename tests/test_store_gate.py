@@ -79,6 +79,15 @@ def test_a_run_holding_anything_else_is_refused(store, damage, needle):
     assert why is not None and needle in why and run_id in why and "MLFLOW_RUN_ID" in why
 
 
+def test_a_launch_whose_training_went_elsewhere_is_still_its_bare_run(store):
+    """A training that resumed its saved run tags the launch's run kronos.continued_in_run; a torchrun
+    restart of that launch is handed the same run again."""
+    run_id = _bare(store, entry="main").info.run_id
+    store.set_tag(run_id, "kronos.continued_in_run", "0" * 32)
+    store.set_tag(run_id, "mlflow.note.content", "Training continued in run ...")
+    assert _why(store, run_id, command="train") is None
+
+
 def test_another_entry_point_or_experiment_is_refused(store):
     run_id = _bare(store, entry="main").info.run_id
     assert "entry point 'main'" in _why(store, run_id, command="pipeline")

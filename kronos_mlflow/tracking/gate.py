@@ -47,6 +47,10 @@ HANDOVER_TAG = "kronos.handover"
 HANDOVER_ENV = "KRONOS_MLFLOW_HANDOVER_TOKEN"
 #: The tag ``mlflow run`` puts on the run it makes: the MLproject entry point.
 ENTRY_POINT_TAG = "mlflow.project.entryPoint"
+#: What this project writes on the run ``mlflow run`` made when the work went elsewhere (a
+#: training resumed into its saved run, a walk-forward fold into its parent): such a run is still
+#: the bare run of that launch (a torchrun restart of the same launch is handed it again).
+LAUNCHER_MARKS = ("kronos.continued_in_run", "walkforward.ran_into")
 
 #: The commands that write the run ``MLFLOW_RUN_ID`` hands over (else a new one), and the
 #: MLproject entry points that run each.
@@ -195,7 +199,7 @@ def refusal(run, *, command: str | None, experiment_id: str | None, directory_ow
         wanted = " or ".join(entries) if entries else "none"
         return (f"MLflow run {run_id} ({source}) was made for the MLproject entry point '{names.shown(entry)}', not "
                 f"for {command} (entry point {wanted}); {unset}")
-    foreign = sorted(k for k in tags if not k.startswith("mlflow."))
+    foreign = sorted(k for k in tags if not k.startswith("mlflow.") and k not in LAUNCHER_MARKS)
     if foreign or run.data.metrics:
         held = f"tags {', '.join(names.shown(k, 40) for k in foreign[:3])}" if foreign else \
             f"{len(run.data.metrics)} metric(s)"
