@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import check_paths
-from .errors import ConfigError, DataError, UserError
+from .errors import ConfigError, UserError
 from .evaluation.backtest import check_signal_days
 from .stages import spec_of
 from .validate import sqlite_path
@@ -181,9 +181,8 @@ class DataView:
         at once, never over a complete one), and say the data's warnings (bars dropped, an empty
         validation split), bar the empty splits of ``quiet_splits`` (an empty test split is the
         verdict's or the scorecard's to say)."""
-        from .data import provider as pv  # lazy: numpy
-        from .data.demo import ensure_demo_market
-        from .data.prepare import MANIFEST, adopt_cache
+        from .data.demo import ensure_demo_market  # lazy: numpy
+        from .data.prepare import MANIFEST, adopt_cache, publish_cache
 
         for w in self._warnings:
             if not any(str(w.message).startswith(f"no {split} windows") for split in self.quiet_splits):
@@ -200,16 +199,7 @@ class DataView:
                 final = adopt_cache(built, given)
                 if final is None:
                     continue
-
-            def move(tmp: Path, built: Path = built) -> None:
-                for entry in built.iterdir():
-                    shutil.move(str(entry), str(tmp / entry.name))
-
-            try:
-                pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
-            except OSError as exc:
-                raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
-                                "choose a writable dataset_path") from None
+            publish_cache(built, final)
 
     def close(self) -> None:
         self._warnings.clear()

@@ -397,15 +397,7 @@ def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool
         if final is None:  # another process put its own market there first: prepare from that one
             return cached_splits(cfg, progress, force, path=resolve_qlib_path(cfg))
 
-        def move(tmp: Path) -> None:
-            for entry in built.iterdir():
-                shutil.move(str(entry), str(tmp / entry.name))
-
-        try:
-            pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
-        except OSError as exc:
-            raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
-                            "choose a writable dataset_path") from None
+        publish_cache(built, final)
         return final
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -454,6 +446,21 @@ def cached_splits(config: Mapping[str, Any], progress: bool = True, force: bool 
         raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
                         "choose a writable dataset_path") from None
     return final
+
+
+def publish_cache(built: Path, final: Path) -> None:
+    """Move the complete cache prepared in ``built`` to ``final`` at once (never over a complete
+    one: another process's, published first, is kept)."""
+
+    def move(tmp: Path) -> None:
+        for entry in built.iterdir():
+            shutil.move(str(entry), str(tmp / entry.name))
+
+    try:
+        pv.build_once(final, move, lambda p: (p / MANIFEST).is_file())
+    except OSError as exc:
+        raise DataError(f"dataset_path '{final.parent}' is not writable ({exc.strerror or exc}); "
+                        "choose a writable dataset_path") from None
 
 
 def adopt_cache(built: Path, config: Mapping[str, Any]) -> Path | None:
