@@ -79,6 +79,9 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "n_eval_windows": (2000, "Most forecast origins the scorecard scores (evenly spaced whole dates beyond it)."),
     "eval_horizons": ("", "Forecast steps the scorecard also scores alone (test_mase_close_h<k>), comma separated, "
                           "each in 1..predict_window; empty = 1,5,predict_window."),
+    "calibration": ("on", "on: quantiles and p_up recalibrated on validation origins, scored (finetuned_calibrated), "
+                          "logged with the model and served by default (docs/calibration.md); off."),
+    "calibration_min_origins": (30, "Fewest calibration origins (validation forecast origins) calibration on accepts."),
     "bootstrap_unit": ("date", "What the scorecard's bootstrap intervals resample: date (whole origin dates, since a "
                                "date's cross-section moves together) or origin (each origin alone)."),
     "inference_T": (0.6, "Sampling temperature of the scorecard's forecasts (upstream's inference default)."),
@@ -214,6 +217,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "predictor_validation": ("causal", "upstream"),
     "cycle_momentum": ("on", "off"),
     "evaluate": ("on", "off"),
+    "calibration": ("on", "off"),
     "objective": ("val_loss", "val_skill"),
     "bootstrap_unit": ("date", "origin"),
     "finetune_mode": ("full", "lora", "freeze"),
@@ -225,9 +229,9 @@ _POSITIVE = (
     "n_dec_layers", "s1_bits", "s2_bits", "nproc_per_node", "system_metrics_interval_s",
     "predictor_learning_rate", "predictor_grad_clip_norm", "n_layers",
     "backtest_hold_thresh", "n_eval_windows", "inference_T", "inference_sample_count",
-    "n_val_skill_windows", "lora_rank", "lora_alpha",
+    "n_val_skill_windows", "lora_rank", "lora_alpha", "calibration_min_origins",
 )
-_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate")
+_ON_OFF_KEYS = ("compile", "fused_layers", "malloc_reuse", "system_metrics", "cycle_momentum", "evaluate", "calibration")
 _NON_NEGATIVE = ("adam_weight_decay", "num_workers", "seed", "num_threads", "n_test_iter", "backtest_n_symbol_drop",
                  "backtest_n_symbol_hold", "backtest_n_random", "backtest_signal_stride",
                  "freeze_layers",
@@ -246,7 +250,7 @@ MAX_VALUES = {"d_model": 65536, "ff_dim": 262144, "n_heads": 1024, "n_enc_layers
         "predictor_learning_rate": 1.0, "predictor_grad_clip_norm": 1e30, "n_layers": 256,
         "backtest_n_symbol_hold": 100_000, "backtest_n_symbol_drop": 100_000, "backtest_hold_thresh": 100_000,
         "backtest_signal_stride": 10**9, "backtest_n_random": 10_000,
-        "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
+        "eval_stride": 10**9, "n_eval_windows": 10**9, "n_val_skill_windows": 10**9, "calibration_min_origins": 10**9, "inference_T": 1e6, "inference_top_k": 1 << 31,
         "inference_sample_count": 10_000, "lora_rank": 65536, "lora_alpha": 1e6, "freeze_layers": 512}
 # inference_T: the forecasting loop's lowest temperature (model/sampling.py T_MIN, below it logits / T
 # overflows); lookback_window: a forecast's lookback needs a spread to normalise by (model/predictor.py).

@@ -45,7 +45,7 @@ RESULT_NEUTRAL_KEYS = frozenset({
     "backtest_benchmark", "backtest_signal_stride", "backtest_n_random",
     # the scorecard after training (docs/forecast-evaluation.md)
     "evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-    "inference_sample_count", "eval_horizons", "bootstrap_unit",
+    "inference_sample_count", "eval_horizons", "bootstrap_unit", "calibration", "calibration_min_origins",
     # what a run measures besides training (objective val_skill forecasts inside a forked
     # random state: the training numbers are the same)
     "objective", "n_val_skill_windows",

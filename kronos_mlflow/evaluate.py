@@ -36,7 +36,8 @@ from .config import run_params
 from .console import Console
 from .errors import UserError
 from .evaluation.forecast_run import ZEROSHOT_TAG, pair
-from .evaluation.sources import MODEL_ACCEPTED, kept_settings, recorded_settings, resolve_model, resolve_tokenizer
+from .evaluation.sources import (MODEL_ACCEPTED, kept_settings, model_calibrator, recorded_settings, resolve_model,
+                                 resolve_tokenizer)
 from .flags import add_config_arguments, config_overrides
 from .ownership import Claim, evidence, write_owner
 from .preflight import DataView, check_context, check_scorecard, check_tracking
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         if not z_pred:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
-        card = score_forecasters(config, models, console=console)
+        card = score_forecasters(config, models, console=console, calibrator=model_calibrator(pred_dir))
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"

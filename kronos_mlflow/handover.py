@@ -65,8 +65,10 @@ MAX_STEP = 10_000
 MAX_BARS = 10**8
 MAX_EMBARGO = 10**6
 #: the forecasters a scorecard writes (origins' ``<name>_mase`` columns, forecasts' ``forecaster``)
-FORECASTERS = ("finetuned", "zeroshot", "persistence", "seasonal_naive")
+FORECASTERS = ("finetuned", "zeroshot", "persistence", "seasonal_naive", "histvol", "finetuned_calibrated")
 QUANTILES = tuple(f"q{level / 10:.1f}" for level in range(1, 10))
+#: what newer scorecards add: the ends of the 50% and 90% intervals, the PIT, p_up
+EXTRA_FORECAST_COLUMNS = ("q0.05", "q0.25", "q0.75", "q0.95", "pit", "p_up")
 BOOTSTRAP_UNITS = ("date", "origin")
 
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}(:[0-9]{2})?)?")
@@ -331,11 +333,12 @@ def read_origins(path: str | os.PathLike, source: str):
 
 def read_forecasts(path: str | os.PathLike, source: str):
     """The scorecard's per-step forecasts (``evaluation/forecasts.parquet``): ``datetime``,
-    ``instrument``, ``forecaster``, ``step``, ``actual`` and the nine deciles, or one UserError
-    line naming ``source``."""
+    ``instrument``, ``forecaster``, ``step``, ``actual``, the nine deciles and, where it holds them,
+    ``q0.05``, ``q0.25``, ``q0.75``, ``q0.95``, ``pit`` and ``p_up``, or one UserError line naming
+    ``source``."""
     required = {"datetime": "time", "instrument": "text", "forecaster": "text", "step": "integer",
                 "actual": "number", **{q: "number" for q in QUANTILES}}
-    table, wanted = _parquet(Path(path), source, required, {})
+    table, wanted = _parquet(Path(path), source, required, {c: "number" for c in EXTRA_FORECAST_COLUMNS})
     frame = _frame(table, wanted, source)
     unknown = sorted(set(frame["forecaster"]) - set(FORECASTERS))
     if unknown:

@@ -73,6 +73,9 @@ FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     **{k: (f"config key {k}, every step", {"tokenizer": k, "predictor": k, "evaluation": k}) for k in DATA},
     "backtest_signal_stride": ("trading days between two backtest signal dates (evaluation step; 1: daily, 0: the "
                                "scorecard's origin dates)", {"evaluation": "backtest_signal_stride"}),
+    "calibration": ("on: the predictor's logged model carries a calibrator fit on validation origins and the "
+                    "evaluation scores the calibrated forecaster too; off: neither (docs/calibration.md)",
+                    {"predictor": "calibration", "evaluation": "calibration"}),
 }
 SWITCH = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 

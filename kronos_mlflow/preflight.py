@@ -245,7 +245,9 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
     """The number of test origins the scorecard of ``config`` scores (its data must be
     prepared: a :meth:`DataView.config`); none is a refusal when ``required`` (an evaluation
     with nothing to score). With origins, the backtest the scorecard runs has a day with a
-    signal in its range. Reads the data, writes nothing."""
+    signal in its range, and with ``calibration: on`` at least ``calibration_min_origins``
+    calibration origins. Reads the data, writes nothing."""
+    from .evaluation import calibration  # lazy: numpy
     from .evaluation.origins import forecast_origins, no_origins_reason, signal_origins  # lazy: torch, pandas, numpy
 
     origins = forecast_origins(config)
@@ -253,6 +255,8 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
         if required:
             raise UserError(f"nothing to score: {no_origins_reason(origins, config)}")
         return 0
+    if calibration.is_on(config):
+        calibration.check_enough(len(calibration.origins_for(config, origins)), config)
     if int(config.get("backtest_signal_stride", 1)):
         daily = signal_origins(config)
         check_signal_days(config, daily.dates if len(daily) else origins.dates)

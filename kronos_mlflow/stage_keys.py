@@ -13,7 +13,8 @@ from typing import Any
 
 #: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
 EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count", "eval_horizons", "bootstrap_unit", "backtest_time_range",
+                   "inference_sample_count", "eval_horizons", "bootstrap_unit", "calibration", "calibration_min_origins",
+                   "backtest_time_range",
                    "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh", "backtest_benchmark",
                    "backtest_signal_stride", "backtest_n_random")
 #: Where the windows come from and how long they are: what a scoring command (``evaluate``,

@@ -140,7 +140,7 @@ def test_skills_verdicts_and_signals(tiny, isolated):
     assert len(signal) == card.metrics["eval_origins"]
     names = {p.name for p in write_artifacts(card, isolated / "evaluation")}
     assert names == {"scorecard.json", "scorecard.png", "forecasts.png", "origins.parquet", "horizons.png",
-                     "forecasts.parquet"}
+                     "forecasts.parquet", "pit.png", "reliability.png", "calibrator.json"}
 
 
 def _greedy_mase_recomputed(config, predictor) -> None:
@@ -222,7 +222,18 @@ def _assert_scorecard(client, run):
     assert {"direction_baseline", "test_direction_accuracy_ci_low", "test_direction_accuracy_ci_high"} <= set(metrics)
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png", "horizons.png",
-                                                 "origins.parquet", "forecasts.parquet", "backtest.png")}
+                                                 "origins.parquet", "forecasts.parquet", "backtest.png", "pit.png",
+                                                 "reliability.png", "calibrator.json")}
+    # the probabilistic diagnostics, the volatility baseline and the calibrated forecaster
+    for prefix in ("test_", "zeroshot_test_", "histvol_test_", "calibrated_test_"):
+        for m in ("coverage_50", "coverage_80", "coverage_90", "coverage_80_h1", "pit_ks", "brier_up",
+                  "brier_skill_up"):
+            assert f"{prefix}{m}" in metrics, f"{prefix}{m}"
+    assert {"base_rate_up", "base_rate_test_brier_up", "calibration_origins", "wql_skill_calibrated_vs_raw",
+            "wql_skill_calibrated_vs_raw_ci_low", "wql_skill_calibrated_vs_raw_ci_high", "skill_vs_histvol",
+            "wql_skill_vs_histvol", "histvol_test_crps_close"} <= set(metrics)
+    for tag in ("verdict_calibrated_vs_raw", "verdict_vs_histvol", "verdict_wql_vs_histvol"):
+        assert tags[tag] in ("better", "worse", "inconclusive"), tag
     # the saved forecasts give the logged WQL back (docs/forecast-evaluation.md's recipe)
     import mlflow
     import pandas as pd
@@ -266,6 +277,12 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
     # the entry point's backtest_signal_stride 20 (over the config file's 0, which the predictor
     # run kept): a signal of its own on every 20th day
     m = evaluate.data.metrics
+    # the evaluation scores the calibrated forecaster the model serves: the calibrator the predictor
+    # run fit and logged with it, not one fit again
+    assert predictor.data.tags["calibration"] == "on" and evaluate.data.tags["calibration"] == "model"
+    for key in ("calibrated_test_coverage_80", "calibrated_test_pit_ks", "wql_skill_calibrated_vs_raw",
+                "calibration_origins"):
+        assert m[key] == pytest.approx(predictor.data.metrics[key], rel=1e-9), key
     assert m["backtest_signal_origins"] > m["eval_origins"] == predictor.data.metrics["eval_origins"]
     assert m["backtest_signal_forecasts"] <= m["backtest_signal_origins"]
     assert "backtest_signal_origins" not in predictor.data.metrics

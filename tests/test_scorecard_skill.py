@@ -17,6 +17,8 @@ from kronos_mlflow.evaluation import scores as sc
 
 LEVELS = [round(0.1 * i, 1) for i in range(1, 10)]
 QCOLS = [f"q{level:.1f}" for level in LEVELS]
+ALL_LEVELS = [0.05, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95]
+ALL_QCOLS = [f"q{level:g}" for level in ALL_LEVELS]
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +65,13 @@ def test_forecasts_parquet_has_a_row_per_origin_forecaster_and_step(scored):
     config, card, frame = scored
     n, horizon = int(card.metrics["eval_origins"]), config["predict_window"]
     assert list(frame.columns[:7]) == ["datetime", "instrument", "forecaster", "step", "actual", "mean", "median"]
-    assert list(frame.columns[7:]) == QCOLS
-    assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence"}
-    assert len(frame) == 3 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
+    assert list(frame.columns[7:]) == ALL_QCOLS + ["pit", "p_up"]
+    assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated"}
+    assert len(frame) == 5 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
     assert (frame["median"] == frame["q0.5"]).all()
     naive = frame[frame["forecaster"] == "persistence"]
     assert (naive[QCOLS].to_numpy() == naive[["mean"]].to_numpy()).all(), "persistence's deciles are its forecast"
-    assert (np.diff(frame[QCOLS].to_numpy(), axis=1) >= -1e-9).all(), "deciles ascend"
+    assert (np.diff(frame[ALL_QCOLS].to_numpy(), axis=1) >= -1e-9).all(), "quantiles ascend"
 
 
 def test_every_new_number_is_recomputed_from_the_saved_forecasts(scored):
@@ -181,7 +183,7 @@ def test_the_backtest_signal_is_forecast_on_its_own_days(scored):
 
     base, _, _ = scored
     config = load_config({**base, "backtest_signal_stride": 20, "eval_stride": 20, "inference_top_k": 1, "inference_sample_count": 1,
-                          "n_eval_windows": 60})
+                          "n_eval_windows": 60, "calibration": "off"})
     card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)})
     daily, origins = signal_origins(config), forecast_origins(config)
     signal = card.signals["finetuned"]
@@ -204,3 +206,87 @@ def test_the_backtest_signal_is_forecast_on_its_own_days(scored):
     same = score_forecasters(load_config({**config, "backtest_signal_stride": 0}), {"finetuned": _tiny_pair(1)})
     assert same.signals["finetuned"].index.equals(forecast_origins(config).index())
     assert not same.signal_description and "backtest_signal_origins" not in same.metrics
+
+
+def test_coverage_pit_brier_and_histvol_are_recomputed_from_the_saved_forecasts(scored):
+    """Coverage at 50/80/90 (and by step), the PIT's KS distance, the Brier score of p_up and
+    its skill against the base rate, for each forecaster, from ``forecasts.parquet``; histvol's
+    quantiles and mean from the raw Qlib closes alone (sigma of the last 20 log returns)."""
+    from scipy.stats import kstest, norm
+
+    config, card, frame = scored
+    m = card.metrics
+    horizon = config["predict_window"]
+    raw = {(s, str(d)): past for s, d, past, _ in _raw_origins(config)}
+    prefixes = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "histvol": "histvol_test_",
+                "finetuned_calibrated": "calibrated_test_", "persistence": "persistence_test_"}
+    for name, prefix in prefixes.items():
+        rows = frame[frame["forecaster"] == name].sort_values(["datetime", "instrument", "step"], kind="stable")
+        y = rows["actual"].to_numpy().reshape(-1, horizon)
+        q = rows[ALL_QCOLS].to_numpy().reshape(-1, horizon, len(ALL_QCOLS))
+        for nominal, (lo, hi) in {50: (3, 9), 80: (1, 11), 90: (0, 12)}.items():
+            inside = (y >= q[..., lo]) & (y <= q[..., hi])
+            assert m[f"{prefix}coverage_{nominal}"] == pytest.approx(inside.mean(), rel=1e-12), (name, nominal)
+            if nominal == 80:
+                for k in (1, 3, 5):
+                    assert m[f"{prefix}coverage_80_h{k}"] == pytest.approx(inside[:, k - 1].mean(), rel=1e-12)
+        pit = rows["pit"].to_numpy()
+        assert ((pit >= 0) & (pit <= 1)).all()
+        assert m[f"{prefix}pit_ks"] == pytest.approx(kstest(pit, "uniform").statistic, rel=1e-12)
+        keys = rows[rows["step"] == 1][["instrument", "datetime"]]
+        last = np.array([raw[(s, str(pd.Timestamp(d).date()))][-1] for s, d in keys.itertuples(index=False)])
+        up = (y[:, -1] > last).astype(float)
+        p_up = rows[rows["step"] == 1]["p_up"].to_numpy()
+        if name == "persistence":
+            assert np.isnan(p_up).all() and f"{prefix}brier_up" not in m, "one path states no probability"
+            continue
+        brier = np.mean((p_up - up) ** 2)
+        assert m[f"{prefix}brier_up"] == pytest.approx(brier, rel=1e-12)
+        reference = np.mean((m["base_rate_up"] - up) ** 2)
+        assert m["base_rate_test_brier_up"] == pytest.approx(reference, rel=1e-12)
+        assert m[f"{prefix}brier_skill_up"] == pytest.approx(1 - brier / reference, rel=1e-9)
+    # histvol from the raw closes: log-normal around the origin's close, sigma of 20 log returns
+    rows = frame[frame["forecaster"] == "histvol"].sort_values(["datetime", "instrument", "step"], kind="stable")
+    keys = rows[rows["step"] == 1][["instrument", "datetime"]]
+    past = np.stack([raw[(s, str(pd.Timestamp(d).date()))] for s, d in keys.itertuples(index=False)])
+    sigma = np.diff(np.log(past[:, -21:]), axis=1).std(axis=1, ddof=1)
+    h = np.arange(1, horizon + 1)
+    z = norm.ppf(ALL_LEVELS)
+    expected = past[:, -1, None, None] * np.exp(sigma[:, None, None] * np.sqrt(h)[None, :, None] * z[None, None, :])
+    got = rows[ALL_QCOLS].to_numpy().reshape(-1, horizon, len(ALL_QCOLS))
+    np.testing.assert_allclose(got, expected, rtol=1e-9)
+    mean = past[:, -1, None] * np.exp(sigma[:, None] ** 2 * h[None, :] / 2)
+    np.testing.assert_allclose(rows["mean"].to_numpy().reshape(-1, horizon), mean, rtol=1e-9)
+    assert card.tags["verdict_wql_vs_histvol"] in ("better", "worse", "inconclusive")
+    assert m["wql_skill_vs_histvol"] == pytest.approx(1 - m["test_wql_close"] / m["histvol_test_wql_close"], rel=1e-9)
+
+
+def test_histvol_crps_is_the_closed_form_log_normal_crps():
+    """The closed form against scoringrules' reference and against a Monte Carlo estimate."""
+    import scoringrules
+
+    from kronos_mlflow.evaluation.probabilistic import lognormal_crps
+
+    rng = np.random.default_rng(3)
+    y, mu, s = rng.lognormal(0.0, 0.3, 50), rng.normal(0.0, 0.1, 50), rng.uniform(0.01, 0.5, 50)
+    np.testing.assert_allclose(lognormal_crps(y, mu, s), scoringrules.crps_lognormal(y, mu, s), rtol=1e-9)
+    draws = np.exp(mu[0] + s[0] * rng.standard_normal(200_000))
+    mc = np.abs(draws - y[0]).mean() - 0.5 * np.abs(draws - rng.permutation(draws)).mean()
+    assert lognormal_crps(y[:1], mu[:1], s[:1])[0] == pytest.approx(mc, rel=0.02)
+
+
+def test_the_pictures_and_the_calibrator_are_written(scored, tmp_path):
+    import json
+
+    from kronos_mlflow.evaluation.calibration import Calibrator
+    from kronos_mlflow.evaluation.scorecard import write_artifacts
+
+    _, card, _ = scored
+    written = {p.name for p in write_artifacts(card, tmp_path)}
+    assert {"pit.png", "reliability.png", "calibrator.json"} <= written
+    for name in ("pit.png", "reliability.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "calibrator.json").read_text())
+    assert data["origins"] == card.metrics["calibration_origins"] >= 30
+    again = Calibrator.from_json(data)
+    np.testing.assert_array_equal(again.score_quantiles, card.calibrator.score_quantiles)

@@ -2,7 +2,8 @@
 sample paths scored by ``scores.origin_scores`` and tabulated as the scorecard writes
 ``origins.parquet`` and ``forecasts.parquet``; the pooled skills against the formulas over every
 origin, the fold counts against the fold tags, the verdict rule, disjoint folds, the summary
-and its picture."""
+and its picture; the pooled coverage, PIT KS and calibrated-vs-raw skill against the same
+numbers over every fold's scores; folds of older runs (deciles only) aggregating as before."""
 
 from __future__ import annotations
 
@@ -15,21 +16,37 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kronos_mlflow.evaluation import probabilistic as pr
 from kronos_mlflow.evaluation import scores as sc
 from kronos_mlflow.evaluation.scorecard import forecasts_frame
 from kronos_mlflow.evaluation.verdict import decide
-from kronos_mlflow.walkforward.aggregate import (FoldResult, fold_counts, fold_metrics, origin_wql, pooled,
-                                                 skill_figure, summarize, walkforward_verdict, write_summary)
+from kronos_mlflow.walkforward.aggregate import (
+    FoldResult,
+    fold_counts,
+    fold_metrics,
+    origin_wql,
+    pooled,
+    pooled_calibration,
+    skill_figure,
+    summarize,
+    walkforward_verdict,
+    write_summary,
+)
 
 LOOKBACK, HORIZON, SAMPLES, SYMBOLS, DATES = 16, 5, 8, 6, 12
 MIN_CHANGE = 0.005
 STARTS = ("2024-01-01", "2024-02-01", "2024-03-01")
+CALIBRATED = "finetuned_calibrated"
+#: what a fold of an older run lacks: the outer quantiles, the PIT, p_up, and these forecasters
+NEW_COLUMNS = ["q0.05", "q0.25", "q0.75", "q0.95", "pit", "p_up"]
+NEW_FORECASTERS = ("histvol", CALIBRATED)
 
 
 def _fold(k: int, start: str, noise: dict[str, float], seed: int) -> tuple[FoldResult, dict]:
     """Fold ``k``: ``DATES`` business days from ``start`` x ``SYMBOLS`` symbols, the Kronos
-    pairs' paths the actual closes times noise of the given size, persistence the last close;
-    the run's skills and verdicts as the scorecard computes them (dates resampled)."""
+    pairs' (and a ``finetuned_calibrated`` in ``noise``: its) paths the actual closes times noise
+    of the given size, persistence the last close, the historical-volatility baseline; the run's
+    skills and verdicts as the scorecard computes them (dates resampled)."""
     rng = np.random.default_rng(seed)
     days = pd.bdate_range(start, periods=DATES)
     dates = np.repeat(days.to_numpy(), SYMBOLS)
@@ -41,20 +58,28 @@ def _fold(k: int, start: str, noise: dict[str, float], seed: int) -> tuple[FoldR
              for name, size in noise.items()}
     paths["persistence"] = np.repeat(history[:, -1:], HORIZON, axis=1)[:, None, :]
     per = {name: sc.origin_scores(p, history, actual) for name, p in paths.items()}
+    per["histvol"] = sc.distribution_scores(pr.histvol(history, actual, pr.uniforms(seed, actual.shape)), history,
+                                            actual)
     origins = pd.DataFrame({"datetime": pd.DatetimeIndex(dates), "instrument": symbols, "position": np.arange(n),
                             "last_close": history[:, -1], "actual_return": per["persistence"]["actual_return"]})
     for name, scores in per.items():
-        for column in ("mase", "crps") + (("direction", "forecast_return") if name != "persistence" else ()):
+        for column in ("mase", "crps") + (("direction", "forecast_return") if name not in ("persistence", "histvol")
+                                          else ()):
             origins[f"{name}_{column}"] = scores[column]
     forecasts = forecasts_frame(SimpleNamespace(dates=dates, instruments=symbols), per, actual)
     metrics, tags = {}, {}
-    for base in [b for b in ("zeroshot", "persistence") if b in per]:
+    for base in [b for b in ("zeroshot", "persistence", "histvol") if b in per]:
         for kind, column, tag in (("skill", "mase", f"verdict_vs_{base}"),
                                   ("wql_skill", "quantile_loss", f"verdict_wql_vs_{base}")):
             value, low, high = sc.skill(per["finetuned"][column], per[base][column], dates)
             metrics.update({f"{kind}_vs_{base}": value, f"{kind}_vs_{base}_ci_low": low,
                             f"{kind}_vs_{base}_ci_high": high})
             tags[tag] = decide(-high, -low, MIN_CHANGE)
+    if CALIBRATED in per:
+        value, low, high = sc.skill(per[CALIBRATED]["quantile_loss"], per["finetuned"]["quantile_loss"], dates)
+        metrics.update({"wql_skill_calibrated_vs_raw": value, "wql_skill_calibrated_vs_raw_ci_low": low,
+                        "wql_skill_calibrated_vs_raw_ci_high": high})
+        tags["verdict_calibrated_vs_raw"] = decide(-high, -low, MIN_CHANGE)
     period = (str(days[0].date()), str(days[-1].date()))
     return FoldResult(k, f"run{k}", period, metrics, tags, origins, forecasts), per
 
@@ -66,9 +91,22 @@ def _folds(noises) -> tuple[list[FoldResult], list[dict]]:
 
 @pytest.fixture(scope="module")
 def folds():
-    """The fine-tuned pair clearly better than the zero-shot pair in folds 1 and 3, about even in 2."""
-    return _folds([{"finetuned": 0.002, "zeroshot": 0.02}, {"finetuned": 0.010, "zeroshot": 0.011},
-                   {"finetuned": 0.004, "zeroshot": 0.02}])
+    """The fine-tuned pair clearly better than the zero-shot pair in folds 1 and 3, about even in
+    2; the calibrated forecaster's paths half the fine-tuned pair's error."""
+    return _folds([{"finetuned": 0.002, "zeroshot": 0.02, CALIBRATED: 0.001},
+                   {"finetuned": 0.010, "zeroshot": 0.011, CALIBRATED: 0.005},
+                   {"finetuned": 0.004, "zeroshot": 0.02, CALIBRATED: 0.002}])
+
+
+def _old(r: FoldResult) -> FoldResult:
+    """Fold ``r`` as an older run wrote it: the deciles only, no PIT, no calibrated or histvol
+    forecaster, none of their metrics or tags."""
+    def new(name: str) -> bool:
+        return "histvol" in name or "calibrated" in name
+    forecasts = r.forecasts[~r.forecasts["forecaster"].isin(NEW_FORECASTERS)].drop(columns=NEW_COLUMNS)
+    origins = r.origins[[c for c in r.origins.columns if not new(c)]]
+    return replace(r, origins=origins, forecasts=forecasts, metrics={k: v for k, v in r.metrics.items() if not new(k)},
+                   tags={k: v for k, v in r.tags.items() if not new(k)})
 
 
 def _all(per_folds: list[dict], name: str, column: str) -> np.ndarray:
@@ -222,3 +260,121 @@ def test_summary_json_and_figure(folds, tmp_path):
     assert json.loads(write_summary(summary, tmp_path).read_text())["metrics"]["win_rate_vs_zeroshot"] is None
     png = skill_figure(summary, tmp_path / "skill_by_fold.png")
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a panel each for zeroshot, persistence, histvol and the calibrated skill: twice the two-panel height
+    two = skill_figure(summarize([_old(r) for r in results], MIN_CHANGE), tmp_path / "two.png")
+    assert _png_height(png) > 1.8 * _png_height(two)
+
+
+def _png_height(path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # the IHDR chunk's height
+
+
+def _table(forecaster: str, actual: list[float], pit: list[float]) -> pd.DataFrame:
+    """Rows of one forecaster whose every quantile is ``100 + 10 (level - 0.5)``: the 50% interval
+    97.5..102.5, the 80% one 96..104, the 90% one 95.5..104.5."""
+    n = len(actual)
+    frame = pd.DataFrame({"datetime": pd.bdate_range("2024-01-01", periods=n), "instrument": "S0",
+                          "forecaster": forecaster, "step": 1, "actual": actual})
+    for level, column in zip(pr.QLEVELS, pr.QUANTILE_COLUMNS):
+        frame[column] = 100.0 + 10.0 * (level - 0.5)
+    frame["pit"], frame["p_up"] = pit, np.nan
+    return frame
+
+
+def test_pooled_coverage_and_pit_ks_of_constructed_tables():
+    first = pd.concat([_table("finetuned", [100.0, 97.0, 95.0, 110.0], [0.1, 0.5, 0.9, 0.3]),
+                       _table("persistence", [100.0], [np.nan])], ignore_index=True)
+    second = _table("finetuned", [103.0, 104.5, np.nan], [0.7, 0.2, np.nan])
+    results = [FoldResult(1, "a", ("", ""), forecasts=first), FoldResult(2, "b", ("", ""), forecasts=second)]
+    # inside 50%: 100 | none; 80%: 100, 97 | 103; 90%: 100, 97 | 103, 104.5; of 4 + 2 rows (NaN left out)
+    # PIT sorted 0.1 0.2 0.3 0.5 0.7 0.9: KS = max(i/6 - u_i, u_i - (i-1)/6) = 3/6 - 0.3
+    assert pooled_calibration(results) == pytest.approx({"pooled_test_coverage_50": 1 / 6,
+                                                         "pooled_test_coverage_80": 3 / 6,
+                                                         "pooled_test_coverage_90": 4 / 6,
+                                                         "pooled_test_pit_ks": 0.2})
+    # a fold of an older run (deciles, no PIT): only the 80% interval's coverage is pooled
+    older = replace(results[0], forecasts=first.drop(columns=NEW_COLUMNS))
+    assert pooled_calibration([older, results[1]]) == pytest.approx({"pooled_test_coverage_80": 3 / 6})
+
+
+def test_pooled_coverage_and_pit_ks_over_every_folds_forecasts(folds):
+    results, per_folds = folds
+    metrics, _ = pooled(results, MIN_CHANGE)
+    for name, prefix in (("finetuned", "test_"), (CALIBRATED, "calibrated_test_"), ("histvol", "histvol_test_"),
+                         ("zeroshot", "zeroshot_test_")):
+        for nominal in (50, 80, 90):
+            inside = np.concatenate([per[name][f"coverage_steps_{nominal}"].reshape(-1) for per in per_folds])
+            assert metrics[f"pooled_{prefix}coverage_{nominal}"] == pytest.approx(inside.mean(), rel=1e-12)
+        pit = np.sort(np.concatenate([per[name]["pit"].reshape(-1) for per in per_folds]))
+        i = np.arange(1, len(pit) + 1)
+        ks = max((i / len(pit) - pit).max(), (pit - (i - 1) / len(pit)).max())
+        assert metrics[f"pooled_{prefix}pit_ks"] == pytest.approx(ks, rel=1e-12)
+    assert not [k for k in metrics if "persistence_test_" in k]
+
+
+def test_pooled_calibrated_skill_and_verdict(folds):
+    results, per_folds = folds
+    summary = summarize(results, MIN_CHANGE)
+    metrics, tags = summary["metrics"], summary["tags"]
+    name = "pooled_wql_skill_calibrated_vs_raw"
+    dates = np.concatenate([r.origins["datetime"].to_numpy() for r in results])
+    calibrated, raw = _all(per_folds, CALIBRATED, "quantile_loss"), _all(per_folds, "finetuned", "quantile_loss")
+    expected = sc.skill(calibrated, raw, dates)  # whole dates resampled, as the scorecard does
+    assert (metrics[name], metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"]) == pytest.approx(expected, rel=1e-9)
+    assert metrics[name] == pytest.approx(1.0 - calibrated.sum() / raw.sum(), rel=1e-9)
+    assert tags["pooled_verdict_calibrated_vs_raw"] == decide(-expected[2], -expected[1], MIN_CHANGE) == "better"
+    steps = [(value, step) for key, value, step in summary["steps"] if key == "fold_wql_skill_calibrated_vs_raw"]
+    assert steps == [(r.metrics["wql_skill_calibrated_vs_raw"], r.fold) for r in results]
+    for r, entry in zip(results, summary["folds"]):
+        assert tags[f"fold{r.fold}_verdict_calibrated_vs_raw"] == r.tags["verdict_calibrated_vs_raw"]
+        assert entry["verdict_calibrated_vs_raw"] == r.tags["verdict_calibrated_vs_raw"]
+        for suffix in ("", "_ci_low", "_ci_high"):
+            assert entry[f"wql_skill_calibrated_vs_raw{suffix}"] == r.metrics[f"wql_skill_calibrated_vs_raw{suffix}"]
+    worse, _ = _folds([{"finetuned": 0.002, "zeroshot": 0.02, CALIBRATED: 0.02}] * 3)
+    assert pooled(worse, MIN_CHANGE)[1]["pooled_verdict_calibrated_vs_raw"] == "worse"
+
+
+def test_histvol_is_a_pooled_base_beside_the_verdicts(folds):
+    results, per_folds = folds
+    summary = summarize(results, MIN_CHANGE)
+    metrics, tags = summary["metrics"], summary["tags"]
+    assert metrics["pooled_skill_vs_histvol"] == pytest.approx(
+        1.0 - _all(per_folds, "finetuned", "mase").mean() / _all(per_folds, "histvol", "mase").mean(), rel=1e-9)
+    assert metrics["pooled_wql_skill_vs_histvol"] == pytest.approx(
+        1.0 - _all(per_folds, "finetuned", "quantile_loss").sum() / _all(per_folds, "histvol", "quantile_loss").sum(),
+        rel=1e-9)
+    for kind in ("", "wql_"):
+        low, high = metrics[f"pooled_{kind}skill_vs_histvol_ci_low"], metrics[f"pooled_{kind}skill_vs_histvol_ci_high"]
+        assert tags[f"pooled_verdict_{kind}vs_histvol"] == decide(-high, -low, MIN_CHANGE)
+        assert f"walkforward_verdict_{kind}vs_histvol" in tags
+    verdicts = [r.tags["verdict_vs_histvol"] for r in results]
+    assert metrics["folds_better_vs_histvol"] == verdicts.count("better")
+    assert tags["fold1_verdict_vs_histvol"] == verdicts[0]
+    assert tags["walkforward_verdict_why"].startswith("vs zeroshot")
+
+
+def test_folds_of_older_runs_aggregate_as_before(folds, tmp_path):
+    results, per_folds = folds
+    new, old = summarize(results, MIN_CHANGE), summarize([_old(r) for r in results], MIN_CHANGE)
+    names = list(old["metrics"]) + list(old["tags"]) + [name for name, _, _ in old["steps"]]
+    assert not [k for k in names if any(w in k for w in ("histvol", "calibrated", "pit_ks", "coverage_50",
+                                                         "coverage_90"))]
+    # the one number an older table's deciles give: the 80% interval's coverage
+    assert {k for k in old["metrics"] if "coverage" in k} == {"pooled_test_coverage_80",
+                                                              "pooled_zeroshot_test_coverage_80"}
+    assert old["metrics"] == pytest.approx({k: new["metrics"][k] for k in old["metrics"]}, nan_ok=True)
+    assert old["tags"] == {k: new["tags"][k] for k in old["tags"]}
+    skills = [f"{kind}_vs_{base}{suffix}" for kind in ("skill", "wql_skill") for base in ("zeroshot", "persistence")
+              for suffix in ("", "_ci_low", "_ci_high")]
+    verdicts = [f"verdict_{kind}vs_{base}" for kind in ("", "wql_") for base in ("zeroshot", "persistence")]
+    assert all(set(entry) == {"fold", "run_id", "test_period", "origins", *skills, *verdicts} for entry in old["folds"])
+    # one older fold among newer ones: what it lacks is pooled over none, the calibrated skill over the others
+    mixed_metrics, _ = pooled([_old(results[0])] + results[1:], MIN_CHANGE)
+    assert "pooled_test_coverage_50" not in mixed_metrics and "pooled_test_pit_ks" not in mixed_metrics
+    assert "pooled_calibrated_test_coverage_50" in mixed_metrics
+    dates = np.concatenate([r.origins["datetime"].to_numpy() for r in results[1:]])
+    expected = sc.skill(np.concatenate([per[CALIBRATED]["quantile_loss"] for per in per_folds[1:]]),
+                        np.concatenate([per["finetuned"]["quantile_loss"] for per in per_folds[1:]]), dates)
+    assert mixed_metrics["pooled_wql_skill_calibrated_vs_raw"] == pytest.approx(expected[0], rel=1e-9)
+    png = skill_figure(old, tmp_path / "old.png")
+    assert png.stat().st_size > 1000

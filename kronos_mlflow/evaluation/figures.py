@@ -5,6 +5,10 @@
 - :func:`horizons_figure`: MASE at each forecast step alone, per forecaster.
 - :func:`forecasts_figure`: a few origins: the lookback closes, the actual closes, the
   fine-tuned pair's median path with its 10-90% band, the zero-shot pair's median, persistence.
+- :func:`pit_figure`: each forecaster's PIT histogram (ten bins; flat at 1 when calibrated; a U:
+  too narrow; a hump: too wide; a slope: biased), with its KS distance.
+- :func:`reliability_figure`: the observed frequency of a rise against the forecast ``p_up``
+  (ten bins, the count beside each point), the diagonal (calibrated) and the base rate.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..plots import new_figure
+from .probabilistic import brier, ks_distance, reliability
 
 SKILL_KINDS = ("skill_vs_", "wql_skill_vs_", "gm_skill_vs_")
-COLORS = {"finetuned": "#1f77b4", "zeroshot": "#ff7f0e", "persistence": "#7f7f7f", "seasonal_naive": "#2ca02c"}
+COLORS = {"finetuned": "#1f77b4", "zeroshot": "#ff7f0e", "persistence": "#7f7f7f", "seasonal_naive": "#2ca02c",
+          "histvol": "#9467bd", "finetuned_calibrated": "#17becf"}
+PIT_BINS = 10
 
 
 def scorecard_figure(card):
@@ -97,3 +104,49 @@ def horizons_figure(card):
     ax.set_title(f"error by horizon: {card.description}", fontsize=9)
     ax.legend(fontsize=8)
     return fig
+
+
+def pit_figure(card):
+    names = [name for name, pit in card.pit.items() if np.isfinite(pit).any()]
+    cols = min(3, max(1, len(names)))
+    rows = max(1, -(-len(names) // cols))
+    fig = new_figure(3.2 * cols, 2.6 * rows + 0.4)
+    edges = np.linspace(0.0, 1.0, PIT_BINS + 1)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        values = card.pit[name][np.isfinite(card.pit[name])].reshape(-1)
+        ax.hist(values, bins=edges, density=True, color=COLORS.get(name, "k"), alpha=0.75, edgecolor="white")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlim(0.0, 1.0)
+        ax.set_title(f"{name}: KS {ks_distance(values):.3f}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if i % cols == 0:
+            ax.set_ylabel("density", fontsize=8)
+    fig.suptitle(f"PIT of the actual close (flat = calibrated; U = too narrow): {card.description}", fontsize=8)
+    return fig
+
+
+def reliability_figure(card):
+    fig = new_figure(5.2, 4.8)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], color="k", lw=0.8, ls="--", label="calibrated")
+    base = card.metrics.get("base_rate_up")
+    if base is not None:
+        ax.axhline(base, color="#7f7f7f", lw=0.8, ls=":", label=f"base rate {base:.2f}")
+    for name, (p, up) in card.p_up.items():
+        rows = reliability(p, up)
+        if not rows:
+            continue
+        x, y, n = (np.array(v) for v in zip(*rows))
+        ax.plot(x, y, marker="o", ms=4, lw=1.0, color=COLORS.get(name, "k"), label=f"{name} (Brier {brier(p, up):.3f})")
+        for xi, yi, ni in zip(x, y, n):
+            ax.annotate(str(int(ni)), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                        color=COLORS.get(name, "k"))
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("forecast p_up: probability that the close at the horizon is above the origin's")
+    ax.set_ylabel("observed frequency of a rise")
+    ax.set_title(f"reliability (counts beside the points): {card.description}", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import write_atomic
 from ..published import source
 from .sources import resolve_tokenizer
 
@@ -37,6 +38,37 @@ def zeroshot_label(config: Mapping[str, Any]) -> str:
     tok = source(config, "pretrained_tokenizer_path") or str(config.get("finetuned_tokenizer_path") or "") or "fresh"
     pred = source(config, "pretrained_predictor_path") or "fresh"
     return f"{tok} + {pred}"
+
+
+def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console):
+    """With ``evaluate: off`` and ``calibration: on`` (a pipeline's predictor step): the
+    calibrator alone, fit on the run's fine-tuned pair's forecasts of the calibration origins,
+    written to ``evaluation/calibrator.json`` (rank 0) and logged, so that the logged model
+    carries it; a collective. Without a test origin (nothing to keep the calibration before)
+    or with too few calibration origins, no calibrator and one line saying why."""
+    from ..model import KronosTokenizer  # lazy: torch
+    from . import calibration as cb  # lazy: scipy, scikit-learn
+    from .origins import forecast_origins  # lazy: the data package
+    from .scorecard import CALIBRATOR_NAME, fit_calibrator  # lazy: torch, mlflow, pandas
+
+    test = forecast_origins(config)
+    origins = cb.origins_for(config, test)
+    reason = cb.too_few(len(origins), config) or ("" if len(test) else "no test origin to calibrate before")
+    if reason:
+        console.print(f"no calibrator logged with the model: {reason}")
+        return None
+    frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
+    calibrator = fit_calibrator(pair(frozen, layout.best_model, config, device), origins, config, rank=rank,
+                             world_size=world_size, console=console)
+    if rank == 0:
+        directory = Path(layout.root) / "evaluation"
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / CALIBRATOR_NAME, calibrator.dumps())
+        logger.log_artifact(str(directory / CALIBRATOR_NAME), "evaluation")
+        logger.log_metrics({"calibration_origins": float(calibrator.origins)}, step=0)
+        console.print(f"calibrator: fit on {calibrator.origins:,} validation origins "
+                      f"({calibrator.time_range[0][:10]}..{calibrator.time_range[1][:10]}), logged with the model")
+    return calibrator
 
 
 def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,

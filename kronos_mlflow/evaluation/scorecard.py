@@ -34,19 +34,27 @@ import pandas as pd
 
 from ..config import horizons
 from ..fsutil import write_atomic
-from . import forecasters as fc, scores as sc
+from . import calibration as cb, forecasters as fc, probabilistic as pr, scores as sc
+from .calibration import CALIBRATED
 from .backtest import backtest_signals, breadth_reason, skip_reason
-from .figures import forecasts_figure, horizons_figure, scorecard_figure
+from .figures import forecasts_figure, horizons_figure, pit_figure, reliability_figure, scorecard_figure
 from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason, signal_origins
 from .verdict import decide
 
 #: forecaster -> metric prefix; the order of the scorecard
 PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
-            "seasonal_naive": "seasonal_naive_test_"}
-BASELINES = ("zeroshot", "persistence", "seasonal_naive")
-VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence"}
-WQL_VERDICT_TAGS = {"zeroshot": "verdict_wql_vs_zeroshot", "persistence": "verdict_wql_vs_persistence"}
-QUANTILE_COLUMNS = [f"q{level:.1f}" for level in sc.LEVELS]
+            "seasonal_naive": "seasonal_naive_test_", "histvol": "histvol_test_",
+            CALIBRATED: "calibrated_test_"}
+BASELINES = ("zeroshot", "persistence", "histvol", "seasonal_naive")
+VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence",
+                "histvol": "verdict_vs_histvol"}
+WQL_VERDICT_TAGS = {"zeroshot": "verdict_wql_vs_zeroshot", "persistence": "verdict_wql_vs_persistence",
+                    "histvol": "verdict_wql_vs_histvol"}
+CALIBRATION_TAG = "verdict_calibrated_vs_raw"
+#: forecasters whose forecast return is a signal (direction, IC): not the naive ones
+SIGNALS = ("finetuned", "zeroshot", CALIBRATED)
+QUANTILE_COLUMNS = [f"q{level:.1f}" for level in sc.LEVELS]  # the nine deciles (WQL's)
+ALL_QUANTILE_COLUMNS = pr.QUANTILE_COLUMNS  # q0.05 .. q0.95: what forecasts.parquet holds
 
 
 @dataclass
@@ -70,6 +78,26 @@ class Scorecard:
     #: the scorecard did not forecast; empty when the signal is the scorecard's origins' forecasts
     signal_description: str = ""
     signal_seconds: dict[str, float] = field(default_factory=dict)
+    #: per forecaster: the PIT of every (origin, step) and (p_up, rose) per origin (pit.png, reliability.png)
+    pit: dict[str, np.ndarray] = field(default_factory=dict)
+    p_up: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    calibrator: Any = None  # the fitted :class:`~kronos_mlflow.evaluation.calibration.Calibrator`
+
+    def calibration_line(self) -> str:
+        """Coverage, PIT KS and Brier before and after calibration ('' without it)."""
+        m = self.metrics
+        if f"{PREFIXES[CALIBRATED]}coverage_80" not in m:
+            return ""
+
+        def shown(prefix):
+            return (f"coverage 50/80/90 {m.get(prefix + 'coverage_50', math.nan):.2f}/"
+                    f"{m.get(prefix + 'coverage_80', math.nan):.2f}/{m.get(prefix + 'coverage_90', math.nan):.2f}, "
+                    f"PIT KS {m.get(prefix + 'pit_ks', math.nan):.3f}, Brier {m.get(prefix + 'brier_up', math.nan):.3f}")
+        name = "wql_skill_calibrated_vs_raw"
+        return (f"calibration on {int(m.get('calibration_origins', 0)):,} validation origins: raw {shown('test_')}; "
+                f"calibrated {shown(PREFIXES[CALIBRATED])}; {name} {m.get(name, math.nan):+.3f} (95% CI "
+                f"{m.get(name + '_ci_low', math.nan):+.3f} .. {m.get(name + '_ci_high', math.nan):+.3f}): "
+                f"{self.tags.get(CALIBRATION_TAG, 'unavailable')}")
 
     def line(self) -> str:
         if self.reason:
@@ -164,17 +192,21 @@ def _skills(per: Mapping[str, Mapping[str, np.ndarray]], min_change: float, grou
 
 
 def forecasts_frame(origins: Origins, per: Mapping[str, Mapping[str, np.ndarray]], actual: np.ndarray) -> pd.DataFrame:
-    """One row per (origin, forecaster, step): what ``evaluation/forecasts.parquet`` holds."""
+    """One row per (origin, forecaster, step): what ``evaluation/forecasts.parquet`` holds: the
+    actual close, the mean, the median, the quantiles ``q0.05 .. q0.95``, the PIT of the actual
+    close and the origin's ``p_up``."""
     n, horizon = actual.shape
     frames = []
     for name, scores in per.items():
-        q = np.asarray(scores["quantiles"])  # (n, 9, H)
+        q = np.asarray(scores["levels"])  # (n, 13, H)
         frame = pd.DataFrame({
             "datetime": np.repeat(pd.DatetimeIndex(origins.dates), horizon), "instrument": np.repeat(origins.instruments, horizon),
             "forecaster": name, "step": np.tile(np.arange(1, horizon + 1), n), "actual": actual.reshape(-1),
-            "mean": np.asarray(scores["mean"]).reshape(-1), "median": q[:, 4].reshape(-1)})
-        for i, column in enumerate(QUANTILE_COLUMNS):
+            "mean": np.asarray(scores["mean"]).reshape(-1), "median": q[:, pr.MEDIAN].reshape(-1)})
+        for i, column in enumerate(ALL_QUANTILE_COLUMNS):
             frame[column] = q[:, i].reshape(-1)
+        frame["pit"] = np.asarray(scores["pit"]).reshape(-1)
+        frame["p_up"] = np.repeat(np.asarray(scores["p_up"]), horizon)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
@@ -190,10 +222,12 @@ def _ic_intervals(per, dates) -> dict[str, float]:
 
 
 def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
-                      rank: int = 0, world_size: int = 1, console=None) -> Scorecard:
+                      rank: int = 0, world_size: int = 1, console=None, calibrator=None) -> Scorecard:
     """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
     ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
-    (a collective when ``world_size > 1``: every rank calls it)."""
+    (a collective when ``world_size > 1``: every rank calls it); with ``calibration: on``, the
+    calibrated forecaster too, through ``calibrator`` (the scored model's own) when it was fit
+    before the test's first forecast bar, else through one fit here."""
     origins = origins if origins is not None else forecast_origins(config)
     if not len(origins):
         return Scorecard(reason=no_origins_reason(origins, config))
@@ -202,7 +236,15 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
                                period=period)
     every = np.arange(len(origins))
     history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
-    per = {name: sc.origin_scores(p, history, actual) for name, p in paths.items()}
+    u = pr.uniforms(int(config["seed"]), actual.shape)
+    per = {name: sc.origin_scores(p, history, actual, u) for name, p in paths.items()}
+    vol = pr.histvol(history, actual, u)
+    if vol is not None:
+        per["histvol"] = sc.distribution_scores(vol, history, actual)
+    calibration, cal_seconds = _calibrate(config, predictors, origins, per, history, actual, u, rank=rank,
+                                          world_size=world_size, console=console, calibrator=calibrator)
+    if cal_seconds is not None:
+        seconds["calibration"] = cal_seconds
     groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
     steps = tuple(horizons(config))
     metrics: dict[str, float] = {}
@@ -210,12 +252,21 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
                           "position": origins.positions, "last_close": history[:, -1],
                           "actual_return": per["persistence"]["actual_return"]})
     for name, scores in per.items():
-        kept = sc.summary(scores, origins.dates, direction=name != "persistence", horizons=steps)
+        signal = name in SIGNALS or name == "seasonal_naive"
+        kept = sc.summary(scores, origins.dates, direction=signal, horizons=steps)
         metrics.update({f"{PREFIXES[name]}{k}": v for k, v in kept.items()})
-        for column in ("mase", "crps") + (("direction", "forecast_return") if name != "persistence" else ()):
+        for column in ("mase", "crps") + (("direction", "forecast_return") if signal else ()):
             table[f"{name}_{column}"] = scores[column]
     skills, tags = _skills(per, float(config["verdict_min_change"]), groups)
     metrics.update(skills)
+    metrics.update(_brier_skills(per, calibration["base_rate"]))
+    if calibration["calibrator"] is not None:
+        value, low, high = sc.skill(per[CALIBRATED]["quantile_loss"], per["finetuned"]["quantile_loss"], groups)
+        name = "wql_skill_calibrated_vs_raw"
+        metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high,
+                        "calibration_origins": float(calibration["calibrator"].origins)})
+        tags[CALIBRATION_TAG] = decide(-high, -low, float(config["verdict_min_change"]))
+    tags["calibration"] = calibration["status"]
     metrics.update(_ic_intervals(per, origins.dates))
     metrics["direction_baseline"] = sc.direction_baseline(per["persistence"]["actual_return"])
     for name in ("finetuned", "zeroshot"):
@@ -238,21 +289,91 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     return Scorecard(metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}, tags=tags,
                      origins=table, signals=signals, seconds=seconds, description=origins.describe(),
                      digest=origins.digest, sample=sample, forecasts=forecasts_frame(origins, per, actual),
-                     horizon_mase=step_means, signal_description=signal_description, signal_seconds=signal_seconds)
+                     horizon_mase=step_means, signal_description=signal_description, signal_seconds=signal_seconds,
+                     pit={name: scores["pit"] for name, scores in per.items()},
+                     p_up={name: (scores["p_up"], scores["up"]) for name, scores in per.items()
+                           if name not in ("persistence", "seasonal_naive")},
+                     calibrator=calibration["calibrator"])
+
+
+def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *, rank, world_size, console,
+               calibrator=None):
+    """The calibration origins' base rate of a rise and, with ``calibration: on`` and a fine-tuned
+    pair, the calibrator (``calibrator``, the served model's own, when given and fit on bars
+    before the first test forecast bar; else fit here on the pair's forecasts of them) and the
+    calibrated forecaster's scores in ``per`` (:mod:`~kronos_mlflow.evaluation.calibration`);
+    the seconds the fit took (None when off or given)."""
+    out = {"base_rate": float("nan"), "calibrator": None, "status": "off"}
+    cal_origins = cb.origins_for(config, origins)
+    base = cb.base_rate(cal_origins)
+    out["base_rate"] = base if base is not None else float("nan")
+    if not cb.is_on(config) or predictors.get("finetuned") is None:
+        return out, None
+    seconds = None
+    if calibrator is not None and cb.before(calibrator, origins):
+        out["status"] = "model"
+    else:
+        started = time.time()
+        calibrator = fit_calibrator(predictors["finetuned"], cal_origins, config, rank=rank, world_size=world_size,
+                                 console=console)
+        seconds = round(time.time() - started, 3)
+        out["status"] = "on"
+    test_raw = {"levels": per["finetuned"]["levels"], "mean": per["finetuned"]["mean"], "p_up": per["finetuned"]["p_up"]}
+    dist = cb.calibrated(calibrator, test_raw, history[:, -1], pr.histvol_sigma(history), actual, u)
+    per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
+    out["calibrator"] = calibrator
+    return out, seconds
+
+
+def fit_calibrator(predictor, origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
+             console=None) -> cb.Calibrator:
+    """A calibrator fit on a Kronos pair's forecasts of the calibration ``origins`` (sampled as
+    the scorecard samples; a collective when ``world_size > 1``)."""
+    cb.check_enough(len(origins), config)
+    every = np.arange(len(origins))
+    history, actual = origins.history(every)[..., pr.CLOSE], origins.future(every)[..., pr.CLOSE]
+    progress = console.progress if console is not None else None
+    paths = fc.kronos_paths(predictor, origins, config, rank=rank, world_size=world_size, progress=progress,
+                            desc="calibration: finetuned")
+    raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(int(config["seed"]), actual.shape))
+    return cb.fit(raw["levels"], history[:, -1], pr.histvol_sigma(history), actual, raw["p_up"], cb.time_range(origins))
+
+
+
+def _brier_skills(per, base_rate: float) -> dict[str, float]:
+    """The constant base rate's Brier score on the test origins (``base_rate_up``,
+    ``base_rate_test_brier_up``) and each forecaster's ``<prefix>brier_skill_up`` against it."""
+    if not math.isfinite(base_rate):
+        return {}
+    up = per["persistence"]["up"]
+    reference = pr.brier(np.full(len(up), base_rate), up)
+    out = {"base_rate_up": base_rate, "base_rate_test_brier_up": reference}
+    for name, scores in per.items():
+        if name in ("persistence", "seasonal_naive") or not reference > 0:
+            continue
+        out[f"{PREFIXES[name]}brier_skill_up"] = 1.0 - pr.brier(scores["p_up"], scores["up"]) / reference
+    return out
+
+
+CALIBRATOR_NAME = "calibrator.json"
 
 
 def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
-    """``scorecard.json``, ``scorecard.png``, ``forecasts.png``, ``horizons.png``,
-    ``origins.parquet`` and ``forecasts.parquet`` in ``directory`` (each written whole, then
-    renamed)."""
+    """``scorecard.json``, ``calibrator.json`` (when calibrated), ``scorecard.png``,
+    ``forecasts.png``, ``horizons.png``, ``pit.png``, ``reliability.png``, ``origins.parquet``
+    and ``forecasts.parquet`` in ``directory`` (each written whole, then renamed)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     out = [directory / "scorecard.json"]
     write_atomic(out[0], json.dumps(card.as_json(), indent=2, sort_keys=True))
     if card.reason:
         return out
+    if card.calibrator is not None:
+        write_atomic(directory / CALIBRATOR_NAME, card.calibrator.dumps())
+        out.append(directory / CALIBRATOR_NAME)
     for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure),
-                       ("horizons.png", horizons_figure)):
+                       ("horizons.png", horizons_figure), ("pit.png", pit_figure),
+                       ("reliability.png", reliability_figure)):
         tmp = directory / f".{name}.tmp"
         draw(card).savefig(tmp, format="png", dpi=110)
         tmp.replace(directory / name)
@@ -280,8 +401,11 @@ def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None
         logger.set_tags(card.tags)
     if console is not None:
         console.print(card.line())
+        if card.calibration_line():
+            console.print(card.calibration_line())
         for name, seconds in card.seconds.items():
-            console.print(f"  {name}: {fc.describe_cost(seconds, int(card.metrics.get('eval_origins', 0)))}")
+            count = card.metrics.get("calibration_origins" if name == "calibration" else "eval_origins", 0)
+            console.print(f"  {name}: {fc.describe_cost(seconds, int(count))}")
         if card.signal_description:
             n = int(card.metrics.get("backtest_signal_forecasts", 0))
             console.print(f"  backtest signal: {card.signal_description}" + "".join(

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from . import probabilistic as pr
 from .verdict import group_sums, grouped_bootstrap, paired_bootstrap, resampled_groups
 
 NORM_EPS = 1e-5
@@ -41,36 +42,57 @@ LEVELS = np.round(np.arange(1, 10) / 10.0, 1)  # the nine deciles the quantile m
 GM_CLIP = (0.01, 100.0)  # fev's clipping of each relative error before the geometric mean
 
 
-def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np.ndarray) -> dict[str, np.ndarray]:
-    """Per origin (see the module doc): ``mase``, ``crps``, ``direction``, ``forecast_return``,
-    ``actual_return``. ``paths`` (n, S, H), ``history_close`` (n, L), ``actual_close`` (n, H)."""
+def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np.ndarray,
+                  u: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per origin (see the module doc) of sample paths ``(n, S, H)``, ``history_close`` (n, L),
+    ``actual_close`` (n, H); ``u``: the PIT's uniforms ``(n, H)`` (default: from seed 0)."""
     paths = np.asarray(paths, dtype=np.float64)
     c = np.asarray(history_close, dtype=np.float64)
     y = np.asarray(actual_close, dtype=np.float64)
-    f = paths.mean(axis=1)
-    scale = np.abs(np.diff(c, axis=1)).mean(axis=1) if c.shape[1] > 1 else np.zeros(len(c))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mase = np.where(scale > 0, np.abs(f - y).mean(axis=1) / scale, np.nan)
+    u = pr.uniforms(0, y.shape) if u is None else u
     n_paths = paths.shape[1]
     pairs = np.abs(paths[:, :, None, :] - paths[:, None, :, :]).sum(axis=(1, 2))  # (n, H)
     spread = pairs / (2.0 * n_paths * (n_paths - 1)) if n_paths > 1 else np.zeros_like(pairs)
-    crps_steps = np.abs(paths - y[:, None, :]).mean(axis=1) - spread
-    crps = crps_steps.mean(axis=1) / (c.std(axis=1) + NORM_EPS)
+    dist = pr.from_paths(paths, c[:, -1], y, u)
+    dist.update(mean=paths.mean(axis=1), crps_steps=np.abs(paths - y[:, None, :]).mean(axis=1) - spread)
+    return distribution_scores(dist, c, y)
+
+
+def distribution_scores(dist: Mapping[str, np.ndarray], history_close: np.ndarray,
+                        actual_close: np.ndarray) -> dict[str, np.ndarray]:
+    """Per origin, of a forecaster's distribution (:mod:`~kronos_mlflow.evaluation.probabilistic`:
+    ``levels``, ``mean``, ``crps_steps``, ``pit``, ``p_up``): the module doc's scores, the
+    coverages of the 50, 80 and 90% central intervals (``coverage_<c>`` per origin,
+    ``coverage_steps_<c>`` per (origin, step)), ``pit`` and ``p_up``."""
+    c = np.asarray(history_close, dtype=np.float64)
+    y = np.asarray(actual_close, dtype=np.float64)
+    f = np.asarray(dist["mean"], dtype=np.float64)
+    scale = np.abs(np.diff(c, axis=1)).mean(axis=1) if c.shape[1] > 1 else np.zeros(len(c))
     with np.errstate(divide="ignore", invalid="ignore"):
+        mase = np.where(scale > 0, np.abs(f - y).mean(axis=1) / scale, np.nan)
         step_mase = np.where(scale[:, None] > 0, np.abs(f - y) / scale[:, None], np.nan)
-    q = np.moveaxis(np.quantile(paths, LEVELS, axis=1), 0, 1)  # (n, 9, H)
+    crps = np.asarray(dist["crps_steps"], dtype=np.float64).mean(axis=1) / (c.std(axis=1) + NORM_EPS)
+    levels = np.asarray(dist["levels"], dtype=np.float64)
+    q = levels[:, pr.DECILES]  # (n, 9, H)
     diff = y[:, None, :] - q
-    levels = LEVELS[None, :, None]
-    quantile_loss = (2.0 * np.maximum(levels * diff, (levels - 1.0) * diff)).mean(axis=1).sum(axis=1)
-    coverage = ((y >= q[:, 0]) & (y <= q[:, -1])).mean(axis=1)
+    weights = LEVELS[None, :, None]
+    quantile_loss = (2.0 * np.maximum(weights * diff, (weights - 1.0) * diff)).mean(axis=1).sum(axis=1)
     last = c[:, -1]
     actual_sign, forecast_sign = np.sign(y[:, -1] - last), np.sign(f[:, -1] - last)
     direction = np.where(actual_sign != 0, (actual_sign == forecast_sign).astype(np.float64), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         forecast_return, actual_return = f[:, -1] / last - 1.0, y[:, -1] / last - 1.0
-    return {"mase": mase, "crps": crps, "direction": direction, "forecast_return": forecast_return,
-            "actual_return": actual_return, "step_mase": step_mase, "quantiles": q, "mean": f,
-            "quantile_loss": quantile_loss, "abs_actual": np.abs(y).sum(axis=1), "coverage_80": coverage}
+    out = {"mase": mase, "crps": crps, "direction": direction, "forecast_return": forecast_return,
+           "actual_return": actual_return, "step_mase": step_mase, "quantiles": q, "levels": levels, "mean": f,
+           "quantile_loss": quantile_loss, "abs_actual": np.abs(y).sum(axis=1),
+           "pit": np.asarray(dist["pit"], dtype=np.float64), "p_up": np.asarray(dist["p_up"], dtype=np.float64),
+           "up": pr.outcome_up(last, y)}
+    for nominal in pr.COVERAGES:
+        steps = pr.coverage(levels, y, nominal)
+        steps[~np.isfinite(levels[:, 0])] = np.nan
+        out[f"coverage_steps_{nominal}"] = steps
+        out[f"coverage_{nominal}"] = steps.mean(axis=1)
+    return out
 
 
 def daily_ic(dates, forecast_return, actual_return, min_symbols: int = MIN_SYMBOLS) -> pd.DataFrame:
@@ -108,10 +130,14 @@ def summary(scores: Mapping[str, np.ndarray], dates, *, direction: bool = True,
     ``coverage_80``, ``mase_close_h<k>`` for each of ``horizons``, and, for a forecaster that
     forecasts a change (``direction``), ``direction_accuracy``, ``ic``, ``rank_ic``, ``icir``,
     ``rank_icir`` (each only when defined)."""
-    out = {"mase_close": _mean(scores["mase"]), "crps_close": _mean(scores["crps"]), "wql_close": wql(scores),
-           "coverage_80": _mean(scores["coverage_80"])}
+    out = {"mase_close": _mean(scores["mase"]), "crps_close": _mean(scores["crps"]), "wql_close": wql(scores)}
+    for nominal in pr.COVERAGES:
+        out[f"coverage_{nominal}"] = _mean(scores[f"coverage_{nominal}"])
+    out["pit_ks"] = pr.ks_distance(scores["pit"])
+    out["brier_up"] = pr.brier(scores["p_up"], scores["up"])
     for k in horizons:
         out[f"mase_close_h{k}"] = _mean(np.asarray(scores["step_mase"])[:, k - 1])
+        out[f"coverage_80_h{k}"] = _mean(np.asarray(scores["coverage_steps_80"])[:, k - 1])
     if direction:
         out["direction_accuracy"] = _mean(scores["direction"])
         per_date = daily_ic(dates, scores["forecast_return"], scores["actual_return"])

@@ -179,3 +179,12 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
     if dirs is None:
         raise UserError(f"--model '{spec}' holds no tokenizer and predictor checkpoints; expected {MODEL_ACCEPTED}")
     return dirs[0], dirs[1], run_id
+
+
+def model_calibrator(predictor_dir: Path):
+    """The calibrator a logged forecaster carries beside its checkpoints (``calibrator/calibrator.json``
+    next to ``predictor/``), or None (a model logged without one, or checkpoint directories)."""
+    from ..forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, read_calibrator  # lazy: mlflow
+
+    path = Path(predictor_dir).parent / CALIBRATOR_ARTIFACT / CALIBRATOR_FILE
+    return read_calibrator(str(path)) if path.is_file() else None

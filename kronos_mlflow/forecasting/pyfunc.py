@@ -14,6 +14,13 @@ The input is a dict of two arrays:
 
 The output is a dict: ``paths`` ``(B, sample_count, pred_len, 6)`` float32, every sample path in
 the input's units, and ``mean`` ``(B, pred_len, 6)`` float32, their mean over the paths.
+The pyfunc adds the close's distribution (:func:`close_distribution`): ``quantiles``
+``(B, 13, pred_len)`` float64 at ``quantile_levels`` (:data:`~kronos_mlflow.forecasting.quantiles.QLEVELS`),
+``p_up`` ``(B,)`` float64, the probability that the close at the last forecast step is above the
+last input bar's close (NaN with one sample path), and ``calibration`` ``(B,)``: ``"calibrated"``
+where the model's calibrator (the ``calibrator`` artifact, ``calibrator.json`` of
+:class:`~kronos_mlflow.forecasting.quantiles.Calibrator`) adjusted them, ``"raw"`` where they are
+those of the sample paths (param ``calibrated`` false, or a model without a calibrator).
 The sampling settings are ``pred_len``, ``T``, ``top_k``, ``top_p``, ``sample_count`` (as
 ``KronosPredictor.predict``) and ``seed``: the paths are drawn from torch's generator seeded
 with it (the caller's generator state is restored afterwards), so one seed gives one set of
@@ -27,22 +34,29 @@ holds); the pyfunc raises it as MLflow's ``INVALID_PARAMETER_VALUE``, an HTTP 40
 from __future__ import annotations
 
 import contextlib
+import json
 import numbers
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, UserError
 from ..mlflow_model import bad_input_as_invalid_parameter
+from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles
 
 TOKENIZER_ARTIFACT = "tokenizer"
 PREDICTOR_ARTIFACT = "predictor"
+CALIBRATOR_ARTIFACT = "calibrator"  # a directory holding CALIBRATOR_FILE (absent in older models)
+CALIBRATOR_FILE = "calibrator.json"
 COLUMNS = ("open", "high", "low", "close", "volume", "amount")
 INPUT_KEYS = ("bars", "timestamps")
 # The sampling settings and their defaults (pred_len's default is the config's predict_window).
 SAMPLING_DEFAULTS: dict[str, Any] = {"T": 1.0, "top_k": 0, "top_p": 0.9, "sample_count": 1, "seed": 0}
-PARAM_NAMES = ("pred_len", *SAMPLING_DEFAULTS)
+# The pyfunc's own setting: calibrated quantiles and p_up (where the model holds a calibrator).
+SERVING_DEFAULTS: dict[str, Any] = {"calibrated": True}
+PARAM_NAMES = ("pred_len", *SAMPLING_DEFAULTS, *SERVING_DEFAULTS)
 _INPUT_SHAPE = '{"bars": (B, L, 6), "timestamps": (B, L + pred_len)}'
 
 
@@ -117,10 +131,11 @@ def _numbers(value: Any, name: str) -> np.ndarray:
 
 
 def sampling_params(params: Mapping[str, Any] | None, pred_len_default: int) -> dict[str, Any]:
-    """The sampling settings: ``params`` over the defaults, each checked (one-line errors)."""
+    """The sampling settings and ``calibrated``: ``params`` over the defaults, each checked
+    (one-line errors)."""
     from ..model.sampling import check_sampling  # lazy: torch
 
-    merged = {"pred_len": int(pred_len_default), **SAMPLING_DEFAULTS}
+    merged = {"pred_len": int(pred_len_default), **SAMPLING_DEFAULTS, **SERVING_DEFAULTS}
     for key, value in (params or {}).items():
         if key not in merged:
             raise ConfigError(f"unknown parameter {key!r}; the forecaster takes {', '.join(PARAM_NAMES)}")
@@ -129,6 +144,9 @@ def sampling_params(params: Mapping[str, Any] | None, pred_len_default: int) -> 
     seed = merged["seed"]
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
         raise ConfigError(f"seed is {seed!r}; expected a whole number from 0 to 2**63 - 1 (one seed, one set of paths)")
+    if not isinstance(merged["calibrated"], bool):
+        raise ConfigError(f"calibrated is {merged['calibrated']!r}; expected true or false (false: the raw quantiles "
+                          "and p_up of the sample paths)")
     return merged
 
 
@@ -152,6 +170,7 @@ def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: 
 
     settings = sampling_params({"T": T, "top_k": top_k, "top_p": top_p, "sample_count": sample_count,
                                 "seed": seed}, pred_len)
+    del settings["calibrated"]  # the pyfunc's, not the sampler's
     bars, stamps = forecast_inputs(model_input, settings["pred_len"])
     lookback = bars.shape[1]
     try:
@@ -169,13 +188,51 @@ def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: 
     return {"paths": paths, "mean": paths.mean(axis=1)}
 
 
+def read_calibrator(path: str) -> Calibrator:
+    """The calibrator of ``path`` (a ``calibrator.json`` or a directory holding one); anything
+    else is a one-line :class:`UserError`."""
+    file = os.path.join(path, CALIBRATOR_FILE) if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{file}: cannot read a calibrator ({exc}); expected the JSON that "
+                        "evaluation/calibrator.json holds") from None
+    if not isinstance(data, Mapping):
+        raise UserError(f"{file}: holds {type(data).__name__}, not a calibrator; expected the JSON that "
+                        "evaluation/calibrator.json holds")
+    return Calibrator.from_json(data, source=file)
+
+
+def close_distribution(paths: np.ndarray, bars: np.ndarray, calibrator: Calibrator | None = None
+                       ) -> dict[str, np.ndarray]:
+    """The close's distribution of sample paths ``(B, S, pred_len, 6)`` forecast from lookback
+    ``bars`` ``(B, L, 6)``: ``quantiles`` ``(B, 13, pred_len)`` at ``quantile_levels``
+    (:data:`~kronos_mlflow.forecasting.quantiles.QLEVELS`, numpy's linear quantiles of the
+    paths' closes), ``p_up`` ``(B,)`` (the share of paths whose last close is above the last
+    bar's close; NaN with one path) and ``calibration`` ``(B,)``. With ``calibrator``, both go
+    through it (:meth:`Calibrator.quantiles`, its sigma the std of the lookback's last 20 log
+    returns of the close; :meth:`Calibrator.p_up`) and ``calibration`` is ``"calibrated"``;
+    without, ``"raw"``."""
+    close = np.asarray(paths, dtype=np.float64)[..., CLOSE]  # (B, S, H)
+    history = np.asarray(bars, dtype=np.float64)[..., CLOSE]  # (B, L)
+    last = history[:, -1]
+    levels, p_up = path_quantiles(close, last)
+    if calibrator is not None:
+        levels = calibrator.quantiles(levels, last, histvol_sigma(history))
+        p_up = np.where(np.isnan(p_up), np.nan, calibrator.p_up(p_up))  # one path states no probability
+    state = "raw" if calibrator is None else "calibrated"
+    return {"quantiles": levels, "quantile_levels": QLEVELS.astype(np.float64), "p_up": p_up,
+            "calibration": np.full(len(levels), state)}
+
+
 try:  # the class needs mlflow; the functions above do not
     import mlflow.pyfunc
 
     class KronosForecasterPyfunc(mlflow.pyfunc.PythonModel):
-        """Loads both checkpoint directories from the model's artifacts; see the module doc.
-        ``model_config``: ``pred_len`` (the default horizon), ``max_context``, ``clip``,
-        ``device`` (absent: KronosPredictor's choice)."""
+        """Loads both checkpoint directories, and the calibrator where the model holds one,
+        from the model's artifacts; see the module doc. ``model_config``: ``pred_len`` (the
+        default horizon), ``max_context``, ``clip``, ``device`` (absent: KronosPredictor's choice)."""
 
         def load_context(self, context):
             model_config = dict(getattr(context, "model_config", None) or {})
@@ -184,13 +241,20 @@ try:  # the class needs mlflow; the functions above do not
                 context.artifacts[TOKENIZER_ARTIFACT], context.artifacts[PREDICTOR_ARTIFACT],
                 max_context=int(model_config.get("max_context", 512)), clip=float(model_config.get("clip", 5.0)),
                 device=model_config.get("device"))
+            calibrator = (getattr(context, "artifacts", None) or {}).get(CALIBRATOR_ARTIFACT)
+            self.calibrator = read_calibrator(calibrator) if calibrator else None  # None: a model logged without one
 
         # np.ndarray: MLflow infers no schema from this hint (the logged signature is the
         # schema; its inputs are left open so that predict's own checks answer bad input).
         def predict(self, context, model_input: np.ndarray, params: dict[str, Any] | None = None
                     ) -> dict[str, np.ndarray]:
             with bad_input_as_invalid_parameter():
-                return forecast(self.predictor, model_input, **sampling_params(params, self.pred_len))
+                settings = sampling_params(params, self.pred_len)
+                calibrated = settings.pop("calibrated")
+                out = forecast(self.predictor, model_input, **settings)
+                # the bars as the model read them (float32); forecast has checked them
+                bars = np.asarray(model_input["bars"]).astype(np.float32)
+                return {**out, **close_distribution(out["paths"], bars, self.calibrator if calibrated else None)}
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosForecasterPyfunc = None  # type: ignore[assignment]

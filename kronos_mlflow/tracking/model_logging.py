@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,8 @@ from .. import mlflow_model
 from ..config import format_time_range, run_params
 from ..data import resolve_qlib_path
 from ..forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
+from ..forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
+from ..forecasting.quantiles import QLEVELS
 from ..fsutil import write_atomic
 from ..keys import BEST_METRIC, PREDICTOR_VAL_METRIC, VAL_METRIC
 from ..mlflow_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
@@ -235,17 +238,22 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
 
 
 def forecaster_signature(pred_len: int):
-    """The forecaster's signature: its outputs and the sampling parameters with their defaults
-    (``pred_len``: the config's predict_window). The inputs are left open: ``predict`` checks
-    the dict of ``bars`` and ``timestamps`` itself and refuses bad input in one short line
-    (MLflow's own schema check would print the whole array)."""
+    """The forecaster's signature: its outputs (``paths``, ``mean``, and the close's
+    ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``) and the parameters with their
+    defaults (``pred_len``: the config's predict_window; the sampling ones; ``calibrated``). The
+    inputs are left open: ``predict`` checks the dict of ``bars`` and ``timestamps`` itself and
+    refuses bad input in one short line (MLflow's own schema check would print the whole array)."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
-    float32 = np.dtype("float32")
-    outputs = Schema([TensorSpec(float32, (-1, -1, -1, 6), "paths"), TensorSpec(float32, (-1, -1, 6), "mean")])
+    float32, float64 = np.dtype("float32"), np.dtype("float64")
+    outputs = Schema([TensorSpec(float32, (-1, -1, -1, 6), "paths"), TensorSpec(float32, (-1, -1, 6), "mean"),
+                      TensorSpec(float64, (-1, len(QLEVELS), -1), "quantiles"),
+                      TensorSpec(float64, (len(QLEVELS),), "quantile_levels"), TensorSpec(float64, (-1,), "p_up"),
+                      TensorSpec(np.dtype(str), (-1,), "calibration")])
     params = [ParamSpec("pred_len", "long", int(pred_len))]
     params += [ParamSpec(k, "double" if isinstance(v, float) else "long", v) for k, v in SAMPLING_DEFAULTS.items()]
+    params += [ParamSpec(k, "boolean", v) for k, v in SERVING_DEFAULTS.items()]
     return ModelSignature(inputs=None, outputs=outputs, params=ParamSchema(params))
 
 
@@ -255,16 +263,26 @@ FORECAST_CHECK = {"sample_count": 2, "seed": 0}
 
 def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config: Mapping[str, Any], step: int = 0,
                    metrics: Mapping[str, float] | None = None, heldout_metrics: Mapping[str, float] | None = None,
-                   heldout_dataset: tuple[str, str] | None = None):
+                   heldout_dataset: tuple[str, str] | None = None, calibrator_path: str | None = None):
     """Log the predictor run's forecaster as the MLflow Model ``best_model`` of
     ``mlflow_logger``'s run: ``tokenizer_dir`` (the tokenizer the predictor was trained on) and
     ``predictor_dir`` (the best predictor checkpoint), each a ``config.json`` +
-    ``model.safetensors`` directory, become the artifacts ``tokenizer/`` and ``predictor/``.
+    ``model.safetensors`` directory, become the artifacts ``tokenizer/`` and ``predictor/``;
+    ``calibrator_path`` (the run's ``evaluation/calibrator.json``), when given, is checked and
+    becomes ``calibrator/calibrator.json``, which the model applies to its quantiles and p_up.
     Linked, given metrics, checked and registered as :func:`log_best_model` does; the check
     forecasts real windows of the config's data in memory and with the reloaded model, for one
-    seed, and requires the same paths. Returns the ``ModelInfo``."""
+    seed, and requires the same paths (and, with a calibrator, a calibrated answer). Returns the
+    ``ModelInfo``."""
+    if calibrator_path is not None:
+        read_calibrator(os.fspath(calibrator_path))  # a bad file is refused before anything is logged
     with tempfile.TemporaryDirectory(prefix="kronos-forecaster-") as staging:
         artifacts = _forecaster_artifacts(tokenizer_dir, predictor_dir, staging)
+        if calibrator_path is not None:
+            directory = os.path.join(staging, CALIBRATOR_ARTIFACT)
+            os.makedirs(directory)
+            shutil.copyfile(os.fspath(calibrator_path), os.path.join(directory, CALIBRATOR_FILE))
+            artifacts[CALIBRATOR_ARTIFACT] = directory
         return _log_forecaster(mlflow_logger, artifacts, config, int(step), metrics, heldout_metrics, heldout_dataset)
 
 
@@ -296,9 +314,12 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
         "forecaster_model.py", artifacts, model_config, forecaster_signature(pred_len),
         (example, dict(FORECAST_CHECK)), _metadata(config))
 
+    state = "calibrated" if CALIBRATOR_ARTIFACT in artifacts else "raw"
+
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))
-        return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean"))
+        return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean")) and bool(
+            np.all(np.asarray(got["calibration"]) == state))
 
     return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
 
@@ -428,16 +449,18 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
 
 def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result: Mapping[str, Any], heldout,
                         dataset) -> None:
-    """A predictor run's ``best_model``: the forecaster holding its tokenizer and best checkpoint."""
+    """A predictor run's ``best_model``: the forecaster holding its tokenizer and best checkpoint,
+    and the calibrator the scorecard wrote (``evaluation/calibrator.json``) where there is one."""
     forecaster = globals().get("log_forecaster")
     if forecaster is None:  # the checkpoints as plain artifacts, in the hub layout
         mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.best_model), "best_model/predictor")
         mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.tokenizer), "best_model/tokenizer")
         return
+    calibrator = Path(layout.root) / "evaluation" / CALIBRATOR_FILE
     forecaster(mlflow_logger, str(layout.tokenizer), str(layout.best_model), config,
                step=max(result["best_epoch"], 0), metrics=best_epoch_metrics(result, PREDICTOR_VAL_METRIC),
                heldout_metrics=heldout,
-               heldout_dataset=dataset)
+               heldout_dataset=dataset, calibrator_path=str(calibrator) if calibrator.is_file() else None)
 
 
 def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None,

@@ -3,28 +3,43 @@
 A walk-forward evaluation judges the fine-tuned pair on ``F`` consecutive test periods (folds
 ``k = 1 .. F`` in time order), each scored by one evaluation run whose scorecard wrote
 ``evaluation/origins.parquet`` (per origin: each forecaster's MASE) and
-``evaluation/forecasts.parquet`` (per origin, forecaster and step: the actual close and the nine
-deciles). Everything here takes those tables and the runs' metrics and tags (a
-:class:`FoldResult` per fold), never MLflow:
+``evaluation/forecasts.parquet`` (per origin, forecaster and step: the actual close, the
+quantiles, and in newer runs ``q0.05`` .. ``q0.95`` and the ``pit``). Everything here takes those
+tables and the runs' metrics and tags (a :class:`FoldResult` per fold), never MLflow:
 
 - :func:`origin_wql`: per origin and forecaster, ``quantile_loss`` and ``abs_actual`` as
   :func:`~kronos_mlflow.evaluation.scores.origin_scores` computes them, from the deciles;
-- :func:`fold_metrics`: each fold's ``skill_vs_<base>`` and ``wql_skill_vs_<base>`` with their
-  intervals as ``fold<k>_<name>``, and the values once more as ``fold_<name>`` at step ``k``
-  (the MLflow UI draws them over the folds);
+- :func:`fold_metrics`: each fold's ``skill_vs_<base>`` and ``wql_skill_vs_<base>`` (and, where
+  the fold's run has it, ``wql_skill_calibrated_vs_raw``) with their intervals as
+  ``fold<k>_<name>``, and the values once more as ``fold_<name>`` at step ``k`` (the MLflow UI
+  draws them over the folds);
 - :func:`pooled`: every fold's origins together: ``pooled_skill_vs_<base>`` = 1 - the ratio of
   the mean MASE, ``pooled_wql_skill_vs_<base>`` = 1 - the ratio of the mean quantile loss,
   each with its 95% interval (whole origin dates resampled with ``bootstrap_unit: date``, else
   each origin alone) and the tags ``pooled_verdict_vs_<base>`` / ``pooled_verdict_wql_vs_<base>``
   (the scorecard's rule: :func:`~kronos_mlflow.evaluation.verdict.decide` on the negated
-  interval); ``<base>`` is ``zeroshot`` (when the folds scored it) and ``persistence``;
+  interval); ``<base>`` is ``zeroshot`` (when the folds scored it), ``persistence`` and
+  ``histvol`` (when the folds scored it); ``pooled_wql_skill_calibrated_vs_raw`` likewise, the
+  calibrated forecaster's quantile loss against the fine-tuned pair's, with the tag
+  ``pooled_verdict_calibrated_vs_raw`` (when the folds calibrated);
+- :func:`pooled_calibration`: per forecaster of :data:`CALIBRATION_FORECASTERS` the folds
+  forecast, ``pooled_<prefix>coverage_<c>`` (the share of every fold's (origin, step) rows whose
+  actual close lies in the central ``c``% interval: ``q0.25..q0.75``, ``q0.1..q0.9``,
+  ``q0.05..q0.95``; only when every such fold's table holds both columns) and
+  ``pooled_<prefix>pit_ks`` (the KS distance to U(0, 1) of every fold's ``pit``; only when every
+  such fold's table holds it), ``<prefix>`` the scorecard's (``test_``, ``calibrated_test_``,
+  ``histvol_test_``, ``zeroshot_test_``);
 - :func:`fold_counts`: ``folds_better_vs_<base>`` / ``folds_worse_vs_<base>`` (the folds'
   ``verdict_vs_<base>`` tags) and ``win_rate_vs_<base>``, the share of the folds with a
   ``skill_vs_<base>`` whose skill is positive (NaN when none has one);
 - :func:`walkforward_verdict`: ``better`` only when the pooled interval says better and no fold
-  says worse, ``worse`` when the pooled interval says worse, else ``inconclusive``;
+  says worse, ``worse`` when the pooled interval says worse, else ``inconclusive``
+  (``walkforward_verdict_why`` explains the one against zeroshot, else persistence);
 - :func:`summarize`, :func:`write_summary`, :func:`skill_figure`: all of it as one dict,
   ``summary.json`` (NaN written as null) and ``skill_by_fold.png``.
+
+Folds of older runs (the nine deciles only, no ``pit``, no calibrated or ``histvol`` forecaster)
+aggregate as before: a number whose input no fold has is left out, never NaN.
 
 The folds must be disjoint: a fold whose origins reach into another's period is refused, since
 pooling would count those dates twice. docs/walk-forward.md.
@@ -32,6 +47,7 @@ pooling would count those dates twice. docs/walk-forward.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -43,17 +59,37 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError
+from ..evaluation import probabilistic as pr
 from ..evaluation import scores as sc
+from ..evaluation.calibration import CALIBRATED
 from ..evaluation.figures import COLORS, labels_inside
-from ..evaluation.scorecard import QUANTILE_COLUMNS, VERDICT_TAGS, WQL_VERDICT_TAGS
+from ..evaluation.scorecard import (
+    CALIBRATION_TAG,
+    PREFIXES,
+    QUANTILE_COLUMNS,
+    VERDICT_TAGS,
+    WQL_VERDICT_TAGS,
+)
 from ..evaluation.verdict import decide
 from ..fsutil import write_atomic
 from ..plots import new_figure
 
 BASES = ("zeroshot", "persistence")
+#: bases pooled, counted and drawn only where some fold scored them
+EXTRA_BASES = ("histvol",)
 KEYS = ["datetime", "instrument"]
 #: the fold runs' skills the walk-forward reads, each with ``_ci_low`` / ``_ci_high``
 FOLD_SKILLS = tuple(f"{kind}_vs_{base}" for kind in ("skill", "wql_skill") for base in BASES)
+#: the calibrated forecaster's quantile-loss skill over the fine-tuned pair's (a fold run's metric)
+CALIBRATION_SKILL = "wql_skill_calibrated_vs_raw"
+#: skills a fold's run has only when it scored them: read, shown and stepped only where present
+OPTIONAL_SKILLS = tuple(f"{kind}_vs_{base}" for kind in ("skill", "wql_skill") for base in EXTRA_BASES) + (
+    CALIBRATION_SKILL,)
+#: verdict tags a fold's run has only when it scored them
+OPTIONAL_TAGS = tuple(tags[base] for tags in (VERDICT_TAGS, WQL_VERDICT_TAGS) for base in EXTRA_BASES) + (
+    CALIBRATION_TAG,)
+#: the forecasters whose pooled coverage and PIT KS the walk-forward computes
+CALIBRATION_FORECASTERS = ("finetuned", CALIBRATED, "histvol", "zeroshot")
 INTERVAL = ("", "_ci_low", "_ci_high")
 SUMMARY_NAME = "summary.json"
 FIGURE_NAME = "skill_by_fold.png"
@@ -114,7 +150,7 @@ def check_folds(results: Sequence[FoldResult]) -> list[FoldResult]:
         if missing or not len(r.origins):
             raise FoldsError(f"fold {r.fold} (run {r.run_id}) has no scored origins"
                              + (f" (origins.parquet lacks {missing})" if missing else ""))
-    for before, after in zip(ordered, ordered[1:]):
+    for before, after in itertools.pairwise(ordered):
         last, first = _times(before.origins["datetime"]).max(), _times(after.origins["datetime"]).min()
         if not last < first:
             raise FoldsError(f"folds {before.fold} and {after.fold} overlap: fold {before.fold}'s origins run to "
@@ -125,11 +161,11 @@ def check_folds(results: Sequence[FoldResult]) -> list[FoldResult]:
 
 def fold_metrics(results: Sequence[FoldResult]) -> list[tuple[str, float, int | None]]:
     """``(name, value, step)`` per fold ``k``: ``fold<k>_<skill>`` with ``_ci_low`` /
-    ``_ci_high`` (step None) and ``fold_<skill>`` at step ``k``, for each of ``FOLD_SKILLS``
-    the fold's run recorded (a finite value)."""
+    ``_ci_high`` (step None) and ``fold_<skill>`` at step ``k``, for each of ``FOLD_SKILLS`` and
+    ``OPTIONAL_SKILLS`` the fold's run recorded (a finite value)."""
     out: list[tuple[str, float, int | None]] = []
     for r in sorted(results, key=lambda r: r.fold):
-        for name in FOLD_SKILLS:
+        for name in FOLD_SKILLS + OPTIONAL_SKILLS:
             for suffix in INTERVAL:
                 value = _finite(r.metrics.get(name + suffix))
                 if value is not None:
@@ -168,7 +204,7 @@ def pooled(results: Sequence[FoldResult], min_change: float,
     groups = _times(origins["datetime"]).to_numpy() if bootstrap_unit == "date" else None
     metrics = {"pooled_origins": float(len(origins)), "folds": float(len(ordered))}
     tags: dict[str, str] = {}
-    for base in BASES:
+    for base in BASES + EXTRA_BASES:
         kinds = []
         if f"{base}_mase" in origins.columns:
             kinds.append(("skill", "", origins["finetuned_mase"], origins[f"{base}_mase"]))
@@ -180,19 +216,66 @@ def pooled(results: Sequence[FoldResult], min_change: float,
             metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high})
             # decide() reads a change of the loss (negative = better): the skill's interval, negated
             tags[f"pooled_verdict_{verdict_kind}vs_{base}"] = decide(-high, -low, float(min_change))
+    if "finetuned" in losses.columns and CALIBRATED in losses.columns:
+        value, low, high = sc.skill(losses[CALIBRATED].to_numpy(dtype=np.float64),
+                                    losses["finetuned"].to_numpy(dtype=np.float64), groups)
+        if math.isfinite(value):
+            name = f"pooled_{CALIBRATION_SKILL}"
+            metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high})
+            tags[f"pooled_{CALIBRATION_TAG}"] = decide(-high, -low, float(min_change))
+    metrics.update(pooled_calibration(ordered))
     return metrics, tags
 
 
-def fold_counts(results: Sequence[FoldResult]) -> dict[str, float]:
-    """``folds_better_vs_<base>``, ``folds_worse_vs_<base>`` and ``win_rate_vs_<base>``."""
+def _inside(rows: pd.DataFrame, low: str, high: str) -> tuple[int, int]:
+    """(rows whose actual close lies in ``[low, high]``, rows where all three are finite)."""
+    y, lo, hi = (rows[c].to_numpy(dtype=np.float64) for c in ("actual", low, high))
+    ok = np.isfinite(y) & np.isfinite(lo) & np.isfinite(hi)
+    return int(((y >= lo) & (y <= hi) & ok).sum()), int(ok.sum())
+
+
+def pooled_calibration(results: Sequence[FoldResult]) -> dict[str, float]:
+    """``pooled_<prefix>coverage_<c>`` and ``pooled_<prefix>pit_ks`` over every fold's forecasts
+    (see the module doc); a forecaster no fold forecast, or a column some fold's table of it
+    lacks, gives no metric."""
     out: dict[str, float] = {}
-    for base in BASES:
+    for name in CALIBRATION_FORECASTERS:
+        tables = [r.forecasts[r.forecasts["forecaster"] == name] for r in results
+                  if "forecaster" in r.forecasts.columns]
+        tables = [t for t in tables if len(t)]
+        if not tables:
+            continue
+        prefix = f"pooled_{PREFIXES[name]}"
+        for nominal, (lo, hi) in pr.COVERAGES.items():
+            low, high = pr.QUANTILE_COLUMNS[lo], pr.QUANTILE_COLUMNS[hi]
+            if all(low in t.columns and high in t.columns for t in tables):
+                hits, rows = np.sum([_inside(t, low, high) for t in tables], axis=0)
+                if rows:
+                    out[f"{prefix}coverage_{nominal}"] = float(hits / rows)
+        if all("pit" in t.columns for t in tables):
+            ks = pr.ks_distance(np.concatenate([t["pit"].to_numpy(dtype=np.float64) for t in tables]))
+            if math.isfinite(ks):
+                out[f"{prefix}pit_ks"] = ks
+    return out
+
+
+def fold_counts(results: Sequence[FoldResult]) -> dict[str, float]:
+    """``folds_better_vs_<base>``, ``folds_worse_vs_<base>`` and ``win_rate_vs_<base>`` for each of
+    ``BASES`` and each of ``EXTRA_BASES`` some fold has a verdict or skill against."""
+    out: dict[str, float] = {}
+    for base in BASES + _scored(results):
         verdicts = [r.tags.get(VERDICT_TAGS[base]) for r in results]
         out[f"folds_better_vs_{base}"] = float(sum(v == "better" for v in verdicts))
         out[f"folds_worse_vs_{base}"] = float(sum(v == "worse" for v in verdicts))
         skills = [s for s in (_finite(r.metrics.get(f"skill_vs_{base}")) for r in results) if s is not None]
         out[f"win_rate_vs_{base}"] = float(np.mean([s > 0 for s in skills])) if skills else float("nan")
     return out
+
+
+def _scored(results: Sequence[FoldResult]) -> tuple[str, ...]:
+    """The ``EXTRA_BASES`` some fold's run has a verdict or a skill against."""
+    return tuple(b for b in EXTRA_BASES if any(r.tags.get(VERDICT_TAGS[b]) or _finite(r.metrics.get(f"skill_vs_{b}"))
+                                               is not None for r in results))
 
 
 def walkforward_verdict(pooled_verdict: str, fold_verdicts: list[str]) -> str:
@@ -227,13 +310,20 @@ def verdict_why(base: str, pooled_verdict: str, results: Sequence[FoldResult], m
 
 def _fold_entry(r: FoldResult) -> dict[str, Any]:
     entry: dict[str, Any] = {"fold": int(r.fold), "run_id": r.run_id, "test_period": [str(t) for t in r.test_period],
-                             "origins": int(len(r.origins))}
+                             "origins": len(r.origins)}
     for name in FOLD_SKILLS:
         for suffix in INTERVAL:
             entry[name + suffix] = _finite(r.metrics.get(name + suffix))
     for tags in (VERDICT_TAGS, WQL_VERDICT_TAGS):
-        for tag in tags.values():
-            entry[tag] = r.tags.get(tag)
+        for base in BASES:
+            entry[tags[base]] = r.tags.get(tags[base])
+    for name in OPTIONAL_SKILLS:  # only what the fold's run has: an older run's entry is as it was
+        if _finite(r.metrics.get(name)) is not None:
+            for suffix in INTERVAL:
+                entry[name + suffix] = _finite(r.metrics.get(name + suffix))
+    for tag in OPTIONAL_TAGS:
+        if r.tags.get(tag):
+            entry[tag] = r.tags[tag]
     return entry
 
 
@@ -244,17 +334,17 @@ def summarize(results: Sequence[FoldResult], min_change: float, bootstrap_unit: 
     ordered = check_folds(results)
     metrics, tags = pooled(ordered, min_change, bootstrap_unit)
     metrics.update(fold_counts(ordered))
-    for base in BASES:
+    for base in BASES + EXTRA_BASES:
         for kind, fold_tags in (("", VERDICT_TAGS), ("wql_", WQL_VERDICT_TAGS)):
             pooled_tag = f"pooled_verdict_{kind}vs_{base}"
             if pooled_tag in tags:
                 tags[f"walkforward_verdict_{kind}vs_{base}"] = walkforward_verdict(
                     tags[pooled_tag], [r.tags.get(fold_tags[base], "") for r in ordered])
+    shown = [t[b] for t in (VERDICT_TAGS, WQL_VERDICT_TAGS) for b in BASES] + list(OPTIONAL_TAGS)
     for r in ordered:  # each fold's own verdicts beside its skills: fold<k>_verdict_vs_zeroshot, ...
-        for fold_tags in (VERDICT_TAGS, WQL_VERDICT_TAGS):
-            for tag in fold_tags.values():
-                if r.tags.get(tag):
-                    tags[f"fold{int(r.fold)}_{tag}"] = r.tags[tag]
+        for tag in shown:
+            if r.tags.get(tag):
+                tags[f"fold{int(r.fold)}_{tag}"] = r.tags[tag]
     explained = next((b for b in BASES if f"pooled_verdict_vs_{b}" in tags), None)
     if explained is not None:
         tags["walkforward_verdict_why"] = verdict_why(explained, tags[f"pooled_verdict_vs_{explained}"], ordered,
@@ -289,26 +379,29 @@ def write_summary(summary: dict[str, Any], directory: str | Path) -> Path:
 def _figure_title(tags: dict[str, str], n_folds: int) -> str:
     parts = []
     for kind, label in (("", "MASE"), ("wql_", "WQL")):
-        said = [f"vs {b} {tags[f'walkforward_verdict_{kind}vs_{b}']}" for b in BASES
+        said = [f"vs {b} {tags[f'walkforward_verdict_{kind}vs_{b}']}" for b in BASES + EXTRA_BASES
                 if f"walkforward_verdict_{kind}vs_{b}" in tags]
         if said:
             parts.append(f"{label}: {', '.join(said)}")
+    if f"pooled_{CALIBRATION_TAG}" in tags:
+        parts.append(f"calibrated vs raw (WQL, pooled): {tags[f'pooled_{CALIBRATION_TAG}']}")
     return f"walk-forward over {n_folds} folds\n" + "\n".join(parts or ["no verdict"])
 
 
-def _draw_base(ax, folds: list[dict[str, Any]], metrics: dict[str, float], base: str, offset: float) -> tuple[list, list]:
-    """One base's fold skills (dots with their 95% intervals) and pooled value (a dashed line in
-    its band); the value labels drawn and the y values the axes must show."""
-    name, color = f"skill_vs_{base}", COLORS.get(base, "k")
+def _draw_skill(ax, folds: list[dict[str, Any]], metrics: dict[str, float], name: str, color: str,
+                label: str) -> tuple[list, list]:
+    """The folds' skill ``name`` (dots with their 95% intervals) and its pooled value
+    ``pooled_<name>`` (a dashed line in its band); the value labels drawn and the y values the
+    axes must show."""
     labels, spans = [], []
-    shown = [(i + offset, f[name], f.get(name + "_ci_low"), f.get(name + "_ci_high")) for i, f in enumerate(folds)
+    shown = [(i, f[name], f.get(name + "_ci_low"), f.get(name + "_ci_high")) for i, f in enumerate(folds)
              if f.get(name) is not None]
     if shown:
-        x, v = np.array([s[0] for s in shown]), np.array([s[1] for s in shown])
+        x, v = np.array([s[0] for s in shown], dtype=np.float64), np.array([s[1] for s in shown])
         low = np.array([s[2] if s[2] is not None else s[1] for s in shown])
         high = np.array([s[3] if s[3] is not None else s[1] for s in shown])
         ax.errorbar(x, v, yerr=[np.maximum(0.0, v - low), np.maximum(0.0, high - v)], fmt="o", capsize=4,
-                    color=color, label=f"fold skill vs {base} (95% CI)")
+                    color=color, label=f"fold skill {label} (95% CI)")
         labels += [ax.annotate(f"{value:+.3f}", (xi, value), textcoords="offset points", xytext=(6, 0),
                                ha="left", va="center", fontsize=7) for xi, value in zip(x, v)]
         spans += list(low) + list(high)
@@ -318,35 +411,46 @@ def _draw_base(ax, folds: list[dict[str, Any]], metrics: dict[str, float], base:
         low, high = value if low is None else low, value if high is None else high
         ax.axhspan(low, high, color=color, alpha=0.12, lw=0)
         ax.axhline(value, color=color, ls="--", lw=1.0,
-                   label=f"pooled vs {base} {value:+.3f} [{low:+.3f}, {high:+.3f}]")
+                   label=f"pooled {label} {value:+.3f} [{low:+.3f}, {high:+.3f}]")
         spans += [low, high]
     return labels, spans
 
 
 def skill_figure(summary: dict[str, Any], path: str | Path) -> Path:
     """``skill_by_fold.png`` (at ``path``, or in it when it is a directory): one panel per base
-    (zero-shot, persistence), each on its own scale, with each fold's skill and its 95% interval
-    in fold order, the pooled value and interval, the zero line; the title gives the verdicts."""
+    (zero-shot, persistence, histvol where scored) and, when a fold calibrated, one for the
+    calibrated forecaster's WQL skill over the fine-tuned pair's, each on its own scale, with each
+    fold's skill and its 95% interval in fold order, the pooled value and interval, the zero
+    line; the title gives the verdicts."""
     path = Path(path)
     path = path / FIGURE_NAME if path.is_dir() else path
-    folds = summary["folds"]
-    bases = [b for b in BASES if any(f.get(f"skill_vs_{b}") is not None for f in folds)] or list(BASES[:1])
-    fig = new_figure(max(6.4, 2.0 + 1.6 * len(folds)), 1.0 + 2.9 * len(bases))
+    folds, metrics = summary["folds"], summary["metrics"]
+    bases = [b for b in BASES + EXTRA_BASES if any(f.get(f"skill_vs_{b}") is not None for f in folds)]
+    bases = bases or list(BASES[:1])
+    panels = [(f"skill_vs_{b}", COLORS.get(b, "k"), f"vs {b}", f"skill vs {b}") for b in bases]
+    calibrated = (any(f.get(CALIBRATION_SKILL) is not None for f in folds)
+                  or _finite(metrics.get(f"pooled_{CALIBRATION_SKILL}")) is not None)
+    if calibrated:
+        panels.append((CALIBRATION_SKILL, COLORS.get(CALIBRATED, "k"), "calibrated vs raw",
+                       "WQL skill\ncalibrated vs raw"))
+    fig = new_figure(max(6.4, 2.0 + 1.6 * len(folds)), 1.0 + 2.9 * len(panels))
     ticks = [f"fold {f['fold']}\n{f['test_period'][0]}..{f['test_period'][1]}" for f in folds]
-    for j, base in enumerate(bases):
-        ax = fig.add_subplot(len(bases), 1, j + 1)
-        labels, spans = _draw_base(ax, folds, summary["metrics"], base, 0.0)
+    for j, (name, color, label, ylabel) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, j + 1)
+        labels, spans = _draw_skill(ax, folds, metrics, name, color, label)
         ax.axhline(0.0, color="k", lw=0.8)
         lo, hi = min(spans + [0.0]), max(spans + [0.0])
         pad = 0.15 * (hi - lo or 1.0)
         ax.set_ylim(lo - pad, hi + 2.5 * pad)  # room above for the legend
         ax.set_xlim(-0.6, len(folds) - 0.4)
-        ax.set_xticks(range(len(folds)), ticks if j == len(bases) - 1 else [""] * len(folds), fontsize=7)
-        ax.set_ylabel(f"skill vs {base}", fontsize=8)
+        ax.set_xticks(range(len(folds)), ticks if j == len(panels) - 1 else [""] * len(folds), fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.legend(fontsize=7, loc="upper left", ncol=2)
         labels_inside(fig, ax, labels)
-    fig.suptitle(_figure_title(summary["tags"], len(folds)) + "\nskill = 1 - MASE(fine-tuned) / MASE(baseline)",
-                 fontsize=9)
+    note = "skill = 1 - MASE(fine-tuned) / MASE(baseline)"
+    if calibrated:
+        note += "; calibrated vs raw = 1 - WQL(calibrated) / WQL(fine-tuned)"
+    fig.suptitle(_figure_title(summary["tags"], len(folds)) + "\n" + note, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png", dpi=110)

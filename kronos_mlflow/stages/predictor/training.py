@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ...distributed import dist_sum, unwrap
-from ...evaluation.forecast_run import evaluate_predictor_run
+from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
 from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
                      PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
 from ...model import Kronos
@@ -113,8 +113,12 @@ class PredictorStage(TrainingStage):
         return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
     def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step):
-        """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``)."""
+        """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``); with
+        ``evaluate: off`` and ``calibration: on``, the calibrator alone (logged with the model)."""
         if config.get("evaluate", "on") != "on":
+            if config.get("calibration", "on") == "on":
+                fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
+                                   console=console)
             return None
 
         return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,

@@ -1,0 +1,201 @@
+"""The logged forecaster serves its close's quantiles and probability of a rise, calibrated by
+default: two tiny upstream-format checkpoints (tests/test_forecaster.py's) and a calibrator fit
+by ``kronos_mlflow.evaluation.calibration.fit`` on synthetic origins, logged through
+``log_predictor_model`` from a run directory whose ``evaluation/calibrator.json`` holds it, to a
+real MLflow sqlite store, then loaded with ``mlflow.pyfunc.load_model``; a second model is
+logged without a calibrator, as a model logged before calibration was served.
+
+Checked: the default answer is the calibrator's quantiles and p_up of the paths' raw ones;
+``calibrated: false`` answers numpy's quantiles of the returned paths' close; the model without
+a calibrator answers raw and says so; a bad ``calibrated`` is one line; the signature and the
+model's files (``calibrator/calibrator.json``, no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_forecaster import _windows, _write_checkpoints
+from tiny_runs import TRACKING_ENV, isolated_vars, tiny_config
+
+from kronos_mlflow.evaluation import calibration
+from kronos_mlflow.forecasting import quantiles
+
+CLOSE = quantiles.CLOSE
+OUTPUTS = ["calibration", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
+
+
+def _synthetic_calibrator(horizon: int, n: int = 60, paths: int = 8) -> quantiles.Calibrator:
+    """A calibrator fit on synthetic origins whose raw quantiles are too narrow (so it widens them)."""
+    rng = np.random.default_rng(7)
+    last = 20 * np.exp(rng.normal(0, 0.2, size=n))
+    sigma = np.full(n, 0.02)
+    steps = np.sqrt(np.arange(1, horizon + 1))
+    z = np.array([-1.645, -1.282, -0.842, -0.674, -0.524, -0.253, 0.0, 0.253, 0.524, 0.674, 0.842, 1.282, 1.645])
+    levels = last[:, None, None] * np.exp(0.5 * 0.02 * z[None, :, None] * steps[None, None, :])
+    actual = last[:, None] * np.exp(np.cumsum(rng.normal(0, 0.03, size=(n, horizon)), axis=1))
+    p_up = rng.integers(0, paths + 1, size=n) / paths
+    return calibration.fit(levels, last, sigma, actual, p_up, ("2023-01-02T00:00:00", "2023-03-31T00:00:00"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The forecaster logged with a calibrator (through log_predictor_model) and without one."""
+    import mlflow
+
+    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.tracking.mlflow import MLflowLogger
+    from kronos_mlflow.tracking.model_logging import log_forecaster, log_predictor_model
+
+    tmp = tmp_path_factory.mktemp("served-calibration")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in TRACKING_ENV:
+            mp.delenv(name, raising=False)
+        for name, value in isolated_vars(tmp).items():
+            mp.setenv(name, value)
+        mp.chdir(tmp)
+        config = tiny_config(tmp)
+        tokenizer, predictor = _write_checkpoints(tmp / "checkpoints")
+        layout = RunLayout(tmp / "run")
+        shutil.copytree(tokenizer, layout.tokenizer)
+        shutil.copytree(predictor, layout.best_model)
+        cal = _synthetic_calibrator(int(config["predict_window"]))
+        (layout.root / "evaluation").mkdir(parents=True)
+        (layout.root / "evaluation" / "calibrator.json").write_text(cal.dumps())
+        try:
+            with_cal = MLflowLogger(experiment_name="served", run_name="calibrated")
+            log_predictor_model(with_cal, layout, config, {"best_epoch": 2}, {}, None)
+            with_cal.finalize("success")
+            without = MLflowLogger(experiment_name="served", run_name="raw")
+            raw_info = log_forecaster(without, str(tokenizer), str(predictor), config, step=2)
+            without.finalize("success")
+        finally:
+            mlflow.set_tracking_uri(None)  # the logging sets the process-global URI: do not leak it
+        uri = isolated_vars(tmp)["MLFLOW_TRACKING_URI"]
+        cal_uri = mlflow.MlflowClient(uri).get_run(with_cal.run_id).data.tags["best_model_uri"]
+        yield {"tmp": tmp, "uri": uri, "cal": cal, "cal_uri": cal_uri, "raw_info": raw_info,
+               "json": (layout.root / "evaluation" / "calibrator.json").read_text(),
+               "model": mlflow.pyfunc.load_model(cal_uri), "raw_model": mlflow.pyfunc.load_model(raw_info.model_uri)}
+
+
+def _raw(out: dict, bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's quantiles of the returned paths' close at QLEVELS ``(B, 13, H)``, and their p_up."""
+    close = out["paths"][..., CLOSE].astype(np.float64)
+    levels = np.moveaxis(np.quantile(close, quantiles.QLEVELS, axis=1), 0, 1)
+    return levels, (close[:, :, -1] > bars[:, -1, CLOSE].astype(np.float64)[:, None]).mean(axis=1)
+
+
+def test_the_default_answer_is_calibrated(served):
+    x = _windows(n=3)
+    out = served["model"].predict(x, params={"sample_count": 8, "seed": 2})
+    assert sorted(out) == OUTPUTS
+    assert out["quantiles"].shape == (3, 13, 5) and out["quantiles"].dtype == np.float64
+    np.testing.assert_array_equal(out["quantile_levels"], quantiles.QLEVELS)
+    assert out["p_up"].shape == (3,) and list(out["calibration"]) == ["calibrated"] * 3
+    raw, raw_up = _raw(out, x["bars"])
+    close = x["bars"][..., CLOSE].astype(np.float64)
+    expected = served["cal"].quantiles(raw, close[:, -1], quantiles.histvol_sigma(close))
+    np.testing.assert_allclose(out["quantiles"], expected, rtol=1e-12)
+    np.testing.assert_allclose(out["p_up"], served["cal"].p_up(raw_up), rtol=1e-12)
+    # the calibrator widened the too-narrow raw intervals; the median is the paths' own
+    assert (out["quantiles"][:, -1] - out["quantiles"][:, 0] > raw[:, -1] - raw[:, 0]).all()
+    np.testing.assert_allclose(out["quantiles"][:, quantiles.MEDIAN], raw[:, quantiles.MEDIAN], rtol=1e-12)
+    # asked explicitly, the same answer; one path states no probability
+    again = served["model"].predict(x, params={"sample_count": 8, "seed": 2, "calibrated": True})
+    np.testing.assert_array_equal(again["quantiles"], out["quantiles"])
+    one = served["model"].predict(x, params={"seed": 2})
+    assert np.isnan(one["p_up"]).all() and list(one["calibration"]) == ["calibrated"] * 3
+
+
+def test_calibrated_false_answers_the_paths_own_quantiles(served):
+    x = _windows(n=2)
+    params = {"sample_count": 6, "seed": 4}
+    default = served["model"].predict(x, params=params)
+    out = served["model"].predict(x, params={**params, "calibrated": False})
+    np.testing.assert_array_equal(out["paths"], default["paths"])  # the same paths and mean either way
+    np.testing.assert_array_equal(out["mean"], default["mean"])
+    raw, raw_up = _raw(out, x["bars"])
+    np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
+    np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
+    assert list(out["calibration"]) == ["raw", "raw"]
+    assert not np.allclose(out["quantiles"], default["quantiles"])
+
+
+def test_a_model_without_a_calibrator_serves_raw(served):
+    x = _windows(n=2)
+    model = served["raw_model"]
+    for params in ({"sample_count": 5, "seed": 1}, {"sample_count": 5, "seed": 1, "calibrated": True}):
+        out = model.predict(x, params=params)
+        assert sorted(out) == OUTPUTS
+        raw, raw_up = _raw(out, x["bars"])
+        np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
+        np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
+        assert list(out["calibration"]) == ["raw", "raw"]
+
+
+def test_a_bad_calibrated_is_one_line(served):
+    from mlflow.exceptions import MlflowException
+
+    from kronos_mlflow.errors import ConfigError
+    from kronos_mlflow.forecasting.pyfunc import PARAM_NAMES, sampling_params
+
+    assert "calibrated" in PARAM_NAMES
+    assert sampling_params(None, 5)["calibrated"] is True
+    assert sampling_params({"calibrated": np.bool_(False)}, 5)["calibrated"] is False
+    for value in ("yes", 1, None, [True]):
+        with pytest.raises(ConfigError) as plain:
+            sampling_params({"calibrated": value}, 5)
+        assert str(plain.value) == (f"calibrated is {value!r}; expected true or false (false: the raw quantiles "
+                                    "and p_up of the sample paths)")
+    x = _windows()
+    for value in ("yes", 1, None):  # MLflow's signature check refuses the first two, the model the third
+        with pytest.raises(MlflowException) as caught:
+            served["model"].predict(x, params={"calibrated": value})
+        message = str(caught.value.message)
+        assert "calibrated" in message and "\n" not in message.strip() and len(message) < 300, message
+
+
+def test_the_signature_and_the_model_files(served):
+    import mlflow
+
+    from kronos_mlflow.model.io import CONFIG_NAME, WEIGHTS_NAME
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=served["cal_uri"],
+                                                     dst_path=str(served["tmp"] / "dl"), tracking_uri=served["uri"]))
+    assert sorted(p.name for p in (local / "artifacts").iterdir()) == ["calibrator", "predictor", "tokenizer"]
+    assert sorted(p.name for p in (local / "artifacts" / "predictor").iterdir()) == sorted([CONFIG_NAME, WEIGHTS_NAME])
+    stored = (local / "artifacts" / "calibrator" / "calibrator.json").read_text()
+    assert stored == served["json"]
+    assert quantiles.Calibrator.from_json(json.loads(stored)).to_json() == served["cal"].to_json()
+    assert not list(local.rglob("*.pkl")) and not list(local.rglob("*.pickle"))
+
+    signature = mlflow.models.Model.load(str(local / "MLmodel")).signature
+    assert [s.name for s in signature.outputs.inputs] == ["paths", "mean", "quantiles", "quantile_levels", "p_up",
+                                                           "calibration"]
+    params = {p.name: (p.dtype.name, p.default) for p in signature.params.params}
+    assert params["calibrated"] == ("boolean", True)
+    assert sorted(params) == sorted(["pred_len", "T", "top_k", "top_p", "sample_count", "seed", "calibrated"])
+    # the model logged without a calibrator has the same signature and no calibrator artifact
+    raw_local = Path(mlflow.artifacts.download_artifacts(artifact_uri=served["raw_info"].model_uri,
+                                                         dst_path=str(served["tmp"] / "dl-raw"),
+                                                         tracking_uri=served["uri"]))
+    assert sorted(p.name for p in (raw_local / "artifacts").iterdir()) == ["predictor", "tokenizer"]
+
+
+def test_a_bad_calibrator_is_refused_before_logging(tmp_path):
+    from kronos_mlflow.errors import UserError
+    from kronos_mlflow.forecasting.pyfunc import read_calibrator
+    from kronos_mlflow.tracking.model_logging import log_forecaster
+
+    bad = tmp_path / "calibrator.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(UserError, match=r"not a calibrator this version reads"):
+        read_calibrator(str(bad))
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match=r"cannot read a calibrator") as caught:
+        log_forecaster(None, str(tmp_path), str(tmp_path), {}, calibrator_path=str(bad))  # nothing logged
+    assert "\n" not in str(caught.value)
