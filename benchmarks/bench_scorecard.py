@@ -1,17 +1,20 @@
-"""Where the scorecard's time goes, and what the backtest's daily signal and controls cost.
+"""Where the scorecard's time goes, and what the backtest's daily signal, its controls and
+calibration cost.
 
     python benchmarks/bench_scorecard.py                        # the quick start's sizes, the demo market
     python benchmarks/bench_scorecard.py --variants 0:0 1:20 5:20 --repeats 3 --json
+    python benchmarks/bench_scorecard.py --variants 10:20:off 10:20:on --figures docs/images
 
 One process, the cached demo market (made once), a fresh pair in the config's default
 architecture (what `mlflow run . -e pipeline` trains from; forecasting costs the same with any
 weights), both pairs the same weights (fine-tuned and zero-shot cost alike). Per variant
-``STRIDE:RANDOMS`` (``backtest_signal_stride``, ``backtest_n_random``) it times, over
-``--repeats`` rounds (medians):
+``STRIDE:RANDOMS[:CALIBRATION]`` (``backtest_signal_stride``, ``backtest_n_random``,
+``calibration`` on by default) it times, over ``--repeats`` rounds (medians):
 
 - ``origins``: the test origins and the signal origins (the data read from the prepared cache);
 - ``forecast``: the scorecard's forecasts and scores of the two pairs and the naive ones;
 - ``signal``: the signal's own forecasts (0 when the stride is 0: the scorecard's origins);
+- ``calibration``: the fine-tuned pair's forecasts of the calibration origins and the fit;
 - ``backtest``: Qlib's backtests of the two signals, the negated one and the random ones;
 - ``artifacts``: scorecard.json, the PNGs and the parquet files;
 
@@ -66,8 +69,9 @@ def pair(config):
                            clip=float(config["clip"]))
 
 
-def one_round(base: dict, stride: int, randoms: int, out: Path) -> dict[str, float]:
-    config = load_config({**base, "backtest_signal_stride": stride, "backtest_n_random": randoms})
+def one_round(base: dict, stride: int, randoms: int, out: Path, calibration: str = "on") -> dict[str, float]:
+    config = load_config({**base, "backtest_signal_stride": stride, "backtest_n_random": randoms,
+                          "calibration": calibration})
     predictor = pair(config)
     times: dict[str, float] = {}
     t = time.perf_counter()
@@ -78,7 +82,8 @@ def one_round(base: dict, stride: int, randoms: int, out: Path) -> dict[str, flo
     card = sc_mod.score_forecasters(config, {"finetuned": predictor, "zeroshot": predictor}, origins=origins)
     both = time.perf_counter() - t
     times["signal"] = sum(card.signal_seconds.values())
-    times["forecast"] = both - times["signal"]
+    times["calibration"] = card.seconds.get("calibration", 0.0)
+    times["forecast"] = both - times["signal"] - times["calibration"]
     t = time.perf_counter()
     sc_mod.add_backtest(card, config, out, _Null())
     times["backtest"] = time.perf_counter() - t
@@ -88,6 +93,8 @@ def one_round(base: dict, stride: int, randoms: int, out: Path) -> dict[str, flo
     times["total"] = sum(times.values())
     times["origins_n"], times["signal_origins_n"] = len(origins), len(daily)
     times["excess_return_fine_tuned"] = card.metrics.get("backtest_fine_tuned_excess_return_with_cost", float("nan"))
+    times["calibration_origins_n"] = card.metrics.get("calibration_origins", 0.0)
+    times["card"] = card
     return times
 
 
@@ -98,6 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     parser.add_argument("--json", action="store_true", help="one JSON line")
+    parser.add_argument("--figures", default="", metavar="DIR",
+                        help="write the last round's pit.png and reliability.png here (as calibration-pit.png, "
+                             "calibration-reliability.png) and print its calibration numbers")
     args = parser.parse_args(argv)
     base = dict(load_config({k: v for k, v in (item.split("=", 1) for item in args.set)}))
     base.update(comet="off")
@@ -106,22 +116,50 @@ def main(argv=None) -> int:
         base["dataset_path"] = str(Path(tmp) / "cache")
         provide_qlib_data(base)
         results = {}
+        card = None
         for variant in args.variants:
-            stride, randoms = (int(v) for v in variant.split(":"))
-            rounds = [one_round(base, stride, randoms, Path(tmp) / f"out-{variant}-{i}") for i in range(args.repeats)]
+            stride, randoms, *cal = variant.split(":")
+            rounds = [one_round(base, int(stride), int(randoms), Path(tmp) / f"out-{variant}-{i}", *cal)
+                      for i in range(args.repeats)]
+            card = rounds[-1].pop("card")
+            for r in rounds[:-1]:
+                r.pop("card")
             results[variant] = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
+        if args.figures and card is not None:
+            figures(card, Path(args.figures))
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
               "threads": torch.get_num_threads(), "repeats": args.repeats, "variants": results}
     if args.json:
         print(json.dumps(report))
         return 0
     print(f"{report['machine']}; medians of {args.repeats} round(s), seconds")
-    keys = ("origins", "forecast", "signal", "backtest", "artifacts", "total")
-    print(f"{'stride:randoms':>15} " + " ".join(f"{k:>9}" for k in keys) + "   origins  signal origins")
+    keys = ("origins", "forecast", "signal", "calibration", "backtest", "artifacts", "total")
+    print(f"{'variant':>15} " + " ".join(f"{k[:11]:>11}" for k in keys)
+          + "   origins  signal origins  calibration origins")
     for variant, r in results.items():
-        print(f"{variant:>15} " + " ".join(f"{r[k]:9.1f}" for k in keys)
-              + f"   {int(r['origins_n']):7,}  {int(r['signal_origins_n']):14,}")
+        print(f"{variant:>15} " + " ".join(f"{r[k]:11.1f}" for k in keys)
+              + f"   {int(r['origins_n']):7,}  {int(r['signal_origins_n']):14,}  {int(r['calibration_origins_n']):19,}")
     return 0
+
+
+def figures(card, directory: Path) -> None:
+    """The card's PIT histogram and reliability diagram for the docs, and its numbers."""
+    from kronos_mlflow.evaluation.figures import pit_figure, reliability_figure
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, draw in (("calibration-pit.png", pit_figure), ("calibration-reliability.png", reliability_figure)):
+        draw(card).savefig(directory / name, format="png", dpi=90)
+    print(card.calibration_line())
+    shown = ("coverage_50", "coverage_80", "coverage_90", "pit_ks", "brier_up", "brier_skill_up", "wql_close",
+             "crps_close")
+    for name, prefix in sc_mod.PREFIXES.items():
+        values = [f"{k} {card.metrics[prefix + k]:.3f}" for k in shown if prefix + k in card.metrics]
+        if values:
+            print(f"  {name}: " + ", ".join(values))
+    for tag in ("verdict_vs_histvol", "verdict_wql_vs_histvol", "verdict_calibrated_vs_raw"):
+        print(f"  {tag}: {card.tags.get(tag)}")
+    print(f"  base rate {card.metrics.get('base_rate_up', float('nan')):.3f}, its Brier "
+          f"{card.metrics.get('base_rate_test_brier_up', float('nan')):.3f}")
 
 
 if __name__ == "__main__":

@@ -238,6 +238,10 @@ class EpochHook(Protocol):
     def finish(self, best_epoch: int, logger: ExperimentLogger) -> dict[str, Any]:
         """What the run's result records of the kept checkpoint's epoch (logged too)."""
 
+    def forecasts(self) -> dict[str, Any]:
+        """Forecasts it drew with the kept checkpoint's weights, for the end of the run to reuse
+        instead of drawing them again: ``{origins digest: close paths (n, S, H)}`` (``{}``: none)."""
+
 
 @dataclass
 class Progress:
@@ -452,8 +456,11 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     result = finish_run(progress, data, device, config, logger, files, stage, hooks)
     result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
                                    world_size=world_size, stage=stage)
+    reused: dict[str, Any] = {}
+    for hook in hooks:
+        reused.update(hook.forecasts())
     card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
-                           console=console, step=max(progress.best_epoch, 0))
+                           console=console, step=max(progress.best_epoch, 0), reused=reused)
     if card is not None:
         result["scorecard"] = card.as_json()
     return result

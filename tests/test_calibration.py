@@ -137,6 +137,16 @@ def test_calibration_origins_never_reach_the_test_range_with_adjacent_ranges(tmp
     assert last_cal < first_test and last_cal < np.datetime64("2024-04-01")
     start, end = cb.time_range(origins)
     assert np.datetime64(end) == last_cal
+    # paths already drawn for these origins (objective val_skill's) are fit on, nothing forecast
+    from kronos_mlflow.evaluation.scorecard import fit_calibrator
+
+    every = np.arange(len(origins))
+    history, actual = origins.history(every)[..., pr.CLOSE], origins.future(every)[..., pr.CLOSE]
+    paths = actual[:, None, :] * np.exp(np.random.default_rng(0).normal(0, 0.01, (len(origins), 6, actual.shape[1])))
+    fitted = fit_calibrator(None, origins, config, paths=paths)
+    raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(config["seed"], actual.shape))
+    expected = cb.fit(raw["levels"], history[:, -1], histvol_sigma(history), actual, raw["p_up"])
+    np.testing.assert_array_equal(fitted.score_quantiles, expected.score_quantiles)
 
 
 def test_too_few_calibration_origins_is_a_refusal_before_any_forecast(tmp_path, monkeypatch):

@@ -113,9 +113,15 @@ def test_a_tokenizer_run_on_val_skill_trains_the_same_and_records_each_epochs_sk
     pair = KronosPredictor(Kronos.from_pretrained(str(predictor)),
                            KronosTokenizer.from_pretrained(RunLayout.of(config).best_model), device="cpu",
                            max_context=config["max_context"], clip=config["clip"])
-    mase = origin_scores(kronos_paths(pair, origins, config), history, actual)["mase"]
+    drawn = kronos_paths(pair, origins, config)
+    mase = origin_scores(drawn, history, actual)["mase"]
     both = np.isfinite(mase) & np.isfinite(naive)
     assert result["best_val_skill"] == pytest.approx(1 - mase[both].mean() / naive[both].mean(), rel=1e-6)
+    # the kept epoch's paths, offered to the end of the run (calibration reuses them): what the
+    # saved checkpoint draws on the same origins
+    (kept,) = hooks[0].forecasts().values()
+    assert list(hooks[0].forecasts()) == [origins.digest]
+    np.testing.assert_allclose(kept, drawn, rtol=1e-6)
 
 
 def test_val_skill_refusals_are_one_line(tiny, tmp_path):

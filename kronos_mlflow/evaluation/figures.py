@@ -127,7 +127,7 @@ def pit_figure(card):
 
 
 def reliability_figure(card):
-    fig = new_figure(5.2, 4.8)
+    fig = new_figure(6.0, 5.0)
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([0, 1], [0, 1], color="k", lw=0.8, ls="--", label="calibrated")
     base = card.metrics.get("base_rate_up")
@@ -144,7 +144,7 @@ def reliability_figure(card):
                         color=COLORS.get(name, "k"))
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("forecast p_up: probability that the close at the horizon is above the origin's")
+    ax.set_xlabel("forecast p_up: P(close at the horizon > the origin's close)")
     ax.set_ylabel("observed frequency of a rise")
     ax.set_title(f"reliability (counts beside the points): {card.description}", fontsize=8)
     ax.legend(fontsize=7, loc="upper left")

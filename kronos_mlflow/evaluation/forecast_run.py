@@ -40,7 +40,8 @@ def zeroshot_label(config: Mapping[str, Any]) -> str:
     return f"{tok} + {pred}"
 
 
-def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console):
+def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
+                       reused: Mapping[str, Any] | None = None):
     """With ``evaluate: off`` and ``calibration: on`` (a pipeline's predictor step): the
     calibrator alone, fit on the run's fine-tuned pair's forecasts of the calibration origins,
     written to ``evaluation/calibrator.json`` (rank 0) and logged, so that the logged model
@@ -59,7 +60,7 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
         return None
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
     calibrator = fit_calibrator(pair(frozen, layout.best_model, config, device), origins, config, rank=rank,
-                             world_size=world_size, console=console)
+                                world_size=world_size, console=console, paths=(reused or {}).get(origins.digest))
     if rank == 0:
         directory = Path(layout.root) / "evaluation"
         directory.mkdir(parents=True, exist_ok=True)
@@ -72,8 +73,10 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
 
 
 def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
-                           step: int):
-    """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded."""
+                           step: int, reused: Mapping[str, Any] | None = None):
+    """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded;
+    ``reused``: validation paths ``objective: val_skill`` drew with the kept weights (calibration
+    reads them instead of forecasting its origins again)."""
     from ..model import KronosTokenizer  # lazy: torch
     from .scorecard import record, score_forecasters  # lazy: torch, mlflow, pandas
 
@@ -86,7 +89,7 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),
                   "zeroshot": pair(base_tokenizer, start, config, device)
                   if (start / "model.safetensors").is_file() else None}
-    card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console)
+    card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console, reused=reused)
     card.tags[ZEROSHOT_TAG] = zeroshot_label(config) if predictors["zeroshot"] is not None else "unavailable"
     record(card, Path(layout.root) / "evaluation", logger, step=step, console=console, write=rank == 0,
            config=config)

@@ -222,12 +222,14 @@ def _ic_intervals(per, dates) -> dict[str, float]:
 
 
 def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
-                      rank: int = 0, world_size: int = 1, console=None, calibrator=None) -> Scorecard:
+                      rank: int = 0, world_size: int = 1, console=None, calibrator=None,
+                      reused: Mapping[str, Any] | None = None) -> Scorecard:
     """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
     ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
     (a collective when ``world_size > 1``: every rank calls it); with ``calibration: on``, the
     calibrated forecaster too, through ``calibrator`` (the scored model's own) when it was fit
-    before the test's first forecast bar, else through one fit here."""
+    before the test's first forecast bar, else through one fit here (on ``reused``'s paths of the
+    calibration origins when it holds them: ``{origins digest: paths}``)."""
     origins = origins if origins is not None else forecast_origins(config)
     if not len(origins):
         return Scorecard(reason=no_origins_reason(origins, config))
@@ -242,7 +244,8 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     if vol is not None:
         per["histvol"] = sc.distribution_scores(vol, history, actual)
     calibration, cal_seconds = _calibrate(config, predictors, origins, per, history, actual, u, rank=rank,
-                                          world_size=world_size, console=console, calibrator=calibrator)
+                                          world_size=world_size, console=console, calibrator=calibrator,
+                                          reused=reused)
     if cal_seconds is not None:
         seconds["calibration"] = cal_seconds
     groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
@@ -297,7 +300,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
 
 
 def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *, rank, world_size, console,
-               calibrator=None):
+               calibrator=None, reused=None):
     """The calibration origins' base rate of a rise and, with ``calibration: on`` and a fine-tuned
     pair, the calibrator (``calibrator``, the served model's own, when given and fit on bars
     before the first test forecast bar; else fit here on the pair's forecasts of them) and the
@@ -326,15 +329,20 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
 
 
 def fit_calibrator(predictor, origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
-             console=None) -> cb.Calibrator:
+                   console=None, paths: np.ndarray | None = None) -> cb.Calibrator:
     """A calibrator fit on a Kronos pair's forecasts of the calibration ``origins`` (sampled as
-    the scorecard samples; a collective when ``world_size > 1``)."""
+    the scorecard samples; a collective when ``world_size > 1``), or on ``paths`` already drawn
+    for them."""
     cb.check_enough(len(origins), config)
     every = np.arange(len(origins))
     history, actual = origins.history(every)[..., pr.CLOSE], origins.future(every)[..., pr.CLOSE]
-    progress = console.progress if console is not None else None
-    paths = fc.kronos_paths(predictor, origins, config, rank=rank, world_size=world_size, progress=progress,
-                            desc="calibration: finetuned")
+    if paths is None:
+        progress = console.progress if console is not None else None
+        paths = fc.kronos_paths(predictor, origins, config, rank=rank, world_size=world_size, progress=progress,
+                                desc="calibration: finetuned")
+    elif console is not None:
+        console.print(f"calibration: the {len(origins):,} validation origins' paths objective val_skill drew with "
+                      "the kept weights, reused")
     raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(int(config["seed"]), actual.shape))
     return cb.fit(raw["levels"], history[:, -1], pr.histvol_sigma(history), actual, raw["p_up"], cb.time_range(origins))
 

@@ -70,6 +70,8 @@ class ValSkill:
         self.config, self.stage, self.device = config, stage, device
         self.rank, self.world_size, self.console = rank, world_size, console
         self.skills: dict[int, float] = {}
+        self.paths: dict[int, np.ndarray] = {}  # each scored epoch's paths, this process's epochs only
+        self.kept: np.ndarray | None = None  # the kept checkpoint's epoch's paths, once finished
         self.origins = val_origins(config)
         every = np.arange(len(self.origins))
         self.history = self.origins.history(every)[..., CLOSE]
@@ -96,6 +98,7 @@ class ValSkill:
         with torch.random.fork_rng(devices=forked):
             paths = fc.kronos_paths(predictor, self.origins, self.config, rank=self.rank, world_size=self.world_size,
                                     progress=progress, desc="val_skill")
+        self.drawn = paths
         mase = sc.origin_scores(paths, self.history, self.actual)["mase"]
         value, low, high = sc.skill(mase, self.base)
         metrics = {VAL_SKILL_METRIC: value, f"{VAL_SKILL_METRIC}_ci_low": low, f"{VAL_SKILL_METRIC}_ci_high": high,
@@ -110,6 +113,7 @@ class ValSkill:
 
     def after_epoch(self, raw_model, epoch: int, logger, console) -> None:
         metrics = self.score(raw_model)
+        self.paths[epoch] = self.drawn
         logger.log_metrics(metrics, step=epoch)
         if VAL_SKILL_METRIC in metrics:
             self.skills[epoch] = metrics[VAL_SKILL_METRIC]
@@ -121,7 +125,14 @@ class ValSkill:
     def state(self) -> dict[str, Any]:
         return {HISTORY_KEY: {str(k): v for k, v in self.skills.items()}} if self.skills else {}
 
+    def forecasts(self) -> dict[str, Any]:
+        """The kept epoch's validation paths by their origins' digest (what calibration forecasts:
+        the same origins, seed and weights); none when that epoch ran before a resume."""
+        return {self.origins.digest: self.kept} if self.kept is not None else {}
+
     def finish(self, best_epoch: int, logger) -> dict[str, Any]:
+        self.kept = self.paths.get(best_epoch)
+        self.paths = {}
         if best_epoch not in self.skills:
             return {}
         logger.log_metrics({BEST_VAL_SKILL: self.skills[best_epoch]}, step=best_epoch)

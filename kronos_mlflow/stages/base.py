@@ -75,8 +75,9 @@ class TrainingStage:
         """PNGs of the best checkpoint (rank 0 only); nothing by default."""
 
     def scorecard(self, config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
-                  step: int):
-        """The end-of-run forecast evaluation after the test verdict (a collective); None: none."""
+                  step: int, reused: Mapping[str, Any] | None = None):
+        """The end-of-run forecast evaluation after the test verdict (a collective); None: none.
+        ``reused``: forecasts the epoch hooks drew with the kept weights (:meth:`EpochHook.forecasts`)."""
         return None
 
     def forecast_pair(self, raw_model, config: Mapping[str, Any], device):

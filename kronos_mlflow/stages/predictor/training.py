@@ -112,17 +112,17 @@ class PredictorStage(TrainingStage):
     def best_validation(self, best_dir, loader, device):
         return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
-    def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step):
+    def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step, reused=None):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``); with
         ``evaluate: off`` and ``calibration: on``, the calibrator alone (logged with the model)."""
         if config.get("evaluate", "on") != "on":
             if config.get("calibration", "on") == "on":
                 fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
-                                   console=console)
+                                   console=console, reused=reused)
             return None
 
         return evaluate_predictor_run(config, layout, device, rank=rank, world_size=world_size, logger=logger,
-                                      console=console, step=step)
+                                      console=console, step=step, reused=reused)
 
     def forecast_pair(self, raw_model, config, device):
         """The epoch's predictor with the frozen tokenizer."""
