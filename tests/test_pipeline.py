@@ -97,6 +97,23 @@ def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_r
     assert "skill_vs_persistence" in parent.data.metrics and "skill_vs_zeroshot" in parent.data.metrics
     assert tags["verdict_vs_zeroshot"] == evaluation.data.tags["verdict_vs_zeroshot"]
     assert tags["tokenizer_verdict"] == tokenizer.data.tags["verdict"]
+    # the predictor step (evaluate off) fit the calibrator its logged model carries; the evaluation
+    # step scored that very calibrator, with the diagnostics, histvol and their pictures
+    assert "evaluation/calibrator.json" in {a.path for a in client.list_artifacts(predictor.info.run_id, "evaluation")}
+    import mlflow
+
+    model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=predictor.data.tags["best_model_uri"],
+                                                         dst_path=str(root / "served"),
+                                                         tracking_uri=client.tracking_uri,
+                                                         registry_uri=client.tracking_uri))
+    assert (model_dir / "artifacts" / "calibrator" / "calibrator.json").is_file()
+    assert evaluation.data.tags["calibration"] == "model"
+    assert evaluation.data.metrics["calibration_origins"] == predictor.data.metrics["calibration_origins"]
+    assert {f"evaluation/{n}" for n in ("pit.png", "reliability.png", "calibrator.json")} <= {
+        a.path for a in client.list_artifacts(evaluation.info.run_id, "evaluation")}
+    assert {"test_coverage_90", "test_pit_ks", "test_brier_up", "histvol_test_wql_close", "calibrated_test_coverage_80",
+            "wql_skill_calibrated_vs_raw", "wql_skill_vs_histvol"} <= set(evaluation.data.metrics)
+    assert evaluation.data.tags["verdict_calibrated_vs_raw"] in ("better", "worse", "inconclusive")
     # each alias moves only on a better verdict against the starting weights
     from kronos_mlflow.sweep.champion import current_champion
 

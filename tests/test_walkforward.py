@@ -251,6 +251,16 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     assert metrics["folds_better_vs_zeroshot"] == sum(v == "better" for v in verdicts)
     history = client.get_metric_history(wid, "fold_skill_vs_zeroshot")
     assert sorted(m.step for m in history) == [1, 2]
+    # each fold calibrated on its own validation; the parent pools coverage, PIT and the verdict
+    for name in ("pooled_test_coverage_80", "pooled_calibrated_test_coverage_50", "pooled_calibrated_test_coverage_80",
+                 "pooled_calibrated_test_coverage_90", "pooled_test_pit_ks", "pooled_calibrated_test_pit_ks",
+                 "pooled_histvol_test_coverage_80", "pooled_wql_skill_calibrated_vs_raw"):
+        assert name in metrics, name
+    assert parent.data.tags["pooled_verdict_calibrated_vs_raw"] in ("better", "worse", "inconclusive")
+    print("walk-forward pooled coverage 50/80/90: raw " + "/".join(
+        f"{metrics.get(f'pooled_test_coverage_{c}', float('nan')):.3f}" for c in (50, 80, 90)) + ", calibrated " + "/".join(
+        f"{metrics[f'pooled_calibrated_test_coverage_{c}']:.3f}" for c in (50, 80, 90)) + ", histvol " + "/".join(
+        f"{metrics[f'pooled_histvol_test_coverage_{c}']:.3f}" for c in (50, 80, 90)))
     artifacts = {a.path for a in client.list_artifacts(wid, "walkforward")}
     assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from ...distributed import dist_sum, unwrap
 from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
+from ...forecasting.pyfunc import CALIBRATOR_FILE
 from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
                      PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
 from ...model import Kronos
@@ -114,7 +116,11 @@ class PredictorStage(TrainingStage):
 
     def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step, reused=None):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``); with
-        ``evaluate: off`` and ``calibration: on``, the calibrator alone (logged with the model)."""
+        ``evaluate: off`` and ``calibration: on``, the calibrator alone (logged with the model). A
+        calibrator an earlier attempt of the run left is removed first: the model carries only one
+        fit on its own kept weights."""
+        if rank == 0:
+            (Path(layout.root) / "evaluation" / CALIBRATOR_FILE).unlink(missing_ok=True)
         if config.get("evaluate", "on") != "on":
             if config.get("calibration", "on") == "on":
                 fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
