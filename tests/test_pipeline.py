@@ -68,7 +68,7 @@ def first(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_rules(first):
+def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_rules(first, monkeypatch):
     """Each step was claimed by one pipeline and trained once; the other waited for it and reused
     it: one tokenizer, one predictor and one evaluation run, each step's metrics logged once."""
     root, env, outputs, seconds = first
@@ -102,6 +102,7 @@ def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_r
     assert "evaluation/calibrator.json" in {a.path for a in client.list_artifacts(predictor.info.run_id, "evaluation")}
     import mlflow
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # a models:/ id is looked up in the store
     model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=predictor.data.tags["best_model_uri"],
                                                          dst_path=str(root / "served"),
                                                          tracking_uri=client.tracking_uri,

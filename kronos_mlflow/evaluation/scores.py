@@ -15,7 +15,10 @@ Per origin, with ``c`` the lookback closes (the origin's close ``c[-1]`` last), 
 - ``quantile_loss = sum_h mean_l 2 max(l (y_h - q_l), (l - 1) (y_h - q_l))`` and
   ``abs_actual = sum_h |y_h|``: WQL (GluonTS/Chronos) over origins is
   ``sum quantile_loss / sum abs_actual``;
-- ``coverage_80``: the share of steps with ``q0.1 <= y_h <= q0.9``;
+- ``coverage_50`` / ``coverage_80`` / ``coverage_90``: the share of steps inside the central
+  interval (``q0.25..q0.75``, ``q0.1..q0.9``, ``q0.05..q0.95``), per step in ``coverage_steps_<c>``;
+- ``pit`` and ``p_up`` (:mod:`~kronos_mlflow.evaluation.probabilistic`), and ``up``, whether the
+  close rose by the last step;
 - ``direction = [sign(f_H - c[-1]) == sign(y_H - c[-1])]`` (NaN when ``y_H == c[-1]``);
 - forecast return ``f_H / c[-1] - 1`` and actual return ``y_H / c[-1] - 1``.
 
@@ -127,7 +130,8 @@ def wql(scores: Mapping[str, np.ndarray]) -> float:
 def summary(scores: Mapping[str, np.ndarray], dates, *, direction: bool = True,
             horizons: tuple[int, ...] = ()) -> dict[str, float]:
     """The metrics over origins (unprefixed): ``mase_close``, ``crps_close``, ``wql_close``,
-    ``coverage_80``, ``mase_close_h<k>`` for each of ``horizons``, and, for a forecaster that
+    ``coverage_50`` / ``_80`` / ``_90``, ``pit_ks``, ``brier_up`` (where ``p_up`` is defined),
+    ``mase_close_h<k>`` and ``coverage_80_h<k>`` for each of ``horizons``, and, for a forecaster that
     forecasts a change (``direction``), ``direction_accuracy``, ``ic``, ``rank_ic``, ``icir``,
     ``rank_icir`` (each only when defined)."""
     out = {"mase_close": _mean(scores["mase"]), "crps_close": _mean(scores["crps"]), "wql_close": wql(scores)}
