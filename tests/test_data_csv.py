@@ -296,3 +296,51 @@ def test_dates_are_parsed_in_one_explicit_format(tmp_path):
                 parse_times(pd.Series(bad), "'x.csv'", "date")
     with pytest.raises(DataError, match="--time-unit 'sec' is not a unit"):
         import_csv([_good(tmp_path)], tmp_path / "q", time_unit="sec")
+
+
+# ----------------------------------------------------------------------------- real exports' layouts
+
+def _frame(dates, seed: int = 3) -> pd.DataFrame:
+    rows = _bars(dates, seed)
+    return pd.DataFrame([{k: r[k] for k in ("open", "high", "low", "close", "volume")} for r in rows])
+
+
+@pytest.mark.parametrize("layout", ["pandas default", "pandas index named index", "yahoo", "exchange epoch"])
+def test_real_exports_import_as_they_come(tmp_path, commands, layout):
+    """Through `kronos-mlflow import-csv`, one file per layout users bring: pandas' default
+    ``df.to_csv()`` of a frame indexed by date (the dates in an unnamed first column; the summary
+    line says it read them there), the same with the index named ``index``, Yahoo Finance's
+    (``Date``, ``Adj Close``), and an exchange's epoch milliseconds."""
+    dates = [d.strftime("%Y-%m-%d") for d in pd.bdate_range("2019-03-01", periods=15)]
+    frame = _frame(dates)
+    path = tmp_path / "in" / "SPY.csv"
+    path.parent.mkdir()
+    if layout == "pandas default":
+        frame.set_axis(pd.DatetimeIndex(dates)).to_csv(path)  # header ",open,high,..."
+    elif layout == "pandas index named index":
+        frame.set_axis(pd.DatetimeIndex(dates, name="index")).to_csv(path)
+    elif layout == "yahoo":
+        frame.rename(columns=str.title).assign(**{"Adj Close": frame["close"] * 0.98}).set_axis(
+            pd.DatetimeIndex(dates, name="Date")).to_csv(path)
+    else:
+        stamps = pd.DatetimeIndex(dates).as_unit("ms").asi8
+        frame.assign(timestamp=stamps)[["timestamp", "open", "high", "low", "close", "volume"]].rename(
+            columns={"timestamp": "timestamps"}).to_csv(path, index=False)
+    proc = commands.run(["kronos-mlflow", "import-csv", str(path), "--out", str(tmp_path / "q")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "imported 1 symbol(s), 15 days (2019-03-01..2019-03-21)" in proc.stdout
+    said = "dates: the unnamed first column" if layout == "pandas default" else "dates: column index"
+    assert (said in proc.stdout) == layout.startswith("pandas"), proc.stdout
+    ((sym, (times, values)),) = _read_back(tmp_path / "q", "day").items()
+    assert sym.upper() == "SPY" and [str(t)[:10] for t in times] == dates
+    np.testing.assert_allclose(values[:, 3], frame["close"], rtol=1e-6)
+
+
+def test_an_unnamed_first_column_of_row_numbers_is_no_date_column(tmp_path, capsys):
+    """``df.to_csv()`` of a frame without a date index: its row numbers are not taken for times;
+    the refusal names the missing date column."""
+    dates = [d.strftime("%Y-%m-%d") for d in pd.bdate_range("2019-03-01", periods=5)]
+    path = tmp_path / "X.csv"
+    _frame(dates).to_csv(path)
+    with pytest.raises(DataError, match=r"lacks column\(s\) timestamps \(or date\); it has unnamed: 0, open"):
+        import_csv(path, tmp_path / "q")

@@ -5,7 +5,9 @@
     kronos-mlflow prepare --qlib-data-path ./my_qlib --instrument mine
 
 Accepted columns (names case-insensitive): a date column named ``timestamps`` (upstream's
-``finetune_csv`` format), ``date`` or ``datetime``; ``open, high, low, close, volume``; optional
+``finetune_csv`` format), ``date`` or ``datetime``, or else a first column without a name (or
+named ``index``) that holds times, as pandas' ``DataFrame.to_csv()`` writes a frame indexed by
+date (the summary line says so); ``open, high, low, close, volume``; optional
 ``amount`` (missing: ``mean(open, high, low, close) * volume`` as upstream computes it); optional
 ``symbol`` (otherwise the file name without ``.csv`` is the symbol). Other columns are ignored.
 The time column holds dates and times (ISO 8601 in any layout, such as ``2024-01-31`` or
@@ -47,6 +49,7 @@ from . import provider as pv
 from .prepare import DataWarning
 
 DATE_COLUMNS = ("timestamps", "date", "datetime")
+INDEX_NAMES = ("index",)  # a first column of times under this name is the date column too
 PRICE_COLUMNS = ("open", "high", "low", "close", "volume")
 EXPECTED = "timestamps (or date), open, high, low, close, volume, optional amount and symbol"
 
@@ -70,7 +73,8 @@ def _expand(files: Iterable) -> list[Path]:
 
 
 def _read_one(path: Path, time_unit: str | None = None):
-    """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array})."""
+    """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array}, the
+    date column's name)."""
     import pandas as pd
 
     try:
@@ -81,7 +85,7 @@ def _read_one(path: Path, time_unit: str | None = None):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"'{path}' is not a readable CSV file ({first}); expected columns {EXPECTED}") from None
     df.columns = [str(c).strip().lower() for c in df.columns]
-    date_col = next((c for c in DATE_COLUMNS if c in df.columns), None)
+    date_col = next((c for c in DATE_COLUMNS if c in df.columns), None) or _index_dates(df, path, time_unit)
     missing = ([] if date_col else ["timestamps (or date)"]) + [c for c in PRICE_COLUMNS if c not in df.columns]
     if missing:
         have = ", ".join(df.columns) or "none"
@@ -132,8 +136,32 @@ def _read_one(path: Path, time_unit: str | None = None):
             i = int(np.flatnonzero(step < 0)[0])
             raise DataError(f"'{path}' row {rows[i + 1] + 2}: symbol {sym}'s timestamp {_show(d[i + 1])} comes before "
                             f"the previous row's {_show(d[i])}; expected rows sorted by time")
-        out.append((sym, d, _drop_bad_bars(path, sym, {k: v[rows] for k, v in values.items()}, rows)))
+        out.append((sym, d, _drop_bad_bars(path, sym, {k: v[rows] for k, v in values.items()}, rows), date_col))
     return out
+
+
+def _index_dates(df, path: Path, time_unit: str | None) -> str | None:
+    """The first column when it is an index that holds times (what ``DataFrame.to_csv()`` writes
+    for a frame indexed by date: a column with no name, which pandas reads as ``Unnamed: 0``, or
+    one named ``index``); None otherwise."""
+    if not len(df.columns) or not len(df):
+        return None
+    first = df.columns[0]
+    if not (first == "" or first.startswith("unnamed: ") or first in INDEX_NAMES):
+        return None
+    try:
+        parse_times(df[first].astype(str).str.strip(), f"'{path}'", first, time_unit)
+    except DataError:  # an index of row numbers, not times: the usual refusal names what is missing
+        return None
+    return first
+
+
+def date_column_note(column: str) -> str:
+    """How the summary line names a date column found by :func:`_index_dates` ('' otherwise)."""
+    if column in DATE_COLUMNS:
+        return ""
+    shown = "the unnamed first column" if column == "" or column.startswith("unnamed: ") else f"column {column}"
+    return f"dates: {shown} (an index written by DataFrame.to_csv())"
 
 
 # A timestamp's UTC offset: after a time of day, Z or +HH:MM / -HHMM / +HH.
@@ -373,8 +401,10 @@ def infer_freq(series, freq: str | None = None) -> str:
 
 
 def import_csv(files, out, *, instrument: str | None = None, force: bool = False, progress: bool = False,
-               freq: str | None = None, time_unit: str | None = None) -> Path:
+               freq: str | None = None, time_unit: str | None = None, notes: list[str] | None = None) -> Path:
     """Write the CSV files' K-lines as a Qlib directory at ``out``; return its absolute path.
+    ``notes``, when given, receives what the summary line should say of how the files were read
+    (a date column found as an index).
 
     The frequency is inferred from the timestamps (:func:`infer_freq`) unless ``freq`` is given;
     epoch timestamps are in ``time_unit`` (s, ms, us, ns), or the unit their size says
@@ -391,7 +421,9 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
     series: dict[str, tuple[Path, np.ndarray, dict]] = {}
     seen: dict[str, str] = {}
     for path in it:
-        for sym, d, vals in _read_one(path, time_unit):
+        for sym, d, vals, date_col in _read_one(path, time_unit):
+            if notes is not None and date_column_note(date_col) and date_column_note(date_col) not in notes:
+                notes.append(date_column_note(date_col))
             low = sym.lower()
             if low in seen:
                 prev = series[seen[low]][0]
@@ -456,13 +488,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    notes: list[str] = []
     out = import_csv(args.files, args.out, instrument=args.instrument, force=args.force, progress=True,
-                     freq=args.freq, time_unit=args.time_unit)
+                     freq=args.freq, time_unit=args.time_unit, notes=notes)
     syms = pv.read_instrument_file(out, "all")
     freq = pv.available_freqs(out)[0]
     cal = (out / pv.calendar_file(freq)).read_text(encoding="utf-8").splitlines()
     names = "all" + (f", {args.instrument}" if args.instrument and args.instrument.lower() != "all" else "")
     unit = "days" if freq == "day" else f"{freq} bars"
     print(f"imported {len(syms)} symbol(s), {len(cal)} {unit} ({cal[0]}..{cal[-1]}) into {out}; "
-          f"instruments: {names}; freq: {freq}")
+          f"instruments: {names}; freq: {freq}" + "".join(f"; {note}" for note in notes))
     return 0
