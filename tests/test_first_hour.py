@@ -283,11 +283,15 @@ def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
         pyfunc.predict(np.ones((3, 26, 5), dtype=np.float32))
     assert str(bad.value) == ("input of shape (3, 26, 5) is not windows of (B, T, 6) with T >= 2: open, high, low, "
                               "close, vol, amt per step")
-    before = set(os.listdir(tempfile.gettempdir()))
+    # a private temp dir: other xdist workers create and remove their own entries in the shared one
+    private = user_run.root / "tempdir-check"
+    private.mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     tok = load_tokenizer(f"runs:/{run.info.run_id}/best_model")
     with checkpoint_dir(f"runs:/{run.info.run_id}/best_model") as path:
         assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]
-    assert set(os.listdir(tempfile.gettempdir())) == before
+        assert Path(path).resolve().is_relative_to(private.resolve())  # the check below watches the right place
+    assert os.listdir(private) == []
     assert sum(p.numel() for p in tok.parameters()) == int(run.data.tags["model_size"])
 
 
