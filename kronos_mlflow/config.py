@@ -29,7 +29,8 @@ from .keys import MLPROJECT_PARAMS
 from .names import ascii_digits
 from .model.spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
 from .validate import SEED_MAX
-from .timeranges import format_time_range, parse_date, parse_time_range, time_bounds  # noqa: F401 (the config's names)
+from .timeranges import (check_data_span, data_span, format_time_range, parse_date, parse_date_or_auto,  # noqa: F401
+                         parse_time_range, time_bounds)
 from .yamlfile import read_mapping
 
 # Each entry: key -> (default, help). The type of the default is the type of the key
@@ -39,8 +40,8 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "qlib_data_path": ("", "Qlib provider directory (e.g. ~/.qlib/qlib_data/cn_data); empty (default) = the "
                        "built-in demo market."),
     "instrument": ("csi300", "Qlib instrument universe (a file under instruments/), e.g. csi300 or all."),
-    "dataset_begin_time": ("2011-01-01", "First date read from Qlib."),
-    "dataset_end_time": ("2025-06-05", "Last date read from Qlib."),
+    "dataset_begin_time": ("auto", "First date read from Qlib; auto = the earliest start of the time ranges."),
+    "dataset_end_time": ("auto", "Last date read from Qlib; auto = the latest end of the time ranges."),
     "lookback_window": (90, "Past steps per window; normalisation statistics come from this part."),
     "predict_window": (10, "Future steps per window (the window is lookback + predict + 1 long)."),
     "max_context": (512, "Longest context the forecasting model accepts (kept for compatibility)."),
@@ -304,7 +305,7 @@ def _coerce(key: str, value: Any) -> Any:
                                                                                   else value))
         return [] if empty else parse_time_range(key, value)
     if key in DATE_KEYS:
-        return parse_date(key, value)
+        return parse_date_or_auto(key, value)
     if key in _ON_OFF_KEYS:
         # YAML reads a bare on/off/true/false as a boolean; the key takes them as on/off.
         text = str(value).strip().lower()
@@ -425,11 +426,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"feature_list: {checks.shown(out['feature_list'])} must name 6 features (open high low close vol amt)")
     if len(out["time_feature_list"]) != 5:
         raise ConfigError(f"time_feature_list: {checks.shown(out['time_feature_list'])} must name 5 calendar features")
-    if time_bounds(out["dataset_begin_time"], out["dataset_begin_time"])[0] > \
-            time_bounds(out["dataset_end_time"], out["dataset_end_time"])[1]:
-        raise ConfigError(
-            f"dataset_begin_time {out['dataset_begin_time']} is after dataset_end_time {out['dataset_end_time']}"
-        )
+    check_data_span(out)
     check_models_and_objective(out)
     return out
 

@@ -65,6 +65,8 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "instrument": "instrument",
     "freq": "freq",
     "membership_gaps": "membership_gaps",
+    "dataset_begin_time": "dataset_begin_time",
+    "dataset_end_time": "dataset_end_time",
     "train_time_range": "train_time_range",
     "val_time_range": "val_time_range",
     "test_time_range": "test_time_range",

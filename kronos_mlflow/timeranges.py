@@ -72,3 +72,67 @@ def parse_time_range(key: str, value: Any) -> list[str]:
     if time_bounds(start, start)[0] > time_bounds(end, end)[1]:
         raise ConfigError(f"{key}: start {start} is after end {end}; expected START <= END")
     return [start, end]
+
+
+# ---- the dates read from the market: dataset_begin_time / dataset_end_time ----------------------
+
+AUTO = "auto"
+#: The ranges whose span ``auto`` reads (an empty backtest range is the test range's part).
+SPAN_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range", "backtest_time_range")
+
+
+def parse_date_or_auto(key: str, value: Any) -> str:
+    """``auto`` (the split ranges' span, :func:`data_span`) or a date as :func:`parse_date` takes it."""
+    if str(value).strip().lower() == AUTO:
+        return AUTO
+    try:
+        return parse_date(key, value)
+    except ConfigError:
+        raise ConfigError(f"{key}: '{checks.shown(value)}' is not a date; expected YYYY-MM-DD, YYYY-MM-DDTHH:MM or "
+                          "auto (from the earliest start to the latest end of the time ranges)") from None
+
+
+def data_span(config) -> tuple[str, str]:
+    """``(begin, end)`` of what is read from the market: ``dataset_begin_time`` and
+    ``dataset_end_time``, each ``auto`` one the earliest start / latest end of the time ranges
+    (train, val, test and a given backtest range). Upstream's default splits span its
+    2011-01-01..2025-06-05."""
+    ranges = [config[k] for k in SPAN_RANGE_KEYS if config.get(k)]
+    begin, end = config.get("dataset_begin_time", AUTO), config.get("dataset_end_time", AUTO)
+    if begin == AUTO:
+        begin = min((r[0] for r in ranges), key=lambda d: time_bounds(d, d)[0])
+    if end == AUTO:
+        end = max((r[1] for r in ranges), key=lambda d: time_bounds(d, d)[1])
+    return begin, end
+
+
+def check_data_span(config) -> None:
+    """A begin after the end is refused in one line."""
+    begin, end = data_span(config)
+    if time_bounds(begin, begin)[0] > time_bounds(end, end)[1]:
+        raise ConfigError(f"dataset_begin_time {begin} is after dataset_end_time {end}; expected begin <= end "
+                          "(auto: from the earliest start to the latest end of the time ranges)")
+
+
+def span_text(config) -> str:
+    """The read span as a message names it: the keys when set, ``auto`` when they follow the ranges."""
+    begin, end = data_span(config)
+    given = [k for k in ("dataset_begin_time", "dataset_end_time") if config.get(k, AUTO) != AUTO]
+    if not given:
+        return f"the time ranges' span {begin}..{end} (dataset_begin_time/dataset_end_time auto)"
+    return f"dataset_begin_time..dataset_end_time {begin}..{end}"
+
+
+def cut_by_span(config, key: str) -> str:
+    """``'; dataset_begin_time 2011-01-01 cuts it (...)'`` when an explicit read span starts after
+    or ends before the range ``key``, else ''."""
+    begin, end = data_span(config)
+    start, stop = config[key]
+    cuts = []
+    if config.get("dataset_begin_time", AUTO) != AUTO and time_bounds(begin, begin)[0] > time_bounds(start, start)[0]:
+        cuts.append(f"dataset_begin_time {begin} starts after it")
+    if config.get("dataset_end_time", AUTO) != AUTO and time_bounds(end, end)[1] < time_bounds(stop, stop)[1]:
+        cuts.append(f"dataset_end_time {end} ends before it")
+    if not cuts:
+        return ""
+    return f"; {' and '.join(cuts)} (set them to auto to read the ranges' span)"

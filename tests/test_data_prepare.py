@@ -296,6 +296,43 @@ def test_dates_outside_the_calendar(small_market, tmp_path):
         prepare_splits(cfg, progress=False)
 
 
+def test_the_dates_read_follow_the_time_ranges(small_market, tmp_path):
+    """auto (the default) reads from the earliest start to the latest end of the time ranges:
+    upstream's 2011-01-01..2025-06-05 with upstream's splits, a given backtest range included;
+    an explicit date narrows it; auto and the dates it stands for name one cache."""
+    from kronos_mlflow.config import data_span
+
+    assert load_config()["dataset_begin_time"] == "auto"
+    assert data_span(load_config()) == ("2011-01-01", "2025-06-05")
+    assert data_span(load_config({"backtest_time_range": "2024-05-01:2025-09-30"})) == ("2011-01-01", "2025-09-30")
+    old = load_config({"train_time_range": "2004-09-01:2008-12-31", "val_time_range": "2008-06-01:2009-12-31",
+                       "test_time_range": "2009-10-01:2010-12-31"})
+    assert data_span(old) == ("2004-09-01", "2010-12-31")
+    assert data_span({**old, "dataset_begin_time": "2006-01-01"}) == ("2006-01-01", "2010-12-31")
+    market = {"qlib_data_path": str(small_market), "dataset_path": str(tmp_path / "ds")}
+    assert data_digest(load_config(market)) == data_digest(load_config({**market, "dataset_begin_time": "2011-01-01",
+                                                                         "dataset_end_time": "2025-06-05"}))
+    assert data_digest(load_config(market)) != data_digest(load_config({**market, "dataset_begin_time": "2012-01-01"}))
+
+
+def test_a_market_that_ends_before_2011_prepares_with_the_default_dates(tmp_path, capsys):
+    """`kronos-mlflow prepare` on a market of 2004-2006 with split ranges inside it: the dates read
+    follow the ranges (upstream's fixed 2011-01-01 start read nothing of it)."""
+    from kronos_mlflow.data import write_demo_market
+
+    market = write_demo_market(tmp_path / "old", 4, 5, start="2004-09-01", end="2006-12-31")
+    flags = ["--qlib-data-path", str(market), "--dataset-path", str(tmp_path / "ds"), "--lookback-window", "20",
+             "--predict-window", "5", "--train-time-range", "2004-09-01:2005-12-31",
+             "--val-time-range", "2005-10-01:2006-06-30", "--test-time-range", "2006-05-01:2006-12-31"]
+    assert main(["prepare", *flags]) == 0, capsys.readouterr().err
+    assert "train" in capsys.readouterr().out
+    # an explicit begin that leaves the training range too few bars is named in the refusal
+    assert main(["prepare", *flags, "--dataset-begin-time", "2006-01-02"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no training windows" in err, err
+    assert "dataset_begin_time 2006-01-02 starts after it (set them to auto to read the ranges' span)" in err, err
+
+
 def test_empty_validation_split_is_a_warning(small_market, tmp_path, capsys):
     cfg = small_config(small_market, tmp_path / "ds", val_time_range="2021-12-20:2021-12-31")
     with pytest.warns(DataWarning, match="no val windows"):

@@ -398,6 +398,17 @@ def test_every_command_shown_names_real_subcommands_entry_points_parameters_and_
     assert not problems, "\n".join(problems)
 
 
+def test_every_mlflow_run_a_user_copies_runs_without_conda():
+    """The MLproject names a conda environment: an `mlflow run` in a bash block without
+    `--env-manager local` (or another manager) fails on a machine without conda and leaves its
+    run RUNNING, so every one says which."""
+    missing = [f"{where}: {command}" for where, command in shown_commands()
+               if re.search(r":\d+$", where) and command.startswith("mlflow run ")
+               and "--env-manager" not in shlex.split(command)]
+    assert not missing, "mlflow run without --env-manager:\n" + "\n".join(missing)
+    assert check_command("mlflow run . --env-manager local -e predictor -P backtest_signal_stride=0") == []
+
+
 def test_the_refused_examples_are_shown_and_are_refused():
     commands = {c for _, c in shown_commands()}
     spans = {s for page in _pages() if page.name not in GENERATED for s in _code_spans(page.read_text())}

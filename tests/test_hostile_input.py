@@ -1171,6 +1171,12 @@ CASES: list[Case] = [
     Case("env-home-too-long", "environment", "`KRONOS_MLFLOW_HOME` with a 300-character folder name, for `prepare` "
          "(was an OSError traceback)", CLI + ("prepare", "--qlib-data-path", "", "--dataset-path", "{ws}/cache"),
          "KRONOS_MLFLOW_HOME", env={"KRONOS_MLFLOW_HOME": "{ws}/" + "h" * 300}),
+    # ===== the dates read from the market (auto: the time ranges' span)
+    Case("mlproject-dataset-begin", "MLproject", "`-P dataset_begin_time=2011-02-30`",
+         MLPROJECT + ("dataset_begin_time=2011-02-30",), "dataset_begin_time: '2011-02-30' is not a date"),
+    Case("flag-dataset-span", "flag", "`--dataset-begin-time` after `--dataset-end-time`",
+         TRAIN + BASE + ("--dataset-begin-time", "2021-06-01", "--dataset-end-time", "2020-06-01"),
+         "dataset_begin_time 2021-06-01 is after dataset_end_time 2020-06-01"),
 ]
 
 

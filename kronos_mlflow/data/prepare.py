@@ -8,7 +8,8 @@ What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
 
 1. ``qlib.init`` on the provider directory and ``D.features(..., freq=freq)`` of ``$open $high
    $low $close $volume`` for the instrument's symbols from ``dataset_begin_time`` -
-   ``lookback_window`` bars to ``dataset_end_time`` + ``predict_window`` bars, a chunk of symbols
+   ``lookback_window`` bars to ``dataset_end_time`` + ``predict_window`` bars (``auto``, the default:
+   the earliest start and the latest end of the time ranges), a chunk of symbols
    (about two million bars) at a time; each symbol's membership spans applied, each span its own
    series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
@@ -53,6 +54,7 @@ import numpy as np
 from ..config import HELP, load_config, time_bounds, validate
 from ..errors import DataError, UserError
 from ..features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
+from ..timeranges import cut_by_span, data_span, span_text
 from . import provider as pv
 from .demo import default_demo_calendar, default_demo_path, ensure_demo_market
 from .qlib_read import QLIB_FIELDS, merge_spans, read_qlib  # noqa: F401 (QLIB_FIELDS, merge_spans: the data's names)
@@ -143,8 +145,9 @@ def _cache_key(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
         "freq": cfg["freq"],
         "membership_gaps": cfg["membership_gaps"],
         "instrument": cfg["instrument"],
-        "dataset_begin_time": cfg["dataset_begin_time"],
-        "dataset_end_time": cfg["dataset_end_time"],
+        # what is read, resolved: auto and the dates it stands for name one cache
+        "dataset_begin_time": data_span(cfg)[0],
+        "dataset_end_time": data_span(cfg)[1],
         "train_time_range": list(cfg["train_time_range"]),
         "val_time_range": list(cfg["val_time_range"]),
         "test_time_range": list(cfg["test_time_range"]),
@@ -286,8 +289,9 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
         a, b = cfg["train_time_range"]
         raise DataError(
             f"no training windows: train_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol with "
-            f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1); "
-            "widen train_time_range, choose another instrument, or shorten the windows"
+            f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1)"
+            f"{cut_by_span(cfg, 'train_time_range')}; widen train_time_range, choose another instrument, or shorten "
+            "the windows"
         )
     for split in ("val", "test"):
         if splits_info[split]["windows"] == 0:
@@ -295,7 +299,7 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
             effect = "training runs without the val split" if split == "val" else "a run's test verdict is unavailable"
             warnings.warn(
                 f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
-                f"with {window} consecutive valid {unit}; {effect}",
+                f"with {window} consecutive valid {unit}{cut_by_span(cfg, f'{split}_time_range')}; {effect}",
                 DataWarning, stacklevel=4,
             )
 
@@ -321,9 +325,8 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     seen: dict[str, bool] = {}  # symbol -> kept (some series long enough)
     dropped: dict[str, dict[str, int]] = {}  # symbol -> reason -> bad bars dropped (see bar_sanity)
     try:
-        for sym, dates, raw in read_qlib(path, cfg["instrument"], cfg["dataset_begin_time"], cfg["dataset_end_time"],
-                                         lookback, predict, progress, freq=freq,
-                                         membership_gaps=cfg["membership_gaps"]):
+        for sym, dates, raw in read_qlib(path, cfg["instrument"], *data_span(cfg), lookback, predict, progress,
+                                         freq=freq, membership_gaps=cfg["membership_gaps"], span=span_text(cfg)):
             stats["series_read"] += 1
             seen.setdefault(sym, False)
             stats["rows_read"] += len(dates)

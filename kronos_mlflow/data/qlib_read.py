@@ -36,7 +36,8 @@ def _init_qlib(path: Path, n_symbols: int) -> None:
         sys.excepthook = hook
 
 
-def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: int, predict: int, path: Path):
+def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: int, predict: int, path: Path,
+                        span: str = ""):
     """Upstream's read range: begin - lookback bars .. end + predict bars, clipped to the calendar."""
     b, e = time_bounds(begin, end)
     cal = calendar.astype("datetime64[s]")
@@ -44,7 +45,7 @@ def _date_range_indices(calendar: np.ndarray, begin: str, end: str, lookback: in
     stop = int(np.searchsorted(cal, e, side="right")) - 1  # last bar <= end
     if start > stop:
         raise DataError(
-            f"dataset_begin_time..dataset_end_time {begin}..{end} holds no trading day of '{path}' "
+            f"{span or f'dataset_begin_time..dataset_end_time {begin}..{end}'} holds no trading day of '{path}' "
             f"(its calendar covers {calendar[0]}..{calendar[-1]}); choose dates inside it"
         )
     return calendar[max(start - lookback, 0)], calendar[min(stop + predict, len(calendar) - 1)], \
@@ -85,7 +86,7 @@ def merge_spans(spans, calendar_days: np.ndarray) -> list[tuple[np.datetime64, n
 
 
 def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, predict: int,
-              progress: bool = False, freq: str = "day", membership_gaps: str = "split"):
+              progress: bool = False, freq: str = "day", membership_gaps: str = "split", span: str = ""):
     """Yield ``(symbol, times, values float32 (n, 5))`` series of ``instrument`` (open, high, low,
     close, volume) read through ``D.features(..., freq=freq)``, membership spans applied.
 
@@ -93,7 +94,7 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
     ``membership_gaps="split"`` each membership span of a symbol is its own series (a symbol that
     left the index and came back yields two); with ``"join"`` the bars of all its spans are one
     series (upstream: mask to the spans, then ``dropna``). Qlib's exceptions become one-line
-    DataErrors.
+    DataErrors, which name the dates read as ``span`` says (default: the two keys and dates).
     """
     unit = "D" if freq == "day" else "s"
     try:
@@ -104,7 +105,7 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
         calendar = np.asarray(D.calendar(freq=freq), dtype=f"datetime64[{unit}]")
         if len(calendar) == 0:
             raise DataError(f"qlib_data_path '{path}': calendars/{freq}.txt holds no dates; expected one date a line")
-        lo, hi, n_bars = _date_range_indices(calendar, begin, end, lookback, predict, path)
+        lo, hi, n_bars = _date_range_indices(calendar, begin, end, lookback, predict, path, span)
         lo_s, hi_s = str(pd.Timestamp(lo)), str(pd.Timestamp(hi))
         spans = D.list_instruments(D.instruments(instrument), start_time=lo_s, end_time=hi_s, as_list=False,
                                    freq=freq)
@@ -116,8 +117,9 @@ def read_qlib(path: Path, instrument: str, begin: str, end: str, lookback: int, 
                         f"{str(exc).splitlines()[0] if str(exc) else ''}; check the directory's format") from None
     if not symbols:
         raise DataError(
-            f"instrument '{instrument}' in '{path}' lists no symbol trading between {lo_s} and {hi_s}; "
-            "choose another instrument or dataset_begin_time/dataset_end_time"
+            f"instrument '{instrument}' in '{path}' lists no symbol trading between {lo_s} and {hi_s} "
+            f"({span or f'dataset_begin_time..dataset_end_time {begin}..{end}'}); choose another instrument or "
+            "other time ranges"
         )
     calendar_days = np.unique(calendar.astype("datetime64[D]"))
     chunk = 25 if len(symbols) <= _PARALLEL_SYMBOLS else 400
