@@ -88,7 +88,9 @@ def train_epoch(model, optimizer, scheduler, loader, device, config, precision: 
     """One pass over ``loader``: per batch a step, a schedule step and the step's metrics.
     Returns the summed training loss and the global step after the epoch."""
     running = 0.0
-    for batch_x, batch_stamp in console.progress(loader, len(loader), desc):
+    # rank 0: a line every log_interval steps or progress_seconds (a bar on a terminal)
+    ticker = console.progress(loader, len(loader), desc, every=config["log_interval"], unit="steps")
+    for batch_x, batch_stamp in ticker:
         batch_x = batch_x.to(device, non_blocking=True)
         batch_stamp = batch_stamp.to(device, non_blocking=True)
         loss, parts = train_step(model, optimizer, batch_x, config, precision, stage=stage, batch_stamp=batch_stamp)
@@ -100,8 +102,7 @@ def train_epoch(model, optimizer, scheduler, loader, device, config, precision: 
         metrics = stage.step_metrics(avg, dict(zip(parts, values, strict=True)))
         logger.log_metrics({**metrics, stage.learning_rate: lr}, step=global_step)
         global_step += 1
-        if global_step % config["log_interval"] == 0:
-            console.print(f"step {global_step}: loss={avg:.6f} lr={lr:.3e}")
+        ticker.note(f"loss={avg:.6f} lr={lr:.3e} global_step={global_step}")
     return running, global_step
 
 
@@ -264,7 +265,8 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
     """The progress of the killed run that ``resume_state`` names, loaded into the model,
     optimizer and scheduler; without one, a fresh start after validating the starting weights."""
     if resume_state is None:
-        initial = stage.validate(raw_model, data.val_loader, device, detailed=False).loss if data.has_val else None
+        initial = (stage.validate(raw_model, val_batches(data, console, "starting weights: validation"), device,
+                                  detailed=False).loss if data.has_val else None)
         if initial is not None:
             logger.log_metrics({stage.initial_val_metric: initial}, step=0)
             console.print(f"starting weights: val_loss={initial:.6f}")
@@ -326,11 +328,20 @@ class EpochValidation(NamedTuple):
         return self.validation.loss
 
 
+def val_batches(data: RunData, console: Console | None, desc: str):
+    """The validation loader, its batches done shown on rank 0 when it takes long
+    (:meth:`Console.progress`: a line each ``progress_seconds``, a bar on a terminal)."""
+    loader = data.val_loader
+    return console.progress(loader, len(loader), desc) if console is not None else loader
+
+
 def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progress, logger: ExperimentLogger,
-                   files: RunFiles, stage: TrainingStage) -> EpochValidation:
+                   files: RunFiles, stage: TrainingStage, console: Console | None = None,
+                   desc: str = "validation") -> EpochValidation:
     """The epoch's validation (a collective) and its metrics; the best checkpoint when it improved.
     Without a validation split every epoch is the best, so the last one is kept."""
-    val = stage.validate(raw_model, data.val_loader, device) if data.has_val else Validation(None, {}, None)
+    val = (stage.validate(raw_model, val_batches(data, console, desc), device) if data.has_val
+           else Validation(None, {}, None))
     improved = False
     if val.loss is not None:
         progress.history.append(val.loss)
@@ -432,7 +443,8 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         running, progress.global_step = train_epoch(model, optimizer, scheduler, data.train_loader, device, config,
                                                     precision, logger, console, progress.global_step,
                                                     f"epoch {epoch + 1}/{last_epoch + 1}", stage)
-        val = validate_epoch(raw_model, data, device, epoch, progress, logger, files, stage)
+        val = validate_epoch(raw_model, data, device, epoch, progress, logger, files, stage, console,
+                             f"epoch {epoch + 1}/{last_epoch + 1}: validation")
         shown = f"{val.loss:.6f}" if val.loss is not None else "n/a"
         console.print(f"epoch {epoch + 1}/{last_epoch + 1}: train_loss={running / steps_per_epoch:.6f} "
                       f"val_loss={shown} best={progress.best_val_loss:.6f} ({time.time() - t0:.1f}s)"

@@ -8,6 +8,7 @@ benchmark's series gives one skip line; bad keys and bad signals are one line ea
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -89,9 +90,15 @@ def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market,
         <= m["backtest_random_excess_return_with_cost_p95"] < m["backtest_oracle_excess_return_with_cost"]
     assert m["backtest_negated_excess_return_with_cost"] < m["backtest_random_excess_return_with_cost_p05"]
     noise = oracle.assign(score=np.random.default_rng(7).standard_normal(len(oracle)))
+    said: list[str] = []
     plain = backtest_signals(_config(market, **spring, backtest_n_random=8), {"noise": noise}, tmp_path,
-                             control="noise")
+                             control="noise", say=said.append)
     assert plain.tags["backtest_verdict"] != "better"
+    # a line as each of the 10 backtests (the signal, its negation, 8 random signals) starts and ends
+    labels = ["noise", "noise negated (control)", *(f"random signal {i}/8 (control)" for i in range(1, 9))]
+    assert said[0::2] == [f"backtest {i}/10: {label} ..." for i, label in enumerate(labels, 1)]
+    assert all(re.fullmatch(rf"backtest {i}/10: {re.escape(label)} done \(\d+\.\ds\)", line)
+               for i, (label, line) in enumerate(zip(labels, said[1::2], strict=True), 1)), said
     assert all(math.isfinite(v) for v in plain.metrics.values())
     none = backtest_signals(_config(market, **spring, backtest_n_random=0), {"oracle": oracle}, tmp_path,
                             control="oracle")

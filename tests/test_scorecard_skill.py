@@ -290,3 +290,27 @@ def test_the_pictures_and_the_calibrator_are_written(scored, tmp_path):
     assert data["origins"] == card.metrics["calibration_origins"] >= 30
     again = Calibrator.from_json(data)
     np.testing.assert_array_equal(again.score_quantiles, card.calibrator.score_quantiles)
+
+
+def test_the_scorecard_says_origins_done_of_total_per_forecaster(scored, capsys, monkeypatch):
+    """A log file (stderr not a terminal) gets, per Kronos forecaster, its start and origins done
+    of total with a rate and an ETA (a line each KRONOS_PROGRESS_SECONDS: here every batch)."""
+    import re
+
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.console import Console
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+
+    base, _, _ = scored
+    config = load_config({**base, "n_eval_windows": 60, "inference_sample_count": 1, "calibration": "off",
+                          "backtest_signal_stride": 0, "batch_size": 16})
+    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "1e-9")
+    capsys.readouterr()
+    card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)}, console=Console(True))
+    out = capsys.readouterr().out
+    n = int(card.metrics["eval_origins"])
+    for name in ("finetuned", "zeroshot"):
+        assert f"[kronos] scorecard: {name}: forecasting {n:,} origins\n" in out
+        done = [int(d) for d, total in re.findall(rf"^\[kronos\] scorecard: {name}: (\d+)/(\d+) origins, \S+ "
+                                                  r"origins/s, ETA \S+$", out, flags=re.MULTILINE) if int(total) == n]
+        assert done == [min(k, n) for k in range(16, n + 16, 16)], out

@@ -79,3 +79,41 @@ def test_seed_contract_train_model_accepts_none_logger(tiny):
     model, result = train_model(_model(config), torch.device("cpu"), config, str(RunLayout.of(config).root),
                                 None, 0, 1)
     assert isinstance(model, KronosTokenizer) and math.isfinite(result["best_val_loss"])
+
+
+def test_a_log_file_gets_progress_lines_with_steps_loss_rate_and_eta(tiny, capsys, monkeypatch):
+    """stderr not a terminal (captured): no bar, a line each KRONOS_PROGRESS_SECONDS in training and
+    validation, with the epoch, steps done of the epoch's, the loss, the rate and an ETA."""
+    import re
+
+    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "1e-9")  # every item: a line
+    config = tiny(compile="off", epochs=1, log_interval=10**6)
+    trainer.fit(_model(config), torch.device("cpu"), config, NullLogger(), trainer.RunFiles(RunLayout.of(config)),
+                Console(True), stage=TokenizerStage())
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err
+    steps = re.findall(r"^\[kronos\] epoch 1/1: (\d+)/(\d+) steps, loss=(\S+) lr=\S+ global_step=\d+, "
+                       r"(\S+) steps/s, ETA (\d+s|\d+m\d\ds)$", out, flags=re.MULTILINE)
+    assert steps, out
+    total = int(steps[0][1])
+    assert [int(done) for done, *_ in steps] == list(range(1, total + 1))  # one line per step
+    assert all(int(t) == total and math.isfinite(float(loss)) and float(rate) > 0 for _, t, loss, rate, _ in steps)
+    assert steps[-1][4] == "0s"  # nothing left at the epoch's last step
+    assert re.search(r"^\[kronos\] epoch 1/1: validation: \d+/\d+ batches, \S+ batches/s, ETA \S+$", out, flags=re.MULTILINE)
+    assert re.search(r"^\[kronos\] starting weights: validation: \d+/\d+ batches", out, flags=re.MULTILINE)
+    assert "[kronos] epoch 1/1: train_loss=" in out  # the epoch's summary stays
+
+
+def test_progress_lines_every_n_items_or_t_seconds_and_none_on_other_ranks(monkeypatch, capsys):
+    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "3600")
+    ticker = Console(True).progress(range(7), 7, "epoch 2/3", every=3, unit="steps")
+    for i in ticker:
+        ticker.note(f"loss={i:.1f}")
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in out] == ["[kronos] epoch 2/3: 3/7 steps", "[kronos] epoch 2/3: 6/7 steps"]
+    assert out[0].startswith("[kronos] epoch 2/3: 3/7 steps, loss=2.0, ") and " steps/s, ETA " in out[0]
+    assert list(Console(False).progress(range(7), 7, "x", every=1)) == list(range(7))
+    assert capsys.readouterr().out == ""  # a rank other than 0 says nothing
+    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "not a number")  # the default (30 s): no line for a fast loop
+    assert list(Console(True).progress([[1, 2], [3]], 3, "scorecard: x", unit="origins", size=len)) == [[1, 2], [3]]
+    assert capsys.readouterr().out == ""

@@ -39,8 +39,9 @@ import logging
 import math
 import re
 import sys
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,8 +277,38 @@ def _controls(signal, run, n_random: int, value: float) -> tuple[dict[str, float
     return metrics, {VERDICT_TAG: "better" if value > p95 else "worse" if value < p05 else "inconclusive"}
 
 
+class _Steps:
+    """Lines as each of ``total`` backtests starts (``backtest 2/23: fine-tuned ...``) and ends
+    (``backtest 2/23: fine-tuned done (41.2s)``), through ``say``; nothing without it."""
+
+    def __init__(self, say: Callable[[str], None] | None, total: int):
+        self.say, self.total, self.done = say, total, 0
+
+    def run(self, label: str, work: Callable[[], Any]):
+        self.done += 1
+        head = f"backtest {self.done}/{self.total}: {label}"
+        if self.say is not None:
+            self.say(f"{head} ...")
+        started = time.time()
+        out = work()
+        if self.say is not None:
+            self.say(f"{head} done ({time.time() - started:.1f}s)")
+        return out
+
+    def control(self, run: Callable[[Any], Any], name: str, n_random: int) -> Callable[[Any], Any]:
+        """``run`` of :func:`_controls`, counted: the negated signal first, then the random ones."""
+        calls = [0]
+
+        def counted(signal):
+            calls[0] += 1
+            label = (f"{name} negated (control)" if calls[0] == 1
+                     else f"random signal {calls[0] - 1}/{n_random} (control)")
+            return self.run(label, lambda: run(signal))
+        return counted
+
+
 def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_dir,
-                     control: str | None = None) -> BacktestResult:
+                     control: str | None = None, say: Callable[[str], None] | None = None) -> BacktestResult:
     """Backtest each signal (name -> DataFrame indexed (datetime, instrument), column ``score``)
     with Qlib on the config's provider (``qlib_data_path``, or the demo market when empty) and
     write ``out_dir/backtest.png``. Metrics per signal ``s`` (``backtest_<s>_...``, the name
@@ -290,7 +321,8 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
 
     A provider without the benchmark's series, a config with intraday bars, or a top-k holding
     half of the symbols with a signal gives a result with ``skipped`` set (one line) instead.
-    Bad signals raise :class:`DataError`."""
+    Bad signals raise :class:`DataError`. ``say`` (e.g. ``Console.print``) gets a line as each
+    backtest starts and as it ends (:class:`_Steps`)."""
     from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     if not signals:
@@ -319,9 +351,11 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     if narrow:
         return BacktestResult(skipped=narrow, benchmark=benchmark, time_range=(start, end))
     result = BacktestResult(benchmark=benchmark, time_range=(start, end))
+    n_random = int(config.get("backtest_n_random", 20))
+    steps = _Steps(say, len(series) + ((1 + max(n_random, 0)) if control is not None else 0))
     bench = None
     for name, signal in series.items():
-        report = _run_one(signal, config, benchmark, start, end, codes)
+        report = steps.run(name, lambda s=signal: _run_one(s, config, benchmark, start, end, codes))
         excess, with_cost = _excess(report)
         p = prefixes[name]
         result.metrics[p + "excess_return_with_cost"] = with_cost["annualized_return"]
@@ -333,8 +367,9 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
         bench = report["bench"]
     result.metrics["backtest_benchmark_return"] = _risk(bench)["annualized_return"]
     if control is not None:
-        metrics, tags = _controls(series[control], lambda s: _run_one(s, config, benchmark, start, end, codes),
-                                  int(config.get("backtest_n_random", 20)),
+        metrics, tags = _controls(series[control], steps.control(lambda s: _run_one(s, config, benchmark, start, end,
+                                                                                   codes), control, n_random),
+                                  n_random,
                                   result.metrics[prefixes[control] + "excess_return_with_cost"])
         result.metrics.update(metrics)
         result.tags.update(tags)

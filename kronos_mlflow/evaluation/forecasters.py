@@ -37,7 +37,8 @@ def sampling(config: Mapping[str, Any]) -> dict[str, Any]:
 def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
                  progress: Callable | None = None, desc: str = "") -> np.ndarray:
     """Close sample paths ``(len(origins), sample_count, horizon)`` float64 of a Kronos pair,
-    over every rank (a collective when ``world_size > 1``)."""
+    over every rank (a collective when ``world_size > 1``). ``progress`` is
+    :meth:`~kronos_mlflow.console.Console.progress` (or None): it counts this rank's origins."""
     from ..forecasting.pyfunc import forecast  # lazy: mlflow
 
     settings = sampling(config)
@@ -45,8 +46,8 @@ def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank
     table = torch.zeros(len(origins), settings["sample_count"], origins.horizon, dtype=torch.float64)
     positions = origins.shard(rank, world_size)
     chunks = [positions[i:i + batch_size] for i in range(0, len(positions), batch_size)]
-    if progress is not None:
-        chunks = progress(chunks, len(chunks), desc)
+    if progress is not None:  # Console.progress: origins done (this rank's) of total, an ETA
+        chunks = progress(chunks, len(positions), desc, unit="origins", size=len)
     for chunk in chunks:
         past, future = origins.times(chunk)
         stamps = np.concatenate([past, future], axis=1).astype("datetime64[s]").astype(np.int64)

@@ -124,6 +124,8 @@ def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, 
     for name, predictor in predictors.items():
         if predictor is None:
             continue
+        if console is not None:
+            console.print(f"scorecard: {name}: forecasting {len(origins):,} origins")
         started = time.time()
         paths[name] = fc.kronos_paths(predictor, origins, config, rank=rank, world_size=world_size,
                                       progress=progress, desc=f"scorecard: {name}")
@@ -434,7 +436,8 @@ def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, lo
     if card.reason or not signals:
         return
     started = time.time()
-    result = backtest_signals(config, signals, directory, control="fine-tuned" if "fine-tuned" in signals else None)
+    result = backtest_signals(config, signals, directory, control="fine-tuned" if "fine-tuned" in signals else None,
+                              say=console.print if console is not None else None)
     if result.skipped:
         card.tags["backtest"] = "skipped"
         if console is not None:
