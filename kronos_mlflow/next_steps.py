@@ -24,6 +24,19 @@ def _ci(metrics: Mapping[str, Any], name: str) -> str:
     return f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
 
 
+def _start_and_why(test: Mapping[str, Any]) -> str:
+    """``the start`` or ``fresh weights`` (what the run started from), and why an ``inconclusive``
+    whose interval excludes 0 is one."""
+    from .evaluation.verdict import inconclusive_why, start_words  # lazy: numpy
+
+    words = start_words(str(test.get("base_label") or ""))
+    low, high = test.get("ci_low"), test.get("ci_high")
+    why = (inconclusive_why(float(low), float(high), float(test.get("min_change") or 0.0))
+           if test.get("verdict") == "inconclusive" and not test.get("reason") and low is not None and high is not None
+           else "")
+    return f"{words}: {why}" if why else words
+
+
 def training_lines(result: Mapping[str, Any], *, run_id: str, experiment_id: str | None, tracking_uri: str,
                    run_directory: Path) -> list[str]:
     """The end of a training run: its id, the best validation loss and the held-out verdict,
@@ -37,8 +50,8 @@ def training_lines(result: Mapping[str, Any], *, run_id: str, experiment_id: str
     test = result.get("test") or {}
     verdict = test.get("verdict")
     change = test.get("change")
-    held = (f", verdict {verdict} (test loss {100 * change:+.2f}% against the start)" if verdict and change is not None
-            else f", verdict {verdict}" if verdict else "")
+    held = (f", verdict {verdict} (test loss {100 * change:+.2f}% against {_start_and_why(test)})"
+            if verdict and change is not None else f", verdict {verdict}" if verdict else "")
     lines.append(f"done: run {run_id}: {shown}{held}")
     card = result.get("scorecard") or {}
     metrics, tags = card.get("metrics") or {}, card.get("tags") or {}

@@ -32,9 +32,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import published
 from .config import check_paths
 from .errors import ConfigError, UserError
 from .evaluation.backtest import check_signal_days
+from .stage_keys import stage_keys
 from .stages import spec_of
 from .validate import sqlite_path
 
@@ -75,15 +77,34 @@ def check_processes(nproc: int, device) -> None:
                           f"may use; expected at most {limit} (4 per CPU), or device cuda with one per GPU")
 
 
+def check_partial_start(config: Mapping[str, Any]) -> None:
+    """``finetune_mode`` lora or freeze keeps most of the starting weights as they are: on fresh
+    (random) weights that trains adapters or a top on a random base. Refused unless the start is
+    asked for by name (the stage's ``pretrained_*_path`` set to ``fresh``), not reached by ``auto``
+    finding no published checkpoint, nor by an empty value."""
+    mode = str(config.get("finetune_mode") or "full")
+    key = stage_keys(config).pretrained
+    value = str(config.get(key) or "").strip()
+    if mode == "full" or value.lower() == published.FRESH or published.source(config, key):
+        return
+    why = (f"auto found no published checkpoint: {published.reason(config, key)}" if value.lower() == published.AUTO
+           else f"{key} is empty")
+    hub = published.PUBLISHED.get(key, "a checkpoint")
+    raise ConfigError(f"finetune_mode {mode} on fresh (random) weights: {why}; expected {key} set to a checkpoint "
+                      f"(e.g. {hub}), finetune_mode full, or {key}=fresh to train {mode} on fresh weights anyway")
+
+
 def check_start(config: Mapping[str, Any], world_size: int | None = None) -> None:
     """What a run refuses before it reads any data, the same on every rank: output paths,
-    device and process count, speed settings, Comet's key, the forecast window of a run that
+    lora or freeze on fresh weights not asked for (:func:`check_partial_start`), device and
+    process count, speed settings, Comet's key, the forecast window of a run that
     forecasts against ``max_context``."""
     from . import perf  # lazy: torch
     from .distributed import resolve_device  # lazy: torch, numpy
     from .tracking.comet import check_comet  # lazy: numpy, urllib/http
 
     check_paths(config)
+    check_partial_start(config)
     world = int(world_size or config["nproc_per_node"])
     device = resolve_device(config["device"], 0, world)
     check_processes(world, device)

@@ -175,23 +175,46 @@ def read_by(config: Mapping[str, Any]) -> list[str]:
     return used_keys(config, dict.fromkeys(keys))
 
 
+def given_instead(config: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
+    """The keys of :data:`PUBLISHED` that do not name the model the run builds because a key
+    before them does (a predictor run's ``finetuned_tokenizer_path``, MLproject ``tokenizer``):
+    key -> (the model, the key that names it, its value). Such a key is read for the zero-shot
+    pair only."""
+    out = {}
+    for model, keys in stage_keys(config).models.items():
+        first, value = keys[0], str(config.get(keys[0]) or "").strip()
+        if first not in PUBLISHED and value:
+            out.update({key: (model, first, value) for key in keys[1:]})
+    return out
+
+
 def lines(config: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
-    """One console line per key: what it starts from and why (``auto`` only: a given path needs none)."""
-    out = []
+    """One console line per model named by a key given in its place (``tokenizer:
+    runs:/<id>/best_model (finetuned_tokenizer_path)``), then one per ``auto`` key: what it
+    starts from and why (a given path needs none); a key read for the zero-shot pair only says so."""
+    instead = given_instead(config)
+    out = [f"{model}: {value} ({key})" for model, key, value in dict.fromkeys(instead.values())]
     for key in used_keys(config, keys):
         if str(config.get(key) or "").strip().lower() == AUTO:
-            out.append(f"{key} auto: {reason(config, key)}")
+            only = (f" (the zero-shot pair's only: the run's {instead[key][0]} is {instead[key][1]}'s)"
+                    if key in instead else "")
+            out.append(f"{key} auto: {reason(config, key)}{only}")
     return out
 
 
 def tags(config: Mapping[str, Any], keys: Iterable[str]) -> dict[str, str]:
     """``<key>_source``: what each key started from: ``fresh``, the path or hub id as given, or
-    for ``auto`` the choice and why (``NeoQuasar/Kronos-small (auto: published ..., in the cache ...)``)."""
-    out = {}
+    for ``auto`` the choice and why (``NeoQuasar/Kronos-small (auto: published ..., in the cache ...)``);
+    a key read for the zero-shot pair only names what the run used instead
+    (``fresh (auto: ...; the zero-shot pair's only: the run's tokenizer is finetuned_tokenizer_path runs:/...)``)."""
+    out, instead = {}, given_instead(config)
     for key in used_keys(config, keys):
         what = source(config, key) or FRESH
-        asked = str(config.get(key) or "").strip().lower() == AUTO
-        out[f"{key}_source"] = f"{what} (auto: {reason(config, key)})" if asked else what
+        notes = [f"auto: {reason(config, key)}"] if str(config.get(key) or "").strip().lower() == AUTO else []
+        if key in instead:
+            model, by, value = instead[key]
+            notes.append(f"the zero-shot pair's only: the run's {model} is {by} {value}")
+        out[f"{key}_source"] = f"{what} ({'; '.join(notes)})" if notes else what
     return out
 
 

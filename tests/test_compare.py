@@ -269,7 +269,7 @@ def test_compare_shows_the_real_run(trained, capsys):
     assert rc == 0, err
     print(out)
     line = out.strip().splitlines()[2]
-    assert line.startswith("lr=1e-03 wd=0.1") and "1.00e-03" in line and f"{result['best_val_loss']:.6f}" in line
+    assert line.startswith("tokenizer lr=1e-03 wd=0.1 ") and "1.00e-03" in line and f"{result['best_val_loss']:.6f}" in line
     assert "/16" in line and "FINISHED" in line
 
 

@@ -142,6 +142,43 @@ def test_the_record_reads_as_documented():
     assert empty.verdict == "unavailable" and empty.run_metrics() == {}
 
 
+def test_a_verdict_against_fresh_weights_says_so_in_its_lines():
+    """A run that started fresh is judged against random weights: its lines say ``fresh weights``,
+    never ``the start`` or ``starting weights`` (which read as the published model)."""
+    from kronos_mlflow.next_steps import training_lines
+
+    fresh = HeldOut("better", base_label="fresh", windows=300, metrics={"tokenizer_loss": 0.01},
+                    base_metrics={"tokenizer_loss": 0.08}, change=-0.8691, ci_low=-0.88, ci_high=-0.85)
+    assert fresh.line() == "test, 300 windows: 0.0100 vs fresh weights 0.0800: -87% (95% CI -88% .. -85%): better"
+    assert fresh.tags() == {"verdict": "better", "verdict_base": "fresh"}
+    where = {"run_id": "abc", "experiment_id": "0", "tracking_uri": "sqlite:///m.db", "run_directory": Path("/r")}
+    (done, *_) = training_lines({"best_val_loss": 0.5, "best_epoch": 0, "test": fresh.as_json()}, **where)
+    assert done == "done: run abc: best_val_loss 0.500000 (epoch 1), verdict better (test loss -86.91% against fresh weights)"
+    published = HeldOut(**{**fresh.as_json(), "base_label": "NeoQuasar/Kronos-Tokenizer-base"})
+    (done, *_) = training_lines({"best_val_loss": 0.5, "best_epoch": 0, "test": published.as_json()}, **where)
+    assert done.endswith("verdict better (test loss -86.91% against the start)")
+    assert "vs starting weights 0.0800" in published.line()
+
+
+def test_an_inconclusive_verdict_whose_interval_excludes_zero_says_why():
+    close = HeldOut("inconclusive", base_label="./tok", windows=1000, metrics={"tokenizer_loss": 0.9965},
+                    base_metrics={"tokenizer_loss": 1.0}, change=-0.0035, ci_low=-0.0036, ci_high=-0.0034)
+    assert close.line() == ("test, 1,000 windows: 0.9965 vs starting weights 1.0000: -0.35% (95% CI -0.36% .. -0.34%): "
+                            "inconclusive: the whole interval is smaller than verdict_min_change 0.5%")
+    part = HeldOut(**{**close.as_json(), "ci_low": -0.008, "ci_high": -0.002})
+    assert part.line().endswith("inconclusive: part of the interval is smaller than verdict_min_change 0.5%")
+    across = HeldOut(**{**close.as_json(), "ci_low": -0.004, "ci_high": 0.002})
+    assert across.line().endswith(": inconclusive")  # the interval holds 0: nothing more to say
+    assert HeldOut(**{**close.as_json(), "reason": "one window cannot tell a change from noise"}).line().endswith(
+        "inconclusive (one window cannot tell a change from noise)")
+    from kronos_mlflow.next_steps import training_lines
+
+    (done, *_) = training_lines({"best_val_loss": 0.5, "best_epoch": 0, "test": close.as_json()}, run_id="abc",
+                               experiment_id="0", tracking_uri="sqlite:///m.db", run_directory=Path("/r"))
+    assert done.endswith("verdict inconclusive (test loss -0.35% against the start: the whole interval is smaller "
+                         "than verdict_min_change 0.5%)")
+
+
 # ----------------------------------------------------------------------------- the tokenizer's losses
 
 

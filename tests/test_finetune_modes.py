@@ -237,6 +237,34 @@ def test_a_pretrained_model_too_shallow_to_freeze_is_refused_by_the_check(isolat
                    "tokenizer model; expected 0 to 2"]
 
 
+@pytest.mark.parametrize("stage", ["tokenizer", "predictor"])
+@pytest.mark.parametrize("mode", ["lora", "freeze"])
+def test_lora_or_freeze_on_fresh_weights_is_refused_unless_asked_for_by_name(stage, mode, isolated, capsys):
+    """Adapters (or a trained top) on a random base mean nothing: auto finding no published
+    checkpoint (the tests' Hugging Face cache is empty) or an empty path is refused in one line by
+    --check, before any work; the stage's pretrained path set to ``fresh`` asks for it by name."""
+    from kronos_mlflow.config import load_config
+    from kronos_mlflow.errors import ConfigError
+    from kronos_mlflow.preflight import check_partial_start
+    from kronos_mlflow.train import cli
+
+    key = f"pretrained_{stage}_path"
+    base = [a for k, v in tiny_values(isolated).items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    code = cli([*base, "--stage", stage, "--n-layers", "2", "--finetune-mode", mode, "--freeze-layers", "1", "--check"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"kronos-mlflow train: error: finetune_mode {mode} on fresh (random) weights: auto found no published "
+        "checkpoint: fresh weights: "), err
+    assert err[0].endswith(f"finetune_mode full, or {key}=fresh to train {mode} on fresh weights anyway")
+    assert not (isolated / "outputs").exists()
+    values = {**TINY, "stage": stage, "n_layers": 2, "finetune_mode": mode, "freeze_layers": 1}
+    with pytest.raises(ConfigError, match=f"^finetune_mode {mode} on fresh \\(random\\) weights: {key} is empty; "):
+        check_partial_start(load_config({**values, key: ""}))
+    check_partial_start(load_config({**values, key: "fresh"}))  # asked for by name
+    check_partial_start(load_config({**values, "finetune_mode": "full"}))  # every weight trains: fresh is fine
+
+
 # ----------------------------------------------------------------------------- the user's commands
 
 SIZES = {"epochs": 2, "batch_size": 8, "n_train_iter": 200, "n_val_iter": 36, "learning_rate": 1e-2}
@@ -274,7 +302,8 @@ def test_mlflow_run_predictor_with_lora_logs_a_merged_model_and_its_adapter(tmp_
     from kronos_mlflow.model import Kronos, KronosPredictor, KronosTokenizer
 
     root, env = _workdir(tmp_path)
-    client, run, proc = _mlflow_run(root, env, "predictor", finetune_mode="lora", lora_rank=4)
+    client, run, proc = _mlflow_run(root, env, "predictor", finetune_mode="lora", lora_rank=4,
+                                    pretrained_predictor_path="fresh")  # adapters on fresh weights: asked by name
     params, tags = run.data.params, run.data.tags
     assert run.info.status == "FINISHED" and params["finetune_mode"] == "lora" and params["lora_rank"] == "4"
     checkpoints = Path(tags["run_directory"]) / "checkpoints"
@@ -326,7 +355,8 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
     from kronos_mlflow.model import KronosTokenizer
 
     root, env = _workdir(tmp_path)
-    client, run, proc = _mlflow_run(root, env, "main", finetune_mode="freeze", freeze_layers=1)
+    client, run, proc = _mlflow_run(root, env, "main", finetune_mode="freeze", freeze_layers=1,
+                                    pretrained_tokenizer_path="fresh")  # freeze on fresh weights: asked by name
     params = run.data.params
     assert run.info.status == "FINISHED" and params["finetune_mode"] == "freeze"
     checkpoints = Path(run.data.tags["run_directory"]) / "checkpoints"
@@ -357,7 +387,7 @@ def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_
 
     results = {}
     for name in ("uninterrupted", "killed"):
-        root, env = _workdir(tmp_path / name, finetune_mode="lora", lora_rank=4)
+        root, env = _workdir(tmp_path / name, finetune_mode="lora", lora_rank=4, pretrained_predictor_path="fresh")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "--max-restarts", "2", "-m", "kronos_mlflow.train_predictor", "--config", str(root / "tiny.yaml"),
                "--qlib-data-path", "", "--comet", "off",
@@ -376,7 +406,7 @@ def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_
 def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(tmp_path):
     from mlflow import MlflowClient
 
-    root, env = _workdir(tmp_path)
+    root, env = _workdir(tmp_path, pretrained_predictor_path="fresh")  # lora and freeze trials on fresh weights
     space = root / "space.yaml"
     space.write_text("learning_rate: {low: 1.0e-3, high: 1.0e-2}\nweight_decay: {low: 1.0e-3, high: 0.1}\n"
                      "finetune_mode: {choices: [full, lora, freeze]}\nlora_rank: {low: 2, high: 4}\n"

@@ -95,6 +95,35 @@ def test_a_predictor_run_reads_both_keys_a_tokenizer_run_one():
                                                                         "pretrained_predictor_path"]
 
 
+def test_a_predictor_given_a_tokenizer_names_it_and_its_pretrained_key_says_it_is_the_zero_shot_pairs(cache):
+    """``-P tokenizer=runs:/<id>/best_model``: the start line names the tokenizer the run uses, and
+    ``pretrained_tokenizer_path`` (auto: fresh here) says it serves the zero-shot pair only; its tag
+    still starts with what auto chose (what ``evaluate`` reads for the zero-shot pair)."""
+    uri = "runs:/0123456789abcdef0123456789abcdef/best_model"
+    config = load_config({"stage": "predictor", "finetuned_tokenizer_path": uri})
+    keys = published.read_by(config)
+    lines = published.lines(config, keys)
+    assert lines[0] == f"tokenizer: {uri} (finetuned_tokenizer_path)"
+    assert lines[1].startswith("pretrained_tokenizer_path auto: fresh weights: ")
+    assert lines[1].endswith("(the zero-shot pair's only: the run's tokenizer is finetuned_tokenizer_path's)")
+    assert not any(line.startswith("pretrained_tokenizer_path auto: fresh weights") and "zero-shot" not in line
+                   for line in lines)
+    tags = published.tags(config, keys)
+    tag = tags["pretrained_tokenizer_path_source"]
+    assert tag.startswith("fresh (auto: fresh weights: ") and tag.endswith(
+        f"; the zero-shot pair's only: the run's tokenizer is finetuned_tokenizer_path {uri})")
+    assert published.from_tag(tag) == ""  # the zero-shot pair's start, as before
+    assert tags["pretrained_predictor_path_source"].startswith("fresh (auto: ")  # the predictor: what it started from
+    # a given pretrained_tokenizer_path: no auto line, the given tokenizer still named
+    given = load_config({"stage": "predictor", "finetuned_tokenizer_path": uri, "pretrained_tokenizer_path": "fresh"})
+    assert published.lines(given, ["pretrained_tokenizer_path"]) == [f"tokenizer: {uri} (finetuned_tokenizer_path)"]
+    assert published.tags(given, ["pretrained_tokenizer_path"])["pretrained_tokenizer_path_source"] == (
+        f"fresh (the zero-shot pair's only: the run's tokenizer is finetuned_tokenizer_path {uri})")
+    # without a given tokenizer the auto line is the run's own tokenizer, as before
+    plain = load_config({"stage": "predictor"})
+    assert [x for x in published.lines(plain, published.read_by(plain)) if "zero-shot" in x or "tokenizer:" in x] == []
+
+
 @pytest.mark.slow
 def test_the_quick_start_fine_tunes_the_published_tokenizer_from_the_cache(tmp_path):
     """``mlflow run . --env-manager local`` with the quick start's params and a Hugging Face cache

@@ -31,8 +31,8 @@ NAMES = ("tokenizer_loss", "recon_loss_pre", *(f"mse_{f}" for f in FEATURES), "c
          "codebook_perplexity_full", "windows")
 RUN_METRICS = {*(f"{p}test_{n}" for p in ("", "base_") for n in NAMES),
                "test_loss_change", "test_loss_change_ci_low", "test_loss_change_ci_high"}
-LINE = re.compile(r"^\[kronos\] test, (\d+) windows: (\S+) vs starting weights (\S+): (\S+) "
-                  r"\(95% CI (\S+) \.\. (\S+)\): (better|worse|inconclusive)$", re.M)
+LINE = re.compile(r"^\[kronos\] test, (\d+) windows: (\S+) vs (?:starting|fresh) weights (\S+): (\S+) "
+                  r"\(95% CI (\S+) \.\. (\S+)\): (better|worse|inconclusive)(?:: [^\n]*)?$", re.M)
 MODEL_NAME = "verdict-tok"
 
 

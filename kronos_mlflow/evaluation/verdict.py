@@ -138,6 +138,23 @@ def percent(fraction: float) -> str:
     return f"{0:.{digits}f}%" if float(text[:-1]) == 0 else text
 
 
+def start_words(base_label: str) -> str:
+    """What a line calls the weights a run started from: ``fresh weights`` when they were fresh
+    (a change against random weights says nothing about the published model), else ``the start``."""
+    return "fresh weights" if str(base_label or "").strip() == "fresh" else "the start"
+
+
+def inconclusive_why(ci_low: float, ci_high: float, min_change: float) -> str:
+    """Why an interval that excludes 0 is still ``inconclusive`` ('' when it does not exclude 0):
+    it does not lie wholly beyond ``verdict_min_change``."""
+    if not (math.isfinite(ci_low) and math.isfinite(ci_high)) or ci_low <= 0 <= ci_high:
+        return ""
+    bound = f"verdict_min_change {100 * float(min_change):g}%"
+    if max(abs(ci_low), abs(ci_high)) <= min_change:
+        return f"the whole interval is smaller than {bound}"
+    return f"part of the interval is smaller than {bound}"
+
+
 def loss_text(value: float) -> str:
     """A loss with four decimals (0.0123, 1.5648); scientific below 0.001."""
     return f"{value:.4f}" if not math.isfinite(value) or abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
@@ -187,15 +204,25 @@ class HeldOut:
     def tags(self) -> dict[str, str]:
         return {VERDICT_TAG: self.verdict, VERDICT_BASE_TAG: self.base_label}
 
-    def line(self, base_words: str = "starting weights") -> str:
+    def why(self) -> str:
+        """Why the verdict is ``inconclusive`` though its interval excludes 0 ('' otherwise)."""
+        if self.verdict != "inconclusive" or self.reason:
+            return ""
+        return inconclusive_why(self.ci_low, self.ci_high, self.min_change)
+
+    def line(self, base_words: str = "") -> str:
         """The one console line, e.g. ``test, 2,000 windows: 0.0123 vs starting weights 0.0150:
-        -18% (95% CI -20% .. -16%): better``."""
+        -18% (95% CI -20% .. -16%): better``; ``fresh weights`` instead of ``starting weights``
+        when the run started fresh; an ``inconclusive`` whose interval excludes 0 says why
+        (``inconclusive: the whole interval is smaller than verdict_min_change 0.5%``)."""
         if self.verdict == "unavailable":
             return f"{self.split}: verdict unavailable: {self.reason}"
+        fresh = start_words(self.base_label) == "fresh weights"
+        words = base_words or ("fresh weights" if fresh else "starting weights")
         model, base = self.metrics.get(self.loss, float("nan")), self.base_metrics.get(self.loss, float("nan"))
-        text = (f"{self.split}, {self.windows:,} windows: {loss_text(model)} vs {base_words} {loss_text(base)}: "
+        text = (f"{self.split}, {self.windows:,} windows: {loss_text(model)} vs {words} {loss_text(base)}: "
                 f"{percent(self.change)} (95% CI {percent(self.ci_low)} .. {percent(self.ci_high)}): {self.verdict}")
-        return text + (f" ({self.reason})" if self.reason else "")
+        return text + (f" ({self.reason})" if self.reason else f": {self.why()}" if self.why() else "")
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)

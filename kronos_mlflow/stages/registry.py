@@ -35,8 +35,6 @@ class StageSpec:
     val_metrics: tuple[str, ...] = ()
     #: a sweep's study when --study-name is left at its default
     default_study: str = ""
-    #: what a default run name starts with
-    run_name_prefix: str = ""
     #: the champion rule of a pipeline step: its registered model is NAME + champion_suffix,
     #: and its alias moves only when this verdict tag says ``better``
     champion_suffix: str = ""

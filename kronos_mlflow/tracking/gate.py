@@ -35,7 +35,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import names
+from .. import names, run_names
 from ..errors import UserError, short_reason
 from ..ownership import TAG as OWNER_TAG
 from ..ownership import Owner, OwnershipError, check_writable, new_token, owns, token_hash
@@ -267,11 +267,14 @@ def command_run(client, experiment_id: str, *, command: str, run_name: str,
                 tags: Mapping[str, Any] | None = None) -> str:
     """The run ``command`` writes as its own (a pipeline's, a walk-forward's or a sweep's parent,
     an evaluation): the one ``MLFLOW_RUN_ID`` hands over, checked (:func:`handed_run`), else a new
-    one. Returns its id; ``tags`` are set on it."""
+    one. Returns its id; ``tags`` are set on it, and ``run_name`` replaces a handed run's name
+    when MLflow made that name up (``mlflow run`` without ``--run-name``)."""
     run = handed_run(client, command=command,
                      experiment_id=os.environ.get("MLFLOW_EXPERIMENT_ID", "").strip() or experiment_id)
     if run is None:
         return new_run(client, experiment_id, run_name=run_name, tags=tags).info.run_id
+    if run_name and run_names.generated(run.info.run_name):
+        client.update_run(run.info.run_id, name=run_name)
     for key, value in (tags or {}).items():
         client.set_tag(run.info.run_id, key, str(value))
     return run.info.run_id

@@ -28,7 +28,6 @@ class PredictorSpec(StageSpec):
     initial_val_metric = PREDICTOR_INITIAL_VAL_METRIC
     heldout_loss = "predictor_loss"
     default_study = "kronos-predictor-lr-wd"  # never the tokenizer's study
-    run_name_prefix = "predictor "
     champion_suffix = "-predictor"
     pipeline_verdict_tag = "verdict_vs_zeroshot"  # the scorecard's verdict against the zero-shot pair
 

@@ -25,7 +25,6 @@ class TokenizerSpec(StageSpec):
     initial_val_metric = INITIAL_VAL_METRIC
     heldout_loss = "tokenizer_loss"
     default_study = "kronos-lr-wd"
-    run_name_prefix = ""
     champion_suffix = "-tokenizer"
     pipeline_verdict_tag = VERDICT_TAG  # held-out token loss against the starting weights
 
