@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .command_runs import started
+
 #: torchrun restarts of a child whose worker died: it resumes from its last epoch (as MLproject main does)
 CHILD_MAX_RESTARTS = 3
 
@@ -28,9 +30,11 @@ def as_flags(values: Mapping[str, Any]) -> list[str]:
 
 
 def train_command(nproc: int, flags: Sequence[str], module: str = "kronos_mlflow.train") -> list[str]:
-    """The training process of a child run: one process, or torchrun for ``nproc`` of them."""
+    """The training process of a child run: one process, or torchrun for ``nproc`` of them (through
+    :mod:`kronos_mlflow.launch`: a stop sent on to it ends its workers' run in one line, without
+    torchrun's traceback)."""
     if nproc > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        return [sys.executable, "-m", "kronos_mlflow.launch", "--standalone", f"--nproc_per_node={nproc}",
                 f"--max-restarts={CHILD_MAX_RESTARTS}", "-m", module, *flags]
     return [sys.executable, "-m", module, *flags]
 
@@ -54,7 +58,7 @@ def create_child(client, experiment_id: str, parent_run_id: str, run_name: str,
     (:func:`kronos_mlflow.tracking.gate.child_run`); returns its id."""
     from .tracking.gate import child_run  # lazy: numpy, urllib/http
 
-    return child_run(client, experiment_id, parent_run_id, run_name, tags)
+    return started(child_run(client, experiment_id, parent_run_id, run_name, tags))  # a stop ends it KILLED
 
 
 def experiment_id_of(client, experiment_name: str | None) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from .argparsing import OneLineParser
 from .console import install_warning_format, terminal_only_bars
 from .errors import EXIT_USAGE, UserError
-from .stopping import TrainingStopped, exit_code, stop_reason
+from .stopping import TrainingStopped, exit_code, report, stop_reason
 
 #: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
 NO_SETTINGS = {"import-csv", "compare"}
@@ -93,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         record_failure(line, exc)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
-        print(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}", file=sys.stderr)
+        report(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}")
         return exit_code(exc.signum)
-    except KeyboardInterrupt:
-        print(f"kronos-mlflow {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C of a command with no stop handling of its own (evaluate)
+        report(f"kronos-mlflow {args.command}: interrupted")
         return 130
     except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
         record_failure(f"kronos-mlflow {args.command}: {type(exc).__name__}: {exc}")

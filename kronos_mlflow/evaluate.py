@@ -177,6 +177,9 @@ def _log(args, config, card, console) -> str:
         logger.log_hyperparams({"model": args.model, "zeroshot_tokenizer": args.zeroshot_tokenizer,
                                 "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
         record(card, root / "evaluation", logger, step=0, console=console, config=config)
+    except KeyboardInterrupt:  # Ctrl-C while the scorecard is logged: a stop, not a failure
+        logger.finalize("killed", "kronos-mlflow evaluate: stopped by SIGINT while its scorecard was logged")
+        raise
     except BaseException as exc:
         logger.finalize("failed", f"kronos-mlflow evaluate: {type(exc).__name__}: {exc}")
         raise

@@ -27,15 +27,15 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validate as checks
+from . import run_names, validate as checks
 from .child_runs import as_flags, child_env, create_child, experiment_id_of, log_param_once, train_command
+from .command_runs import end_stopped, install as install_stops, run_child, started as run_started
 from .config import EVALUATION_KEYS, load_config
 from .digest import config_digest, digest_config
 from .errors import UserError
@@ -47,6 +47,7 @@ from .preflight import DataView, check_context, check_scorecard, check_start, ch
 from .reuse import continue_problem, reuse_problem
 from .runlock import hold
 from .stages import get, names
+from .stopping import TrainingStopped
 from .sweep.champion import PROMOTE
 from .train import check_resume
 
@@ -57,8 +58,8 @@ SHARED = ("batch_size", "accumulation_steps", "n_train_iter", "n_val_iter", "n_t
           "pretrained_tokenizer_path",
           # what each training step trains (docs/finetune-modes.md)
           "finetune_mode", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "freeze_layers")
-DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "train_time_range", "val_time_range",
-        "test_time_range")
+DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "dataset_begin_time", "dataset_end_time",
+        "train_time_range", "val_time_range", "test_time_range")
 FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     "epochs": ("tokenizer epochs", {"tokenizer": "epochs"}),
     "predictor_epochs": ("predictor epochs", {"predictor": "epochs"}),
@@ -107,6 +108,7 @@ class Step:
     data_digest: str
     resume: bool = True  # a training step: relaunch a stopped run of the same config into that run
     record: dict = field(default_factory=dict)
+    run_name: str = ""  # its run's name (kronos_mlflow/run_names.py)
 
 
 def _overrides(args, step: str) -> dict[str, str]:
@@ -216,10 +218,13 @@ def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
     config = _load(args, overrides)
     flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
     flags += ["--nproc-per-node", str(args.nproc_per_node)]
+    run_name = run_names.training(config, fold=getattr(args, "run_name_fold", None))
+    if not run_names.given(config):  # result-neutral; it names the fold a walk-forward's step belongs to
+        flags += ["--run-name", run_name]
     if args.force:
         flags += ["--resume", "never"]  # result-neutral: the digest stays the same
     return Step(name, config, train_command(args.nproc_per_node, flags),
-                config_digest(config, world_size=args.nproc_per_node), data_digest(config))
+                config_digest(config, world_size=args.nproc_per_node), data_digest(config), run_name=run_name)
 
 
 def evaluation_step(args, model: str) -> Step:
@@ -228,8 +233,12 @@ def evaluation_step(args, model: str) -> Step:
     overrides = _overrides(args, "evaluation")
     config = _load(args, overrides)
     flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
+    run_name = run_names.evaluation(config, fold=getattr(args, "run_name_fold", None))
+    if not run_names.given(config):
+        flags += ["--run-name", run_name]
     command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
-    return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False)
+    return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False,
+                run_name=run_name)
 
 
 def claim_step(step: Step):
@@ -295,6 +304,8 @@ class Pipeline:
         """The step's run id: a FINISHED match, or a run made (or continued) now. The step is
         claimed first (:func:`claim_step`): a second identical pipeline waits for this one and
         then reuses what it finished."""
+        number = f"{STEPS.index(step.name) + 1}/{len(STEPS)}" if step.name in STEPS else "?"
+        print(f"[pipeline] step {number}: {step.name}", flush=True)
         with claim_step(step):
             return self._run_step(step)
 
@@ -310,24 +321,26 @@ class Pipeline:
             return run_id
         earlier = None if (self.args.force or not step.resume) else self.unfinished_match(step)
         if earlier is not None:
-            run_id = earlier.info.run_id
+            run_id = run_started(earlier.info.run_id)  # a stop ends it KILLED again
             self.client.set_tag(run_id, "mlflow.parentRunId", self.parent_id)
             print(f"[pipeline] {step.name}: continuing run {run_id} (it ended {earlier.info.status})", flush=True)
         else:
             tags = {TAG_STEP: step.name, "config_digest": step.digest, "data_digest": step.data_digest}
-            run_id = create_child(self.client, self.experiment_id, self.parent_id, f"pipeline {step.name}", tags)
+            run_id = create_child(self.client, self.experiment_id, self.parent_id,
+                                  step.run_name or f"pipeline {step.name}", tags)
             print(f"[pipeline] {step.name}: run {run_id}", flush=True)
         self.client.set_tag(self.parent_id, f"pipeline.{step.name}_run_id", run_id)
         started = time.time()
-        proc = subprocess.run(step.command, env=child_env(run_id, self.experiment_id, self.client.tracking_uri))
-        run_id, run = self._continued(run_id, proc.returncode)
-        if proc.returncode != 0 or run.info.status != "FINISHED":
+        # a stop signal goes on to the step's process; once it has exited, the stop is raised here
+        returncode = run_child(step.command, child_env(run_id, self.experiment_id, self.client.tracking_uri))
+        run_id, run = self._continued(run_id, returncode)
+        if returncode != 0 or run.info.status != "FINISHED":
             if run.info.status in ("RUNNING", "SCHEDULED"):  # its process ended without ending it
-                end_failed(self.client, run_id, f"step {step.name}: its process exited with code {proc.returncode} "
+                end_failed(self.client, run_id, f"step {step.name}: its process exited with code {returncode} "
                            "before ending its run")
             self.client.set_tag(self.parent_id, "pipeline.failed_step", step.name)
             ended = run.info.status if run.info.status != "RUNNING" else "FAILED"
-            raise StepFailed(f"step {step.name} ended {ended} (exit code {proc.returncode}, run {run_id}); "
+            raise StepFailed(f"step {step.name} ended {ended} (exit code {returncode}, run {run_id}); "
                              "the same command again continues from this step")
         self._mark(step.name, run_id, reused=False, seconds=time.time() - started)
         return run_id
@@ -358,7 +371,7 @@ class Pipeline:
                            f"exited with code {returncode}")
         self.client.set_tag(moved, "mlflow.parentRunId", self.parent_id)
         self.client.set_tag(moved, TAG_STEP, self.client.get_run(run_id).data.tags.get(TAG_STEP, ""))
-        return moved, self.client.get_run(moved)
+        return run_started(moved), self.client.get_run(moved)
 
     def _mark(self, name: str, run_id: str, *, reused: bool, seconds: float) -> None:
         self.runs[name], self.seconds[name], self.reused[name] = run_id, seconds, reused
@@ -428,18 +441,19 @@ def open_store(args: argparse.Namespace):
 
 def run_to_an_end(client, run_id: str, command: str, work: Callable[[], None],
                   stopped: str = "it stopped before every step ended") -> int:
-    """``work()`` for the parent ``run_id``: FINISHED when it returns (0), KILLED on Ctrl-C (which
-    reaches a step's process too: it ends KILLED and continues next time), FAILED with a failed
-    step's one line as its failure_reason (1, the line on stderr), FAILED with the error otherwise."""
+    """``work()`` for the parent ``run_id``: FINISHED when it returns (0); on SIGTERM or Ctrl-C
+    (sent on to the step's process, which ends its run KILLED and continues next time) every run
+    the command started ends KILLED, one line, ``128 + signal``
+    (:func:`kronos_mlflow.command_runs.end_stopped`); FAILED with a failed step's one line as its
+    failure_reason (1, the line on stderr), FAILED with the error otherwise."""
     from .tracking.project_run import end_run  # lazy: numpy, urllib/http
 
-    status, reason = "FAILED", None
+    status, reason, stop = "FAILED", None, None
     try:
         work()
         status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
+    except (KeyboardInterrupt, TrainingStopped) as exc:
+        stop = exc  # the parent is ended with the command's other runs, below
     except StepFailed as exc:
         reason = f"{command}: {exc}"
         print(reason, file=sys.stderr, flush=True)
@@ -448,7 +462,10 @@ def run_to_an_end(client, run_id: str, command: str, work: Callable[[], None],
         reason = f"{command}: {type(exc).__name__}: {exc}"
         raise
     finally:
-        end_run(client, run_id, status, reason or f"{command}: {stopped}")
+        if stop is None:
+            end_run(client, run_id, status, reason or f"{command}: {stopped}")
+    if stop is not None:
+        return end_stopped(client, command, stop)
     return 0
 
 
@@ -461,8 +478,10 @@ def run(args: argparse.Namespace) -> int:
     from .tracking.gate import command_run  # lazy: numpy, urllib/http
 
     client, experiment_id = open_store(args)
-    parent_id = command_run(client, experiment_id, command="pipeline", run_name="pipeline",
-                            tags={"pipeline.role": "parent"})
+    install_stops()  # SIGTERM / Ctrl-C: sent on to a step's process, then every run of this command ends KILLED
+    parent_id = run_started(command_run(client, experiment_id, command="pipeline",
+                                        run_name=run_names.pipeline(step_config(args, "tokenizer")),
+                                    tags={"pipeline.role": "parent"}))
     for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
         log_param_once(client, parent_id, key, getattr(args, key))
     pipeline = Pipeline(args, client, experiment_id, parent_id)

@@ -9,19 +9,32 @@ damages it). Under torchrun the launcher forwards SIGTERM to every worker, and e
 same way (only rank 0 prints). A signal that arrives while a checkpoint is being written
 (:func:`deferred`) is held until the write is done, so that a stop never leaves the training
 state mid-swap.
+
+A command that runs its work in child processes (a sweep's trials, a pipeline's steps:
+:mod:`kronos_mlflow.command_runs`) registers each child while it waits for it
+(:func:`forwarding_to`): a stop signal then goes on to the children, as SIGTERM (which also
+ends quietly a child that has not installed these handlers yet, where SIGINT would print a
+``KeyboardInterrupt`` traceback), the wait goes on until they have ended their runs, and the
+stop is raised after. Such a child finds :data:`REPORTED_BY_PARENT` in its environment and
+prints nothing on a stop: the command's one line is its parent's.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Set in the environment of a command's child processes: the command prints the stop's line.
+REPORTED_BY_PARENT = "KRONOS_STOP_REPORTED_BY_PARENT"
 _received: int | None = None
 _defer_depth = 0  # > 0 while a block that must not be torn runs
 _pending: int | None = None  # a stop signal held back by deferred()
+_children: list = []  # child processes (subprocess.Popen) being waited for: a stop is forwarded to them
 
 
 class TrainingStopped(BaseException):
@@ -38,6 +51,10 @@ def _handler(signum, frame):  # noqa: ARG001 - signal API
     if _received is not None:
         return  # the run is already being ended
     _received = int(signum)
+    if _children:  # the children stop, end their runs and exit; their waiter raises the stop after
+        for proc in _children:
+            _forward(proc)
+        return
     if _defer_depth:
         _pending = int(signum)  # raised when the deferred block ends
         return
@@ -68,6 +85,34 @@ def install() -> bool:
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
     return True
+
+
+def _forward(proc) -> None:
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it has just exited
+
+
+@contextmanager
+def forwarding_to(proc) -> Iterator[None]:
+    """While the block waits for ``proc`` (a ``subprocess.Popen``), a stop signal is sent on to
+    it (as SIGTERM) instead of raising here; one that came before the block is sent on as it starts."""
+    _children.append(proc)
+    try:
+        if _received is not None:
+            _forward(proc)
+        yield
+    finally:
+        _children.remove(proc)
+
+
+def report(line: str) -> None:
+    """Print a stop's one line on stderr, unless this process is a command's child
+    (:data:`REPORTED_BY_PARENT`): the command then says it once for all of its processes."""
+    if not os.environ.get(REPORTED_BY_PARENT):
+        print(line, file=sys.stderr, flush=True)
 
 
 def received() -> int | None:

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import config as cfg, published, stopping, validate
+from . import config as cfg, published, run_names, stopping, validate
 from .argparsing import OneLineParser
 from .console import Console, install_warning_format, terminal_only_bars
 from .digest import config_digest
@@ -60,9 +60,8 @@ from .tags import run_tags
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:
-    spec = spec_of(config)
-    return (f"{spec.run_name_prefix}lr={config[spec.keys.learning_rate]:.0e} "
-            f"wd={config['adam_weight_decay']:g}")
+    """The run's name when the config gives none (:func:`kronos_mlflow.run_names.training`)."""
+    return run_names.training(config)
 
 
 class DirectoryWriter:
@@ -446,8 +445,8 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
         return run(args)
     except (TrainingStopped, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, TrainingStopped) else signal.SIGINT
-        if os.environ.get("RANK") in (None, "0"):
-            print(f"{name}: {stopping.stop_reason(signum, None)}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK") in (None, "0"):  # a sweep's or pipeline's training: the command says it
+            stopping.report(f"{name}: {stopping.stop_reason(signum, None)}")
         return stopping.exit_code(signum)
     except TrainingPruned:
         # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's

@@ -23,7 +23,7 @@ SHARED: dict[str, tuple[str, ...]] = {
 
 # unit -> seconds its tests took together in a CI run (only the order matters)
 COST: dict[str, int] = {
-    "user_run": 410, "test_pipeline.py": 180, "test_walkforward.py": 170, "test_team_scale.py": 170,
+    "user_run": 410, "test_pipeline.py": 180, "test_command_stops.py": 300, "test_walkforward.py": 170, "test_team_scale.py": 170,
     "test_finetune_modes.py": 165, "user_sweep": 130, "test_forecast_eval.py": 125, "test_preemption.py": 120,
     "test_ui_browser.py": 100, "test_spool.py": 85, "test_val_skill.py": 85, "test_hostile_launchers.py": 70,
     "test_optuna_dashboard.py": 70, "test_speed_paths.py": 60, "test_hostile_input.py": 60,

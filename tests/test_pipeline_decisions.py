@@ -12,7 +12,7 @@ reads (``verdict``, ``verdict_vs_zeroshot``, ``test_tokenizer_loss``) are set as
 on those runs: computing them takes a training. The decisions are the pipeline's own functions:
 :meth:`Pipeline.finished_match`, :meth:`Pipeline.unfinished_match`, :meth:`Pipeline.run_step` and
 :func:`kronos_mlflow.pipeline_champions.move_champions`. Where ``run_step`` launches a step's
-process, ``subprocess.run`` is replaced for that one command by a stand-in that ends the child
+process, ``run_child`` is replaced for that one command by a stand-in that ends the child
 run the way the process would (or resumes a saved run through ``start_tracking``); every other
 call goes to the real one.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -182,21 +181,20 @@ def world(tmp_path, monkeypatch, market):
 
 
 class Launches:
-    """``subprocess.run`` for one step's command: records each launch (command, environment) and
-    does what ``then(run_id, env)`` does in place of the step's process (its return value is the
-    exit code); any other command runs for real."""
+    """``run_child`` (kronos_mlflow/command_runs.py) for one step's command: records each launch
+    (command, environment) and does what ``then(run_id, env)`` does in place of the step's
+    process (its return value is the exit code); any other command runs for real."""
 
     def __init__(self, monkeypatch, command, then=None):
         self.command, self.then, self.calls = list(command), then, []
-        self.real = subprocess.run
-        monkeypatch.setattr(pipeline_module.subprocess, "run", self)
+        self.real = pipeline_module.run_child
+        monkeypatch.setattr(pipeline_module, "run_child", self)
 
-    def __call__(self, command, *args, env=None, **kwargs):
+    def __call__(self, command, env):
         if list(command) != self.command:
-            return self.real(command, *args, env=env, **kwargs)
+            return self.real(command, env)
         self.calls.append((list(command), dict(env or {})))
-        code = self.then(env["MLFLOW_RUN_ID"], env) if self.then is not None else 0
-        return subprocess.CompletedProcess(command, code)
+        return self.then(env["MLFLOW_RUN_ID"], env) if self.then is not None else 0
 
 
 def finish(client):
@@ -454,6 +452,29 @@ def test_force_trains_again_in_a_new_run_past_a_reusable_and_a_continuable_run(w
     out = capsys.readouterr().out
     assert "reused run" not in out and "continuing run" not in out and f"[pipeline] tokenizer: run {new}" in out
     assert world.status(stopped) == "KILLED"  # left as it was
+
+
+def test_each_step_is_named_after_its_stage_settings_and_market_and_a_given_run_name_wins(world):
+    """The name of a step's child run, which its process keeps (``--run-name``), tells the steps
+    apart; a walk-forward fold's steps start with the fold; the user's own run_name wins."""
+    from kronos_mlflow.pipeline import evaluation_step
+
+    step = world.step()
+    assert step.run_name.startswith("tokenizer lr=") and step.run_name.endswith(" wd=0.1 demo")
+    at = step.command.index("--run-name")
+    assert step.command[at + 1] == step.run_name
+    predictor = world.step("predictor", tokenizer_run="0" * 32)
+    assert predictor.run_name.startswith("predictor lr=") and predictor.run_name.endswith(" demo")
+    assert world.step("predictor", "--finetune-mode", "lora", "--lora-rank", "8", tokenizer_run="0" * 32
+                      ).run_name.startswith("predictor lora r=8 lr=")
+    args = world.args()
+    args.run_name_fold = (2, 5)
+    assert training_step(args, "tokenizer", {}).run_name == f"fold 2/5 {step.run_name}"
+    assert evaluation_step(args, "runs:/x/best_model").run_name == "fold 2/5 evaluate demo"
+    args = world.args()
+    args.step_overrides = {"tokenizer": {"run_name": "my run"}}  # a run_name of the user's
+    named = training_step(args, "tokenizer", {})
+    assert named.run_name == "my run" and named.command.count("--run-name") == 1  # the user's only
 
 
 def test_a_step_whose_process_dies_without_ending_its_run_ends_it_failed_and_names_the_step(world, monkeypatch):

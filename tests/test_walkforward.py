@@ -61,6 +61,25 @@ def assert_walk_forward(folds: list[fl.Fold], calendar: np.ndarray, lookback: in
         assert fold.ranges["train_time_range"][1] == fold.train[1] < fold.val[0]
 
 
+def test_each_folds_runs_are_named_after_the_fold_the_stage_and_the_market():
+    """A walk-forward's parent, its fold runs and each fold's steps tell themselves apart in the UI."""
+    import argparse
+
+    from kronos_mlflow import run_names
+    from kronos_mlflow.walkforward.command import fold_args
+
+    calendar, config = _calendar(), _config()
+    folds = fl.plan(config, _settings(), calendar)
+    args = fold_args(argparse.Namespace(registered_model_name="kr", check=True), folds, _settings(), folds[1])
+    assert args.run_name_fold == (2, 3)
+    assert run_names.walkforward(config, len(folds)) == "walkforward demo 3 folds"
+    assert run_names.fold_run(config, args.run_name_fold) == "fold 2/3 demo"
+    predictor = load_config({"stage": "predictor", "qlib_data_path": "/data/cn", "instrument": "csi300"})
+    assert run_names.training(predictor, fold=args.run_name_fold).startswith("fold 2/3 predictor lr=")
+    assert run_names.training(predictor, fold=args.run_name_fold).endswith(" csi300")
+    assert run_names.evaluation(predictor, fold=args.run_name_fold) == "fold 2/3 evaluate csi300"
+
+
 def test_the_fold_table_is_consecutive_with_the_embargo_in_both_modes():
     calendar, config = _calendar(), _config()
     expanding = fl.plan(config, _settings(), calendar)

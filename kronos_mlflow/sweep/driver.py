@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from .. import config as cfg, validate as checks
 from ..argparsing import OneLineParser
 from ..child_runs import (as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
                           train_command as _train_command)
+from ..command_runs import end_stopped, install as install_stops, run_child, started
 from ..console import install_warning_format, terminal_only_bars
 from ..next_steps import sweep_lines
 from ..distributed import resolve_device
@@ -39,6 +39,7 @@ from ..errors import EXIT_USAGE, UserError
 from ..preflight import DataView, check_processes, check_start, check_tracking, check_training
 from ..settings import check_environment
 from ..stages import get, spec_of
+from ..stopping import TrainingStopped
 from ..tracking.comet import check_comet
 from ..tracking.gate import check_handed, command_run, named_run
 from ..tracking.project_run import end_failed, end_run, record_failure
@@ -54,11 +55,12 @@ TRAIN_PASSTHROUGH = (
     "epochs", "batch_size", "n_train_iter", "n_val_iter", "n_test_iter", "qlib_data_path", "instrument",
     "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
     "seed", "accumulation_steps", "freq", "membership_gaps", "stage", "finetuned_tokenizer_path",
-    "pretrained_predictor_path", "objective",
+    "pretrained_predictor_path", "objective", "dataset_begin_time", "dataset_end_time",
 )
 #: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
 UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "auto",
-                    "objective": "val_loss", "finetune_mode": "full", "lora_rank": "8", "freeze_layers": "2"}
+                    "objective": "val_loss", "finetune_mode": "full", "lora_rank": "8", "freeze_layers": "2",
+                    "dataset_begin_time": "auto", "dataset_end_time": "auto"}
 DEFAULT_STUDY = get("tokenizer").default_study  # the --study-name default (a tokenizer sweep's)
 #: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
 PREDICTOR_STUDY = get("predictor").default_study
@@ -164,7 +166,7 @@ class SweepWorker:
             "optuna.trial_number": str(trial.number),
             "optuna.trial_state": "RUNNING",
         }
-        retried = trial.system_attrs.get("failed_trial") if hasattr(trial, "system_attrs") else None
+        retried = self.storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")  # set on a retry
         if retried is not None:
             tags["optuna.retry_of_trial"] = str(retried)
         run_id = create_child(self.client, self.experiment_id, self.parent_run_id, run_name, tags)
@@ -187,26 +189,43 @@ class SweepWorker:
         })
         cmd = _train_command(self.args.nproc_per_node, flags)
         print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
-        proc = subprocess.run(cmd, env=env)
+        try:
+            returncode = run_child(cmd, env)  # a stop goes on to the trial's process, then is raised here
+        except TrainingStopped:
+            self._stopped(trial, run_id)
+            raise
         run = self.client.get_run(run_id)
         epochs_done = len(self.client.get_metric_history(run_id, self.val_metric))
         self.trial_epochs += epochs_done
         trial.set_user_attr("epochs_trained", epochs_done)
         # torchrun turns any worker's non-zero exit into its own code 1, so the run's status
         # (KILLED with a "pruned" stop reason, set by rank 0) is what tells a pruned trial.
-        pruned = proc.returncode == EXIT_PRUNED or (
+        pruned = returncode == EXIT_PRUNED or (
             run.info.status == "KILLED" and run.data.tags.get("stop_reason", "").startswith("pruned"))
         if pruned:
             self._end(run_id, "KILLED", "PRUNED")
             raise optuna.TrialPruned(f"pruned after {epochs_done} epoch(s)")
         best = run.data.metrics.get(self.value_metric)
-        if proc.returncode != 0 or best is None:
-            why = (f"training exited with code {proc.returncode} ({shlex.join(cmd[:4])} ...)" if proc.returncode
+        if returncode != 0 or best is None:
+            why = (f"training exited with code {returncode} ({shlex.join(cmd[:4])} ...)" if returncode
                    else f"its run has no {self.value_metric}")
             self._end(run_id, "FAILED", "FAIL", reason=f"trial {trial.number}: {why}")
             raise TrialFailed(f"trial {trial.number}: {why}")
         self._end(run_id, None, "COMPLETE")
         return float(best)
+
+    def _stopped(self, trial, run_id: str) -> None:
+        """A stop while the trial trained: the trial ends FAIL at once (not RUNNING until its
+        heartbeat goes stale) and is retried with the same params, as the heartbeat retries a dead
+        worker's trial (``--max-retry``); its run ends KILLED with the command's other runs."""
+        import optuna
+
+        self.counts["FAIL"] += 1
+        self.client.set_tag(run_id, "optuna.trial_state", "FAIL")
+        self.storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        retry = self.storage.get_heartbeat_stale_trial_callback()
+        if retry is not None:
+            retry(self.study, self.storage.get_trial(trial._trial_id))
 
     def _end(self, run_id: str, status: str | None, state: str, reason: str = "") -> None:
         self.client.set_tag(run_id, "optuna.trial_state", state)
@@ -231,10 +250,12 @@ def _plots(study, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import optuna
     import optuna.visualization.matplotlib as ovm
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    made = []
+    made, verbosity = [], optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no complete trials": the line below says it on stdout
     plots = {
         "optimization_history.png": lambda: ovm.plot_optimization_history(study),
         "param_importances.png": lambda: ovm.plot_param_importances(study, params=[p for p in PARAMS]),
@@ -255,6 +276,7 @@ def _plots(study, out_dir: Path) -> list[Path]:
             made.append(out_dir / name)
         except Exception as exc:  # noqa: BLE001 - e.g. importances need 2+ complete trials
             print(f"[sweep] plot {name} skipped: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    optuna.logging.set_verbosity(verbosity)
     return made
 
 
@@ -463,8 +485,9 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
                    "optuna.storage": redact_url(args.storage)}
 
     parent_tags.update(study_tags(args.storage, study.study_name))  # how to open the study's dashboard
-    parent_id = command_run(client, experiment_id, command="sweep", run_name=f"sweep {study.study_name}",
-                            tags=parent_tags)
+    install_stops()  # SIGTERM / Ctrl-C: sent on to a trial's process, then every run of this sweep ends KILLED
+    parent_id = started(command_run(client, experiment_id, command="sweep", run_name=f"sweep {study.study_name}",
+                                    tags=parent_tags))
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
                        "promote": args.promote, "objective": objective,
@@ -473,20 +496,19 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
     worker = SweepWorker(args, train_flags, space, storage, study, client, experiment_id, parent_id, config)
-    status, reason = "FAILED", ""
-    started = time.time()
+    status, reason, stop = "FAILED", "", None
+    began = time.time()
     try:
         optimize_distinct(study, worker.objective, worker, args.n_trials, args.timeout or None, (TrialFailed,))
         status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
+    except (KeyboardInterrupt, TrainingStopped) as exc:
+        status, stop = "KILLED", exc
     except BaseException as exc:
         reason = f"sweep: {type(exc).__name__}: {exc}"
         raise
     finally:
-        _finish_parent(client, parent_id, study, args, worker, status, time.time() - started, config, reason)
-    return 0
+        _finish_parent(client, parent_id, study, args, worker, status, time.time() - began, config, reason)
+    return 0 if stop is None else end_stopped(client, "sweep", stop)  # every run of this sweep ends KILLED
 
 
 def _finish_parent(client, parent_id, study, args, worker, status, elapsed, config, reason: str = "") -> None:
@@ -532,7 +554,8 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
                                 output_dir=os.path.abspath(os.path.join(args.output_dir, args.study_name))):
             print(f"[sweep] {line}", flush=True)
     finally:
-        end_run(client, parent_id, status, reason or "sweep: it stopped before its trials ended")
+        if status != "KILLED":  # a stopped sweep's parent ends KILLED with its other runs (command_runs)
+            end_run(client, parent_id, status, reason or "sweep: it stopped before its trials ended")
 
 
 def _show_best_trial_test(client, parent_id: str, best_run: str) -> None:

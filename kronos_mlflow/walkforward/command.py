@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import handover, names, pipeline as pl, validate as checks
+from .. import handover, names, pipeline as pl, run_names, validate as checks
 from ..child_runs import create_child, log_param_once
+from ..command_runs import install as install_stops, started
 from ..config import format_time_range
 from ..data.prepare import market_calendar
 from ..errors import UserError
 from ..preflight import DataView
+from ..stopping import TrainingStopped
 from ..ownership import OwnershipError
 from ..next_steps import look_command
 from ..pipeline_champions import move_champions
@@ -86,6 +88,7 @@ def fold_args(args, folds: list[fl.Fold], settings: fl.Settings, fold: fl.Fold):
     tokenizer = {k: format_time_range(v) for k, v in fl.tokenizer_ranges(folds, settings, fold).items()}
     out.step_overrides = {"tokenizer": tokenizer, "predictor": ranges, "evaluation": ranges}
     out.registered_model_name, out.check = "", False
+    out.run_name_fold = (fold.fold, len(folds))  # its runs' names start with the fold (kronos_mlflow/run_names.py)
     return out
 
 
@@ -142,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
               "are usable", flush=True)
         return 0
     client, experiment_id = pl.open_store(args)
-    parent_id = open_parent(client, experiment_id, args, folds, settings)
+    install_stops()  # SIGTERM / Ctrl-C: sent on to a step's process, then every run of this command ends KILLED
+    parent_id = started(open_parent(client, experiment_id, args, folds, settings))
     return run_folds(client, experiment_id, parent_id, args, folds, settings, only)
 
 
@@ -188,7 +192,8 @@ def open_parent(client, experiment_id: str, args, folds, settings) -> str:
         if launcher and launcher != parent_id:
             client.set_tag(launcher, "walkforward.ran_into", parent_id)
     else:
-        parent_id = gate.command_run(client, experiment_id, command="walk-forward", run_name="walk-forward")
+        parent_id = gate.command_run(client, experiment_id, command="walk-forward",
+                                     run_name=run_names.walkforward(pl.step_config(args, "predictor"), len(folds)))
     client.set_tag(parent_id, ROLE_TAG, "parent")
     client.set_tag(parent_id, PLAN_TAG, digest)
     for key, value in (("folds", settings.folds), ("fold_length", settings.fold_length),
@@ -209,7 +214,8 @@ def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings,
         for fold in folds:
             if only and fold.fold != only:
                 continue
-            last = run_fold(client, experiment_id, parent_id, fold_args(args, folds, settings, fold), fold)
+            last = run_fold(client, experiment_id, parent_id, fold_args(args, folds, settings, fold), fold,
+                            total=len(folds))
         if only:
             print(f"[walk-forward] fold {only} done; when every fold has run: kronos-mlflow walk-forward --aggregate "
                   f"{parent_id}", flush=True)
@@ -222,12 +228,16 @@ def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings,
                             "it stopped before every fold ended")
 
 
-def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold):
-    """Fold ``fold``'s pipeline under a fold parent run of its own (a child of ``parent_id``)."""
+def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold, total: int = 0):
+    """Fold ``fold``'s pipeline under a fold parent run of its own (a child of ``parent_id``);
+    ``total``: the plan's number of folds (for the fold's line)."""
     from ..tracking.project_run import end_run  # lazy: numpy, urllib/http
 
-    print(f"[walk-forward] fold {fold.fold}: test {fold.test[0]}..{fold.test[1]}", flush=True)
-    fold_id = create_child(client, experiment_id, parent_id, f"fold {fold.fold}",
+    print(f"[walk-forward] fold {fold.fold}/{total or '?'}: train {fold.train[0]}..{fold.train[1]}, "
+          f"val {fold.val[0]}..{fold.val[1]}, test {fold.test[0]}..{fold.test[1]}", flush=True)
+    name = run_names.fold_run(pl.step_config(args, "predictor"),
+                              getattr(args, "run_name_fold", None) or (fold.fold, total or fold.fold))
+    fold_id = create_child(client, experiment_id, parent_id, name,
                            {"pipeline.role": "parent", FOLD_TAG: str(fold.fold)})
     for key, value in fold.ranges.items():
         client.log_param(fold_id, key, format_time_range(value))
@@ -236,11 +246,12 @@ def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold):
     try:
         pipeline.run_all()
         status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
+    except (KeyboardInterrupt, TrainingStopped):
+        status = None  # ended KILLED with the command's other runs (kronos_mlflow.command_runs)
         raise
     finally:
-        end_run(client, fold_id, status, f"fold {fold.fold}: it stopped before its steps ended")
+        if status is not None:
+            end_run(client, fold_id, status, f"fold {fold.fold}: it stopped before its steps ended")
     return pipeline
 
 
