@@ -132,6 +132,15 @@ def commands(tmp_path_factory):
     runner.close()
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the ``postgres`` fixture (directly or through another fixture) is marked
+    ``postgres``: ``-m "not postgres"`` leaves out what needs the system's PostgreSQL, as
+    ``-m "not browser"`` leaves out what needs Chromium (marked in its file)."""
+    for item in items:
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (the default) with the files of one shared session fixture on one
     worker and the long files first (tests/scheduling.py)."""

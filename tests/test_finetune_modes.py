@@ -280,6 +280,8 @@ def _workdir(root: Path, **config) -> tuple[Path, dict[str, str]]:
 
 def _mlflow_run(root: Path, env, entry: str, **params):
     params = {**SIZES, "config_file": str(root / "tiny.yaml"), "comet": "off", **params}
+    if entry == "predictor":  # its backtest_signal_stride parameter (default 1: daily) wins over the file's
+        params = {"backtest_signal_stride": 0, **params}
     cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", entry,
            *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,

@@ -180,8 +180,9 @@ def project_runs(tmp_path_factory):
                           save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
     base = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local"]
     common = {"config_file": str(config)}
+    # the predictor run's backtest on the scorecard's origins (a parameter wins over the config file)
     train = {**common, "epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "nproc_per_node": 1,
-             "comet": "off"}
+             "comet": "off", "backtest_signal_stride": 0}
     procs = []
     for entry, params in (("predictor", train), ("evaluate", common)):
         if entry == "evaluate":
@@ -189,7 +190,7 @@ def project_runs(tmp_path_factory):
 
             (run,) = MlflowClient(uri).search_runs(["0"])
             # a signal every 20th day (the entry point's default is every day: about 10 times the
-            # scorecard's forecasts), over the config file's 0, which the predictor run kept
+            # scorecard's forecasts), where the predictor run had 0
             params = {**params, "model": f"runs:/{run.info.run_id}/best_model", "backtest_signal_stride": 20}
         cmd = [*base, "-e", entry, *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -274,8 +275,8 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
     # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
     for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
         assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
-    # the entry point's backtest_signal_stride 20 (over the config file's 0, which the predictor
-    # run kept): a signal of its own on every 20th day
+    # the entry point's backtest_signal_stride 20 (the predictor run's was 0): a signal of its own
+    # on every 20th day
     m = evaluate.data.metrics
     # the evaluation scores the calibrated forecaster the model serves: the calibrator the predictor
     # run fit and logged with it, not one fit again

@@ -28,6 +28,7 @@ TINY = {**{k: v for k, v in tiny_runs.TINY.items() if k != "epochs"}, "n_val_ite
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.browser,
     needs_chromium,
 ]
 

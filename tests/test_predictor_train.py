@@ -153,7 +153,8 @@ def predictor_run(user_run):
     config = write_config(root / "tiny.yaml", **{k: v for k, v in TINY_YAML.items() if k not in SIZES},
                           save_path=str(root / "outputs"), dataset_path=str(user_run.root / "cache"))
     params = {**SIZES, "epochs": 2, "nproc_per_node": 2, "config_file": str(config), "comet": "off",
-              "tokenizer": f"runs:/{user_run.run_id}/best_model", "learning_rate": 1e-3}
+              "tokenizer": f"runs:/{user_run.run_id}/best_model", "learning_rate": 1e-3,
+              "backtest_signal_stride": 0}  # the entry point's default, 1, is a daily backtest
     cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "predictor",
            *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,

@@ -32,6 +32,7 @@ LEARNING_RATES = (1e-3, 2e-4)
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.browser,
     needs_chromium,
 ]
 
