@@ -13,6 +13,7 @@ training resumes from its last training state.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -82,6 +83,8 @@ def end_stopped(client, command: str, exc: BaseException) -> int:
     (``128 + signal``)."""
     signum = signal_of(exc)
     count = end_killed(client, signum, command)
+    if os.environ.get("MLFLOW_RUN_ID", "").strip() in _runs:  # handed over by `mlflow run`: it stays KILLED
+        stopping.keep_killed_status(stopping.mlflow_run_pid())
     print(f"{command}: stopped by {signal.Signals(signum).name}; every run it left unfinished ended KILLED ({count}); "
           "the same command again continues where it stopped", file=sys.stderr, flush=True)
     return stopping.exit_code(signum)

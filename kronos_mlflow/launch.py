@@ -17,7 +17,6 @@ report.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -25,13 +24,13 @@ from collections.abc import Sequence
 from . import validate
 from .argparsing import OneLineParser
 from .errors import UserError
+from .stopping import KEEP_KILLED, alive, keep_killed_status, mlflow_run_pid
 from .tracking.project_run import record_failure
 from .train import MAX_RESTARTS, add_arguments
 
 TRAIN_MODULE = "kronos_mlflow.train"
 TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
 QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
-KEEP_KILLED = "--keep-killed-after"  # internal: the detached helper of _keep_killed_status
 
 
 def check_train_flags(argv: Sequence[str]) -> None:
@@ -90,71 +89,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
             logger.setLevel(logging.CRITICAL)  # a failed worker: the report below (or its own line)
-    launcher_of_launcher = _grandparent_pid()
+    launcher_of_launcher = mlflow_run_pid()
     try:
         torchrun(argv)
     except SignalException as exc:
-        _keep_killed_status(launcher_of_launcher)
+        keep_killed_status(launcher_of_launcher)
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
-        _keep_killed_status(launcher_of_launcher)
+        keep_killed_status(launcher_of_launcher)
         return 130
     except ChildFailedError as exc:
         _, failure = exc.get_first_failure()
         if failure.exitcode in QUIET_EXIT_CODES:
             if failure.exitcode != 2:
-                _keep_killed_status(launcher_of_launcher)
+                keep_killed_status(launcher_of_launcher)
             return int(failure.exitcode)
         raise
     return 0
 
 
-def _grandparent_pid() -> int | None:
-    """The ``mlflow run`` process among our ancestors (it runs the MLproject through bash)."""
-    pid = os.getppid()
-    for _ in range(4):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-            if any(a.endswith(b"mlflow") for a in args) and b"run" in args:
-                return pid
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-        if pid <= 1:
-            return None
     return None
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie has exited: its parent just has not collected it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _keep_killed_status(mlflow_run_pid: int | None) -> None:
-    """Ctrl-C reaches ``mlflow run`` too, and it marks its run FAILED once this process has
-    exited, after rank 0 has already ended it KILLED with a ``stop_reason``. A detached helper
-    (no terminal, no signals) waits for ``mlflow run`` to exit, then puts KILLED back."""
-    run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
-    if not run_id or not mlflow_run_pid:
-        return
-    import subprocess
-
-    subprocess.Popen([sys.executable, "-m", "kronos_mlflow.launch", KEEP_KILLED, run_id, str(mlflow_run_pid)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
-
-
-def keep_killed(run_id: str, mlflow_run_pid: int, wait_s: float = 60.0) -> int:
+def keep_killed(run_id: str, pid: int, wait_s: float = 60.0) -> int:
     """The helper: once ``mlflow run`` has exited (bounded wait), a run it marked FAILED that
     holds our ``stop_reason`` (and no ``failure_reason``) is KILLED again."""
     deadline = time.monotonic() + wait_s
-    while _alive(mlflow_run_pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     try:
         from mlflow import MlflowClient

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Set in the environment of a command's child processes: the command prints the stop's line.
 REPORTED_BY_PARENT = "KRONOS_STOP_REPORTED_BY_PARENT"
+#: ``python -m kronos_mlflow.launch --keep-killed-after RUN_ID PID``: the helper of :func:`keep_killed_status`.
+KEEP_KILLED = "--keep-killed-after"
 _received: int | None = None
 _defer_depth = 0  # > 0 while a block that must not be torn runs
 _pending: int | None = None  # a stop signal held back by deferred()
@@ -141,3 +143,49 @@ def stop_reason(signum: int, root) -> str:
     where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
     return (f"stopped by {signal.Signals(signum).name}; the training state after the last finished epoch is "
             f"kept{where}: the same command resumes from it")
+
+
+# ---- under `mlflow run`: the run it handed over stays KILLED ----------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has exited: its parent just has not collected it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def mlflow_run_pid() -> int | None:
+    """The ``mlflow run`` process among this process's ancestors (it runs the MLproject's
+    command through bash), or None."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if any(a.endswith(b"mlflow") for a in args) and b"run" in args:
+                return pid
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 1:
+            return None
+    return None
+
+
+def keep_killed_status(pid: int | None) -> None:
+    """A stop reaches ``mlflow run`` too, and it marks the run it handed over (``MLFLOW_RUN_ID``)
+    FAILED once this process has exited, after this process has ended it KILLED with a
+    ``stop_reason``. A detached helper (no terminal, no signals: ``kronos_mlflow.launch``'s
+    ``keep_killed``) waits for ``mlflow run`` (``pid``) to exit, then puts KILLED back."""
+    run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
+    if not run_id or not pid:
+        return
+    import subprocess  # lazy: only after a stop under mlflow run
+
+    subprocess.Popen([sys.executable, "-m", "kronos_mlflow.launch", KEEP_KILLED, run_id, str(pid)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)

@@ -50,15 +50,21 @@ def _interrupt_once(proc: subprocess.Popen, root: Path, *words: bytes, timeout_s
     return before
 
 
-def _stopped(proc: subprocess.Popen, root: Path, command: str, before: int) -> None:
-    """Exit code 130 and, on stderr, no traceback and one line since the stop (``before``: the
-    bytes written until then; MLflow's own INFO log lines of a training still ending aside)."""
+def _ended(proc: subprocess.Popen, root: Path, before: int) -> str:
+    """Wait for the command (its process group killed past 300 s); what it wrote on stderr
+    since the stop (``before``: the bytes written until then)."""
     try:
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    err = (root / "stderr.log").read_bytes()[before:].decode(errors="replace")
+    return (root / "stderr.log").read_bytes()[before:].decode(errors="replace")
+
+
+def _stopped(proc: subprocess.Popen, root: Path, command: str, before: int) -> None:
+    """Exit code 130 and, on stderr, no traceback and one line since the stop (``before``: the
+    bytes written until then; MLflow's own INFO log lines of a training still ending aside)."""
+    err = _ended(proc, root, before)
     lines = [line for line in err.splitlines() if line.strip() and not MLFLOW_INFO.match(line)]
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and len(lines) == 1, err[-3000:]
@@ -73,16 +79,30 @@ def _runs(env: dict):
     return client, client.search_runs(["0"], order_by=["attributes.start_time ASC"])
 
 
-def test_a_pipeline_interrupted_in_its_training_step_ends_its_runs_killed(tmp_path):
+def test_mlflow_run_pipeline_interrupted_in_its_training_step_ends_its_runs_killed(tmp_path):
+    """``mlflow run . -e pipeline`` and SIGINT to that process (what users type, and what
+    Ctrl-C reaches first): MLflow passes the stop on, the pipeline passes it to its step, every
+    run ends KILLED, the run MLflow handed over included (MLflow marks it FAILED once the
+    pipeline has exited; the pipeline's detached helper puts KILLED back)."""
     root, env = pipeline_workdir(tmp_path / "pipeline")
-    command = [sys.executable, "-m", "kronos_mlflow", "pipeline", "--config", str(root / "tiny.yaml"), *_flags(SMALL)]
+    command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "pipeline",
+               "-P", f"config_file={root / 'tiny.yaml'}", *[a for k, v in SMALL.items() for a in ("-P", f"{k}={v}")]]
     proc = _start(command, root, env)
     before = _interrupt_once(proc, root, b"kronos_mlflow.train")
-    _stopped(proc, root, "kronos-mlflow pipeline", before)
-    _, runs = _runs(env)
-    roles = sorted(r.data.tags.get("pipeline.step", "parent") for r in runs)
-    assert roles == ["parent", "tokenizer"]
+    err = _ended(proc, root, before)
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("kronos-mlflow pipeline: ")]
+    assert ours == ["kronos-mlflow pipeline: stopped by SIGTERM; every run it left unfinished ended KILLED (2); the "
+                    "same command again continues where it stopped"], err[-3000:]
+    deadline = time.monotonic() + 90  # the helper waits for `mlflow run` to exit, then ends the run KILLED again
+    while True:
+        _, runs = _runs(env)
+        if {r.info.status for r in runs} == {"KILLED"} or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted(r.data.tags.get("pipeline.step", "parent") for r in runs) == ["parent", "tokenizer"]
     assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
+    assert all("stop_reason" in r.data.tags and "failure_reason" not in r.data.tags for r in runs)
 
 
 def test_a_walk_forward_interrupted_in_its_evaluation_step_ends_its_runs_killed(tmp_path):
