@@ -116,7 +116,7 @@ def _bench(args, home: Path) -> int:
 
     import torch
 
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.data import QlibDataset, make_loader, prepare_splits
     from kronos_mlflow.data import demo
     from kronos_mlflow.data.prepare import read_manifest

@@ -255,8 +255,9 @@ def upstream_model(upstream, cfg: dict, like: torch.nn.Module):
 
 
 def time_train_steps(upstream, ours, theirs, args) -> dict:
-    from kronos_mlflow.perf import (adamw_kwargs, configure_malloc, malloc_reuse_available, resolve_adamw,
-                                    set_malloc_thresholds)
+    from kronos_mlflow.runtime.perf import (
+        adamw_kwargs, configure_malloc, malloc_reuse_available, resolve_adamw, set_malloc_thresholds,
+    )
 
     cfg = ours[1].config
     batch = random_batch(args.train_batch, args.train_window, cfg["s1_bits"], cfg["s2_bits"], args.seed + 4)

@@ -82,7 +82,7 @@ def write_minute_market(root: Path, n_symbols: int, n_days: int, seed: int = 0) 
 
 
 def _config(args, market: str, freq: str, home: Path) -> dict:
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
 
     over = {"qlib_data_path": market, "freq": freq, "dataset_path": str(home / "processed"), "num_workers": 0}
     if freq != "day":

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from kronos_mlflow.config import load_config  # noqa: E402
+from kronos_mlflow.config.core import load_config  # noqa: E402
 from kronos_mlflow.data import provide_qlib_data  # noqa: E402
 from kronos_mlflow.evaluation import scorecard as sc_mod  # noqa: E402
 from kronos_mlflow.evaluation.origins import forecast_origins, signal_origins  # noqa: E402

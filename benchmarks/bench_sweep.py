@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kronos_mlflow.sweep.trial import DEFAULT_PRUNER  # noqa: E402
+from kronos_mlflow.training.trial import DEFAULT_PRUNER  # noqa: E402
 
 
 def run_sweep(workdir: Path, pruner: str, n_trials: int, budget: int, args) -> dict:

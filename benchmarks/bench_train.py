@@ -56,7 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# The config keys that select the plain fp32 path (see kronos_mlflow/config.py).
+# The config keys that select the plain fp32 path (see kronos_mlflow/config/core.py).
 PLAIN = {"compile": "off", "precision": "fp32", "adamw_impl": "for-loop", "fused_layers": "off", "malloc_reuse": "off"}
 
 #: glibc's own thresholds adapt upwards (mmap threshold up to 32 MiB, trim threshold twice it) as
@@ -72,7 +72,7 @@ _MIXED_ALLOCATORS = False  # set by _bench: whether the paths differ in malloc_r
 
 def use_allocator(config) -> None:
     """Before a path's steps: its ``malloc_reuse`` setting, when the run's paths differ in it."""
-    from kronos_mlflow import perf
+    from kronos_mlflow.runtime import perf
 
     if not _MIXED_ALLOCATORS or not hasattr(perf, "configure_malloc"):
         return
@@ -206,9 +206,9 @@ class TrainPath:
     def __init__(self, name: str, config: dict, state: dict, device, world_size: int = 1):
         import torch
 
-        from kronos_mlflow import optim, trainer
+        from kronos_mlflow.training import optim, loop as trainer
         from kronos_mlflow.stages.tokenizer.training import TokenizerStage
-        from kronos_mlflow.config import model_kwargs
+        from kronos_mlflow.config.core import model_kwargs
         from kronos_mlflow.model import KronosTokenizer
 
         self.name = name
@@ -395,10 +395,10 @@ def _bench(args, home: Path) -> int:
 
     import torch
 
-    from kronos_mlflow import config as cfg
+    from kronos_mlflow.config import core as cfg
     from kronos_mlflow.stages.tokenizer import training as tokenizer_training
-    from kronos_mlflow.config import load_config, model_kwargs
-    from kronos_mlflow.distributed import resolve_device
+    from kronos_mlflow.config.core import load_config, model_kwargs
+    from kronos_mlflow.runtime.distributed import resolve_device
     from kronos_mlflow.model import KronosTokenizer
 
     device = resolve_device(args.device)
@@ -410,7 +410,7 @@ def _bench(args, home: Path) -> int:
     has_fast = all(k in cfg.DEFAULTS for k in PLAIN)
     plain_cfg = load_config({**overrides, **(PLAIN if has_fast else {})}, path=args.config)
     global _MIXED_ALLOCATORS
-    from kronos_mlflow import perf
+    from kronos_mlflow.runtime import perf
 
     both_paths = has_fast and args.baseline and not args.plain
     if both_paths and hasattr(perf, "resolve_malloc_reuse"):
@@ -590,7 +590,7 @@ def _largest_batch_epochs(args, path: TrainPath, config: dict, window: int, devi
     out: dict = {"batch_size": batch}
     if batch == 0:
         return out
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
 
     steps = max(args.epoch_steps, 2)
     cfg = load_config({**config, "batch_size": batch, "n_train_iter": batch * steps})

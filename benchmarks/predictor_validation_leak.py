@@ -26,7 +26,7 @@ def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = No
             windows: int | None = None) -> dict:
     import torch
 
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.data.loaders import val_loader_for
     from kronos_mlflow.model import Kronos, KronosTokenizer

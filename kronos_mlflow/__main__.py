@@ -3,6 +3,6 @@ points use it, so they run without the console script on ``PATH``)."""
 
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

@@ -33,13 +33,13 @@ SWEEP_SCRIPT = str(ROOT / "sweeps" / "sweep.py")
 def entry_of(argv: list[str]) -> tuple[str, list[str]]:
     """The entry-point function a command runs and the ``sys.argv`` its script sees."""
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train"]:
-        return "kronos_mlflow.train:cli", [TRAIN_SCRIPT, *argv[3:]]
+        return "kronos_mlflow.training.run:cli", [TRAIN_SCRIPT, *argv[3:]]
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train_predictor"]:
-        return "kronos_mlflow.train_predictor:cli", [PREDICTOR_SCRIPT, *argv[3:]]
+        return "kronos_mlflow.cli.train_predictor:cli", [PREDICTOR_SCRIPT, *argv[3:]]
     if argv[0] == "kronos-mlflow":
-        return "kronos_mlflow.cli:main", [CONSOLE_SCRIPT, *argv[1:]]
+        return "kronos_mlflow.cli.main:main", [CONSOLE_SCRIPT, *argv[1:]]
     if argv[:2] == [sys.executable, SWEEP_SCRIPT]:
-        return "kronos_mlflow.sweep.driver:main", argv[1:]
+        return "kronos_mlflow.workflows.sweep.driver:main", argv[1:]
     if argv[0] == "<self-check>":
         return "forkrunner:misbehave_for_test", ["misbehave", *argv[1:]]
     raise AssertionError(f"no entry point for {argv[:3]}")

@@ -44,7 +44,7 @@ def isolated_home(tmp_path, monkeypatch):
 
 def small_config(market, dataset_path, **overrides) -> dict:
     """Lookback 20 + predict 5 (window 26) on the small market; ranges overlap as upstream's do."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
 
     cfg = {
         "qlib_data_path": str(market),

@@ -4,9 +4,9 @@ A command such as ``kronos-mlflow train --check ...`` spends seconds importing t
 pandas and Qlib before it looks at its first flag. This script imports them once, then for
 every case forks a child that is, to the code under test, the same process the user's command
 starts: its own working directory and environment, stdout and stderr on files, ``sys.argv`` as
-the console script sets it, the entry-point function the script calls (``kronos_mlflow.cli:main``
+the console script sets it, the entry-point function the script calls (``kronos_mlflow.cli.main:main``
 for ``kronos-mlflow``, ``kronos_mlflow.train:cli`` for ``python -m kronos_mlflow.train``,
-``kronos_mlflow.sweep.driver:main`` for ``sweeps/sweep.py``), an uncaught exception printed by
+``kronos_mlflow.workflows.sweep.driver:main`` for ``sweeps/sweep.py``), an uncaught exception printed by
 ``sys.excepthook`` with exit code 1 as the interpreter does, and the ``atexit`` handlers run at the
 end. It runs in a clean interpreter (not inside pytest), so logging, warnings filters and signal
 handlers are an ordinary process's.
@@ -50,12 +50,12 @@ def _preimport() -> None:
     import torch._dynamo  # noqa: F401 - what a meta-device normal_ imports (every checkpoint load's shape check)
     import yaml  # noqa: F401
 
-    for name in ("kronos_mlflow.cli", "kronos_mlflow.train", "kronos_mlflow.data.prepare",
-                 "kronos_mlflow.data.csv_import", "kronos_mlflow.data.demo", "kronos_mlflow.compare",
-                 "kronos_mlflow.sweep.driver", "kronos_mlflow.tracking", "kronos_mlflow.tracking.spool",
+    for name in ("kronos_mlflow.cli.main", "kronos_mlflow.train", "kronos_mlflow.data.prepare",
+                 "kronos_mlflow.data.csv_import", "kronos_mlflow.data.demo", "kronos_mlflow.cli.compare",
+                 "kronos_mlflow.workflows.sweep.driver", "kronos_mlflow.tracking", "kronos_mlflow.tracking.spool",
                  "kronos_mlflow.tracking.spool_command",
-                 "kronos_mlflow.model", "kronos_mlflow.launch", "kronos_mlflow.pipeline", "kronos_mlflow.preflight",
-                 "kronos_mlflow.evaluate", "kronos_mlflow.evaluation.scorecard",
+                 "kronos_mlflow.model", "kronos_mlflow.launch", "kronos_mlflow.workflows.pipeline", "kronos_mlflow.training.preflight",
+                 "kronos_mlflow.cli.evaluate", "kronos_mlflow.evaluation.scorecard",
                  "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.predictor.sources"):
         importlib.import_module(name)
 

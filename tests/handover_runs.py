@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kronos_mlflow.config import format_time_range
-from kronos_mlflow.walkforward import folds as fl
-from kronos_mlflow.walkforward.command import PLAN_TAG, ROLE_TAG
+from kronos_mlflow.config.core import format_time_range
+from kronos_mlflow.workflows.walkforward import folds as fl
+from kronos_mlflow.workflows.walkforward.command import PLAN_TAG, ROLE_TAG
 
 SETTINGS = fl.Settings(folds=1, fold_length="3M")
 FOLD = fl.Fold(1, ("2020-01-01", "2020-06-30"), ("2020-07-01", "2020-08-31"), 10, ("2020-09-15", "2020-12-31"), 77, 44,
@@ -31,7 +31,7 @@ def folds_table() -> dict[str, Any]:
 
 def plan_digest(table: dict[str, Any]) -> str:
     """The ``walkforward.plan_digest`` tag of a folds.json table, as
-    :func:`~kronos_mlflow.walkforward.folds.plan_digest` computes it."""
+    :func:`~kronos_mlflow.workflows.walkforward.folds.plan_digest` computes it."""
     text = json.dumps(table, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

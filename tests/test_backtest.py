@@ -16,11 +16,11 @@ import pytest
 from data_helpers import isolated_home, qlib_features  # noqa: F401
 from recording import Recorder
 
-from kronos_mlflow.config import load_config
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.data import provider as pv
 from kronos_mlflow.data import write_demo_market
 from kronos_mlflow.data.demo import BENCHMARK
-from kronos_mlflow.digest import config_digest
+from kronos_mlflow.config.digest import config_digest
 from kronos_mlflow.errors import ConfigError, DataError
 from kronos_mlflow.evaluation.backtest import PNG, backtest_signals, benchmark_of, breadth_reason, metric_prefix, portfolio
 
@@ -212,7 +212,7 @@ def test_the_scorecard_backtests_its_signals_or_says_in_one_line_why_not(market,
 
     oracle = _oracle(market)
     card = Scorecard(signals={"finetuned": oracle, "zeroshot": oracle.assign(score=-oracle["score"])})
-    from kronos_mlflow.console import Console
+    from kronos_mlflow.runtime.console import Console
 
     logger, console = Recorder(), Console(True)
     add_backtest(card, _config(market, backtest_n_random=4), tmp_path, logger, console)

@@ -9,7 +9,7 @@ Never another exception (OverflowError, pandas' OutOfBoundsDatetime, MemoryError
   settings (``folds``, ``embargo``) and the fold table those make on a calendar;
 - config keys: every number key through ``validate`` (its range in ``MAX_VALUES``), and
   ``eval_horizons`` (steps in 1..predict_window);
-- ``kronos_mlflow.validate``'s ``integer`` and ``number`` (every flag, setting and sweep option
+- ``kronos_mlflow.config.checks``'s ``integer`` and ``number`` (every flag, setting and sweep option
   that is a number goes through them), the pruner's options, ``compare --top``, fold numbers;
 - dates and time ranges (``parse_date``, ``parse_time_range``).
 """
@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kronos_mlflow import config as cfg, names, validate as checks
+from kronos_mlflow.config import core as cfg, names, checks
 from kronos_mlflow.errors import UserError
-from kronos_mlflow.walkforward import folds as fl
+from kronos_mlflow.workflows.walkforward import folds as fl
 
 QUICK = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LONG = 200  # no more than this much of a long value is echoed
@@ -226,7 +226,7 @@ def test_a_huge_int_is_shown_without_its_digits():
 @example("median:n_startup_trials=", "٣")
 @example("hyperband:max_resource=", "1e300")
 def test_a_pruner_option_is_within_its_range_or_one_line(prefix, text):
-    from kronos_mlflow.sweep.study import PRUNER_INT_MAX, make_pruner
+    from kronos_mlflow.training.trial import PRUNER_INT_MAX, make_pruner
 
     if "," in text or "=" in text or ":" in text:
         text = text.replace(",", "").replace("=", "").replace(":", "")
@@ -246,7 +246,7 @@ def test_a_pruner_option_is_within_its_range_or_one_line(prefix, text):
 @example("9" * 5000)
 @example("-+0")
 def test_compare_top_is_a_count_of_runs_or_one_line(text):
-    from kronos_mlflow.compare import TOP_MAX, _positive_int
+    from kronos_mlflow.cli.compare import TOP_MAX, _positive_int
 
     try:
         value = _positive_int(text)
@@ -282,7 +282,7 @@ DATE_CHARS = list("0123456789-:T /,") + OTHER_DIGITS
 @example("2020-01-0٣:2021-01-01")
 @example("0001-01-01:9999-12-31")
 def test_a_time_range_is_two_ordered_dates_or_one_line(text):
-    from kronos_mlflow.timeranges import parse_time_range, time_bounds
+    from kronos_mlflow.config.timeranges import parse_time_range, time_bounds
 
     try:
         start, end = parse_time_range("test_time_range", text)

@@ -13,7 +13,7 @@ import pytest
 
 from kronos_mlflow.errors import UserError
 from kronos_mlflow.evaluation import calibration as cb, probabilistic as pr
-from kronos_mlflow.forecasting.quantiles import Calibrator, histvol_sigma
+from kronos_mlflow.serving.forecasting.quantiles import Calibrator, histvol_sigma
 
 H, LOOKBACK, PATHS = 5, 30, 40
 
@@ -153,7 +153,7 @@ def test_too_few_calibration_origins_is_a_refusal_before_any_forecast(tmp_path, 
     from tiny_runs import isolated_vars, tiny_config
 
     from kronos_mlflow.data import provide_qlib_data
-    from kronos_mlflow.preflight import check_scorecard
+    from kronos_mlflow.training.preflight import check_scorecard
 
     for name, value in isolated_vars(tmp_path).items():
         monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""kronos_mlflow.checkpoint: the per-epoch training state.
+"""kronos_mlflow.training.checkpoint: the per-epoch training state.
 
 The round trip is bit-exact (CPU fp32): 3 steps, save, load into fresh objects (other weights,
 other RNG), 3 more steps == 6 uninterrupted steps, weights, optimizer moments, learning-rate
@@ -24,8 +24,8 @@ import tiny_runs
 import torch
 
 
-from kronos_mlflow import checkpoint as ckpt
-from kronos_mlflow.config import load_config, model_kwargs
+from kronos_mlflow.training import checkpoint as ckpt
+from kronos_mlflow.config.core import load_config, model_kwargs
 from kronos_mlflow.errors import CheckpointError, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def _config(**extra):
 def _build(config, init_seed: int):
     """Model, AdamW and one-cycle schedule exactly as train_model builds them."""
     from kronos_mlflow.model import KronosTokenizer
-    from kronos_mlflow.optim import build_optimizer
+    from kronos_mlflow.training.optim import build_optimizer
 
     torch.manual_seed(init_seed)
     model = KronosTokenizer(**model_kwargs(config))
@@ -57,7 +57,7 @@ def _build(config, init_seed: int):
 def _steps(model, optimizer, scheduler, config, n: int) -> list[float]:
     """``n`` optimizer steps on batches drawn from torch's RNG (so the RNG state matters)."""
     from kronos_mlflow.stages.tokenizer.training import TokenizerStage
-    from kronos_mlflow.trainer import train_step
+    from kronos_mlflow.training.loop import train_step
 
     lrs = []
     window = config["lookback_window"] + config["predict_window"] + 1
@@ -330,7 +330,7 @@ _KILL_SCRIPT = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {tests!r})
     import test_checkpoint as t
-    from kronos_mlflow import checkpoint as ckpt
+    from kronos_mlflow.training import checkpoint as ckpt
 
     where = sys.argv[2]
     real_rename = os.rename

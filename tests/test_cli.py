@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronos_mlflow.cli import SUBCOMMANDS, main
+from kronos_mlflow.cli.main import SUBCOMMANDS, main
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
@@ -18,7 +18,7 @@ def test_every_subcommand_answers_help(name, capsys):
 
 
 def test_training_help_shows_every_key(capsys):
-    from kronos_mlflow.config import DEFAULTS
+    from kronos_mlflow.config.core import DEFAULTS
 
     with pytest.raises(SystemExit) as done:
         main(["train", "--help"])

@@ -2,7 +2,7 @@
 process group) while a step, a fold or a trial runs in a child process. The command sends the
 stop on to the child, waits for it, and ends its runs KILLED (child runs included), with one
 line on stderr, no traceback, exit code 130; a stopped sweep's trial ends FAIL and is retried by
-the same command typed again. One tiny command each (kronos_mlflow/command_runs.py)."""
+the same command typed again. One tiny command each (kronos_mlflow/tracking/command_runs.py)."""
 
 from __future__ import annotations
 

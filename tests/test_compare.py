@@ -13,8 +13,8 @@ import urllib.parse
 import pytest
 from tiny_runs import isolate, run_dir, sqlite_uri, tiny_config
 
-from kronos_mlflow import compare
-from kronos_mlflow.cli import main as cli_main
+from kronos_mlflow.cli import compare
+from kronos_mlflow.cli.main import main as cli_main
 
 
 def _cli(capsys, *args):
@@ -204,11 +204,11 @@ def test_bad_input_is_one_line_exit_2(store, capsys, args, needle):
 
 def test_the_command_line_entry_point(store):
     uri, _, _, _, ids = store
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "compare", "--tracking-uri", uri,
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri,
                            "--experiment", "exp-a", "--top", "1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert ids["r2"] in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "compare", "--tracking-uri", uri,
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri,
                            "--experiment", "missing"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
@@ -219,7 +219,7 @@ def test_the_command_line_entry_point(store):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One TINY training in this process (sqlite store), two epochs, learning rate 1e-3."""
-    from kronos_mlflow import train
+    from kronos_mlflow.training import run as train
 
     tmp = tmp_path_factory.mktemp("trained")
     with pytest.MonkeyPatch.context() as mp:
@@ -238,8 +238,8 @@ def trained(tmp_path_factory):
 def test_a_real_run_records_quality_metrics_tags_and_plots(trained):
     from mlflow import MlflowClient
 
-    from kronos_mlflow.quality import METRIC_NAMES
-    from kronos_mlflow.tags import git_commit
+    from kronos_mlflow.evaluation.quality import METRIC_NAMES
+    from kronos_mlflow.training.tags import git_commit
 
     tmp, uri, result = trained
     client = MlflowClient(uri)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronos_mlflow.config import DEFAULTS, flatten, load_config
+from kronos_mlflow.config.core import DEFAULTS, flatten, load_config
 from kronos_mlflow.errors import ConfigError
 
 
@@ -99,7 +99,7 @@ def test_config_file_with_a_key_twice_is_one_line(tmp_path):
 def test_upstreams_inference_T_keeps_its_case_as_a_flag_and_a_file_key(tmp_path):
     """``inference_T`` (upstream's name) is reached as ``--inference-T`` and as a YAML key; other
     names are case-blind as before."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
 
     (tmp_path / "c.yaml").write_text("inference_T: 0.7\n")
     assert load_config(path=tmp_path / "c.yaml")["inference_T"] == 0.7
@@ -110,7 +110,7 @@ def test_upstreams_inference_T_keeps_its_case_as_a_flag_and_a_file_key(tmp_path)
 def test_what_a_scored_run_recorded_sits_under_the_config_file_and_the_flags(tmp_path):
     """``load_config(beneath=...)``: defaults < the run's recorded params < the file < the flags;
     and the console line names only the recorded values kept that differ from the defaults."""
-    from kronos_mlflow.config import DEFAULTS, load_config
+    from kronos_mlflow.config.core import DEFAULTS, load_config
     from kronos_mlflow.evaluation.sources import kept_settings
 
     recorded = {"n_val_iter": "40", "lookback_window": "30", "predict_window": "5", "qlib_data_path": "",

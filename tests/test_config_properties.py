@@ -8,7 +8,7 @@ never another exception, never a slow answer, never a long value echoed back.
 - the search space loader of ``sweeps/sweep.py``, on the same documents;
 - the flag parser of ``python -m kronos_mlflow.train`` / ``kronos-mlflow train``: the same
   ``OneLineParser`` + ``add_arguments`` + ``config_of`` the command runs, in process;
-- the environment settings (``kronos_mlflow.settings.check_environment``).
+- the environment settings (``kronos_mlflow.config.settings.check_environment``).
 
 Each failure the search found is pinned with ``@example`` and its seed is a case of the
 hostile-input table (tests/test_hostile_input.py, docs/hostile-input.md).
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kronos_mlflow import config as cfg
+from kronos_mlflow.config import core as cfg
 from kronos_mlflow.errors import UserError
 
 SLOW_S = 2.0  # one answer, even a refusal, within this (ms in practice)
@@ -213,7 +213,7 @@ def test_any_raw_text_gives_a_config_or_one_line(data):
 @example(("learning_rate: {low: 1" + "0" * 400 + ", high: 1}\nweight_decay: {low: 0.1, high: 0.2}\n", []))
 @example(("learning_rate: {low: 1.0e-5, high: 1.0e-3}\n" + "x" * 300 + ": 1\n", ["x" * 300]))
 def test_any_search_space_gives_a_space_or_one_line(doc):
-    from kronos_mlflow.sweep.space import load_search_space
+    from kronos_mlflow.workflows.sweep.space import load_search_space
 
     text, longs = doc
     _answers(load_search_space, text, longs)
@@ -222,7 +222,7 @@ def test_any_search_space_gives_a_space_or_one_line(doc):
 def _outcome(text: str, libyaml: bool):
     import yaml
 
-    from kronos_mlflow import yamlfile
+    from kronos_mlflow.config import yamlfile
 
     try:
         return "value", yamlfile._load(text, libyaml)  # noqa: SLF001 - both parsers, side by side
@@ -283,8 +283,8 @@ def argvs(draw):
 
 
 def _parse_and_validate(argv: list[str]) -> None:
-    from kronos_mlflow.argparsing import OneLineParser
-    from kronos_mlflow.train import add_arguments, config_of
+    from kronos_mlflow.config.argparsing import OneLineParser
+    from kronos_mlflow.training.run import add_arguments, config_of
 
     parser = OneLineParser(prog="python -m kronos_mlflow.train")
     add_arguments(parser)
@@ -332,7 +332,7 @@ ENV_VALUES = st.one_of(st.sampled_from(["", " ", "10", "0", "-1", "nan", "inf", 
                        ENV_VALUES))
 @example({"KRONOS_MLFLOW_HOME": "9" * 5000})  # found by this search: an OSError traceback (name too long)
 def test_any_setting_is_accepted_or_refused_in_one_line(env):
-    from kronos_mlflow import settings as st_
+    from kronos_mlflow.config import settings as st_
 
     saved = {name: os.environ.get(name) for name in st_.NAMES}
     try:

@@ -1,10 +1,10 @@
-"""The sweep parent's link to its study (``kronos_mlflow.sweep.dashboard``): absolute, redacted, runnable."""
+"""The sweep parent's link to its study (``kronos_mlflow.workflows.sweep.dashboard``): absolute, redacted, runnable."""
 
 from __future__ import annotations
 
 import shlex
 
-from kronos_mlflow.sweep.dashboard import study_tags
+from kronos_mlflow.workflows.sweep.dashboard import study_tags
 
 
 def test_relative_sqlite_storage_becomes_absolute(tmp_path, monkeypatch):

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 from data_helpers import isolated_home, qlib_features, write_csv  # noqa: F401
 
-from kronos_mlflow.cli import main
+from kronos_mlflow.cli.main import main
 from kronos_mlflow.data import import_csv
 from kronos_mlflow.data import provider as pv
 from kronos_mlflow.errors import DataError
-from kronos_mlflow.features import amount_from_ohlcv
+from kronos_mlflow.config.features import amount_from_ohlcv
 
 COLS = ["timestamps", "open", "high", "low", "close", "volume", "amount"]
 

@@ -8,11 +8,11 @@ import torch
 from data_helpers import batch_keys, isolated_home, sample_key, small_config, small_market, write_csv  # noqa: F401
 from torch.utils.data import DataLoader
 
-from kronos_mlflow.config import load_config
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.data import QlibDataset, import_csv, make_loader
 from kronos_mlflow.data.dataset import WindowBatch, collate_windows
 from kronos_mlflow.errors import DataError
-from kronos_mlflow.features import normalize_windows, time_features
+from kronos_mlflow.config.features import normalize_windows, time_features
 
 
 @pytest.fixture

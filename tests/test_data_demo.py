@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from data_helpers import SMALL, isolated_home, qlib_features, small_market  # noqa: F401
 
-from kronos_mlflow.cli import main
+from kronos_mlflow.cli.main import main
 from kronos_mlflow.data import provider as pv
 from kronos_mlflow.data.demo import (
     BENCHMARK,
@@ -189,7 +189,7 @@ def test_concurrent_generation_is_safe(isolated_home):
 
 
 def test_unwritable_home_is_a_clear_error(tmp_path, monkeypatch):
-    """A home that is a file is a malformed setting (kronos_mlflow.settings), refused before any
+    """A home that is a file is a malformed setting (kronos_mlflow.config.settings), refused before any
     write; a home whose folder cannot be written is a DataError naming the variable."""
     from kronos_mlflow.errors import ConfigError
 

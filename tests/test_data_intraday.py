@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from data_helpers import isolated_home, write_csv  # noqa: F401
 
-from kronos_mlflow.cli import main
-from kronos_mlflow.config import flatten, load_config
+from kronos_mlflow.cli.main import main
+from kronos_mlflow.config.core import flatten, load_config
 from kronos_mlflow.errors import ConfigError, DataError
-from kronos_mlflow.features import amount_from_ohlcv
+from kronos_mlflow.config.features import amount_from_ohlcv
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("open", "high", "low", "close", "volume", "amount", "vwap", "factor")
@@ -349,7 +349,7 @@ def test_mlflow_run_5min_end_to_end(tmp_path, monkeypatch):
 
 
 def test_plot_time_axis_carries_timestamps(tmp_path):
-    from kronos_mlflow import plots
+    from kronos_mlflow.evaluation import plots
 
     stamps = [str(np.datetime64(t, "s")) for t in session_stamps(DAYS[:2], 5)[40:66]]
     ticks, labels = plots.time_ticks(stamps)

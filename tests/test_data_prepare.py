@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 from data_helpers import isolated_home, qlib_features, small_config, small_market, write_csv  # noqa: F401
 
-from kronos_mlflow.cli import main
-from kronos_mlflow.config import load_config
+from kronos_mlflow.cli.main import main
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.data import QlibDataset, data_digest, import_csv, prepare_splits, resolve_qlib_path
 from kronos_mlflow.data.prepare import SPLITS, DataWarning, read_manifest
 from kronos_mlflow.errors import ConfigError, DataError
-from kronos_mlflow.features import amount_from_ohlcv, time_features
+from kronos_mlflow.config.features import amount_from_ohlcv, time_features
 
 
 def _load(out, split, name):
@@ -300,7 +300,7 @@ def test_the_dates_read_follow_the_time_ranges(small_market, tmp_path):
     """auto (the default) reads from the earliest start to the latest end of the time ranges:
     upstream's 2011-01-01..2025-06-05 with upstream's splits, a given backtest range included;
     an explicit date narrows it; auto and the dates it stands for name one cache."""
-    from kronos_mlflow.config import data_span
+    from kronos_mlflow.config.core import data_span
 
     assert load_config()["dataset_begin_time"] == "auto"
     assert data_span(load_config()) == ("2011-01-01", "2025-06-05")

@@ -205,8 +205,8 @@ TRAIN_MODULES = ("kronos_mlflow.train", "kronos_mlflow.train_predictor")  # the 
 
 @cache
 def _train_flags() -> frozenset[str]:
-    from kronos_mlflow.argparsing import OneLineParser
-    from kronos_mlflow.train import add_arguments
+    from kronos_mlflow.config.argparsing import OneLineParser
+    from kronos_mlflow.training.run import add_arguments
 
     parser = OneLineParser(prog="python -m kronos_mlflow.train")
     add_arguments(parser)
@@ -219,7 +219,7 @@ def _option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
 
 @cache
 def _subcommand_flags(name: str) -> frozenset[str]:
-    from kronos_mlflow.cli import build_parser
+    from kronos_mlflow.cli.main import build_parser
 
     parser = build_parser([name])
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
@@ -228,7 +228,7 @@ def _subcommand_flags(name: str) -> frozenset[str]:
 
 @cache
 def _sweep_flags() -> frozenset[str]:
-    from kronos_mlflow.sweep.driver import build_parser
+    from kronos_mlflow.workflows.sweep.driver import build_parser
 
     refused = {"--learning-rate", "--learning_rate", "--weight-decay", "--weight_decay",
                "--tokenizer-learning-rate", "--tokenizer_learning_rate", "--adam-weight-decay", "--adam_weight_decay"}
@@ -272,7 +272,7 @@ def _check_training(args: list[str]) -> list[str]:
 
 
 def _check_kronos_mlflow(args: list[str]) -> list[str]:
-    from kronos_mlflow.cli import SUBCOMMANDS
+    from kronos_mlflow.cli.main import SUBCOMMANDS
 
     if not args or args[0] in ("-h", "--help"):
         return []
@@ -296,7 +296,7 @@ def _check_torchrun(args: list[str]) -> list[str]:
 def _check_python(args: list[str]) -> list[str]:
     if args[:1] == ["-m"] and args[1:2] and args[1] in TRAIN_MODULES:
         return _check_training(args[2:])
-    if args[:2] == ["-m", "kronos_mlflow.cli"]:
+    if args[:2] == ["-m", "kronos_mlflow"]:
         return _check_kronos_mlflow(args[2:])
     if args[:2] == ["-m", "kronos_mlflow.launch"] and args[2:]:  # torchrun's arguments, then the training's
         return [p.replace("torchrun", "python -m kronos_mlflow.launch", 1) for p in _check_torchrun(args[2:])]
@@ -454,7 +454,7 @@ def _bare_flag_spans() -> list[tuple[str, str]]:
 def test_every_flag_named_in_prose_is_a_flag_of_a_command_the_docs_show():
     """`--system-metrics off`, `--max-restarts 3`, `--env-manager local` in a sentence: each is a
     flag of one of the project's commands, of mlflow's or of torchrun."""
-    from kronos_mlflow.cli import SUBCOMMANDS
+    from kronos_mlflow.cli.main import SUBCOMMANDS
 
     known = set(_train_flags()) | set(_sweep_flags()) | set(_torchrun_flags())
     for name in SUBCOMMANDS:

@@ -36,7 +36,7 @@ def _config(tmp_path, **extra):
 
 
 def _model(seed=0):
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     torch.manual_seed(seed)
@@ -145,7 +145,7 @@ def test_the_record_reads_as_documented():
 def test_a_verdict_against_fresh_weights_says_so_in_its_lines():
     """A run that started fresh is judged against random weights: its lines say ``fresh weights``,
     never ``the start`` or ``starting weights`` (which read as the published model)."""
-    from kronos_mlflow.next_steps import training_lines
+    from kronos_mlflow.evaluation.next_steps import training_lines
 
     fresh = HeldOut("better", base_label="fresh", windows=300, metrics={"tokenizer_loss": 0.01},
                     base_metrics={"tokenizer_loss": 0.08}, change=-0.8691, ci_low=-0.88, ci_high=-0.85)
@@ -171,7 +171,7 @@ def test_an_inconclusive_verdict_whose_interval_excludes_zero_says_why():
     assert across.line().endswith(": inconclusive")  # the interval holds 0: nothing more to say
     assert HeldOut(**{**close.as_json(), "reason": "one window cannot tell a change from noise"}).line().endswith(
         "inconclusive (one window cannot tell a change from noise)")
-    from kronos_mlflow.next_steps import training_lines
+    from kronos_mlflow.evaluation.next_steps import training_lines
 
     (done, *_) = training_lines({"best_val_loss": 0.5, "best_epoch": 0, "test": close.as_json()}, run_id="abc",
                                experiment_id="0", tracking_uri="sqlite:///m.db", run_directory=Path("/r"))
@@ -265,7 +265,7 @@ def champion_store(workspace, tmp_path):
 
 
 def test_the_champion_moves_only_for_a_better_trial_that_beats_it(champion_store):
-    from kronos_mlflow.sweep.champion import promotion
+    from kronos_mlflow.workflows.sweep.champion import promotion
 
     client, trial = champion_store
     assert promotion(client, "tok", trial(), {}).move  # better, and 0.40 < 0.50 on the same windows
@@ -295,7 +295,7 @@ def test_the_champion_moves_only_for_a_better_trial_that_beats_it(champion_store
 ])
 def test_evaluate_tokenizer_bad_input_is_one_line_and_exit_2(workspace, tmp_path, monkeypatch, capsys,
                                                              argv, needle):
-    from kronos_mlflow.cli import main
+    from kronos_mlflow.cli.main import main
 
     root, uri = workspace
     monkeypatch.chdir(root)

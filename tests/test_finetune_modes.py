@@ -34,7 +34,7 @@ def _predictor(seed: int = 1):
 
 
 def _tokenizer(seed: int = 0):
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     torch.manual_seed(seed)
@@ -43,7 +43,7 @@ def _tokenizer(seed: int = 0):
 
 
 def _config(**changes):
-    from kronos_mlflow.config import validate
+    from kronos_mlflow.config.core import validate
 
     return validate({**{k: v for k, v in TINY.items()}, "stage": "predictor", "n_layers": 2, **changes})
 
@@ -80,7 +80,7 @@ def _perturb_adapters(model, seed: int = 5):
 @pytest.mark.parametrize("targets, names", [("attention", ("q_proj", "k_proj", "v_proj", "out_proj")),
                                             ("ffn", ("w1", "w2", "w3")), ("q_proj,proj_s1", ("q_proj", "proj_s1"))])
 def test_lora_trains_rank_times_in_plus_out_per_target(targets, names):
-    from kronos_mlflow import finetune
+    from kronos_mlflow.model import finetune
     from kronos_mlflow.stages import get
 
     config = _config(finetune_mode="lora", lora_rank=4, lora_targets=targets)
@@ -95,8 +95,8 @@ def test_lora_trains_rank_times_in_plus_out_per_target(targets, names):
 
 
 def test_freeze_trains_all_but_the_embeddings_and_bottom_blocks():
-    from kronos_mlflow import finetune
-    from kronos_mlflow.config import validate
+    from kronos_mlflow.model import finetune
+    from kronos_mlflow.config.core import validate
     from kronos_mlflow.stages import get
 
     tokenizer = _tokenizer()
@@ -120,8 +120,8 @@ def test_full_and_freeze_runs_never_import_peft():
     code = """
 import sys
 import torch
-from kronos_mlflow import finetune
-from kronos_mlflow.config import validate
+from kronos_mlflow.model import finetune
+from kronos_mlflow.config.core import validate
 from kronos_mlflow.stages import get
 sys.path.insert(0, sys.argv[1])
 from tiny_runs import TINY
@@ -146,7 +146,7 @@ def test_the_merged_model_is_the_unmerged_one_and_leaves_its_base_alone(tmp_path
     written in peft's format loads with ``PeftModel.from_pretrained`` onto a fresh base."""
     from peft import PeftModel
 
-    from kronos_mlflow import finetune
+    from kronos_mlflow.model import finetune
     from kronos_mlflow.model import Kronos
     from kronos_mlflow.stages import get
 
@@ -180,7 +180,7 @@ def test_the_merged_model_is_the_unmerged_one_and_leaves_its_base_alone(tmp_path
 
 
 def config_targets(config):
-    from kronos_mlflow.config import lora_targets
+    from kronos_mlflow.config.core import lora_targets
 
     return lora_targets(config)
 
@@ -188,7 +188,7 @@ def config_targets(config):
 def test_full_mode_keeps_the_digest_and_unused_keys_stay_out_of_it():
     """finetune_mode full (the default) digests as before the keys existed; the lora keys count
     only for lora, freeze_layers only for freeze."""
-    from kronos_mlflow.digest import digest_config
+    from kronos_mlflow.config.digest import digest_config
 
     full = _config()
     assert not any(k in digest_config(full) for k in ("finetune_mode", "lora_rank", "freeze_layers"))
@@ -211,7 +211,7 @@ def test_full_mode_keeps_the_digest_and_unused_keys_stay_out_of_it():
     (["--finetune-mode", "half"], "finetune_mode: 'half' is not one of full, lora, freeze"),
 ])
 def test_bad_values_are_one_line_and_exit_2(flags, says, isolated):
-    from kronos_mlflow.train import cli
+    from kronos_mlflow.training.run import cli
 
     err = io.StringIO()
     base = [a for k, v in tiny_values(isolated).items() for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -225,7 +225,7 @@ def test_bad_values_are_one_line_and_exit_2(flags, says, isolated):
 
 def test_a_pretrained_model_too_shallow_to_freeze_is_refused_by_the_check(isolated, capsys):
     """The depth of a pretrained checkpoint is known once it loads: the check loads it."""
-    from kronos_mlflow.train import cli
+    from kronos_mlflow.training.run import cli
 
     _tokenizer().save_pretrained(isolated / "tok")
     base = [a for k, v in tiny_values(isolated).items() for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -243,10 +243,10 @@ def test_lora_or_freeze_on_fresh_weights_is_refused_unless_asked_for_by_name(sta
     """Adapters (or a trained top) on a random base mean nothing: auto finding no published
     checkpoint (the tests' Hugging Face cache is empty) or an empty path is refused in one line by
     --check, before any work; the stage's pretrained path set to ``fresh`` asks for it by name."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.errors import ConfigError
-    from kronos_mlflow.preflight import check_partial_start
-    from kronos_mlflow.train import cli
+    from kronos_mlflow.training.preflight import check_partial_start
+    from kronos_mlflow.training.run import cli
 
     key = f"pretrained_{stage}_path"
     base = [a for k, v in tiny_values(isolated).items() for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -300,7 +300,7 @@ def test_mlflow_run_predictor_with_lora_logs_a_merged_model_and_its_adapter(tmp_
     import numpy as np
     from peft import PeftModel
 
-    from kronos_mlflow.config import LORA_GROUPS
+    from kronos_mlflow.config.core import LORA_GROUPS
     from kronos_mlflow.model import Kronos, KronosPredictor, KronosTokenizer
 
     root, env = _workdir(tmp_path)
@@ -436,7 +436,7 @@ def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(tmp_path):
 
 
 def test_the_next_step_names_the_store_used_without_its_credentials():
-    from kronos_mlflow.next_steps import look_command, training_lines
+    from kronos_mlflow.evaluation.next_steps import look_command, training_lines
 
     assert look_command("sqlite:////tmp/x/mlflow.db") == "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db"
     line = look_command("http://bob:hunter2@host:5000/", "3", "abc")

@@ -204,8 +204,8 @@ def _artifacts(client, run_id, path=None):
 def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
     """The shared ``mlflow run .`` (tests/shared_runs.py: the tiny config file, two workers,
     a registered model) records exactly what the table says."""
-    from kronos_mlflow import config as cfg
-    from kronos_mlflow.keys import MLPROJECT_PARAMS
+    from kronos_mlflow.config import core as cfg
+    from kronos_mlflow.config.stage_keys import MLPROJECT_PARAMS
 
     uri, client = user_run.uri, user_run.client()
     assert "type hints" not in user_run.stderr, user_run.stderr[-3000:]  # no MLflow warning of our making
@@ -269,7 +269,7 @@ def test_readme_table_matches_a_real_mlflow_run(user_run, monkeypatch):
     import mlflow
     import numpy as np
 
-    from kronos_mlflow.mlflow_model import checkpoint_dir, load_tokenizer
+    from kronos_mlflow.serving.tokenizer_model import checkpoint_dir, load_tokenizer
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with warnings.catch_warnings(record=True) as caught:
@@ -354,7 +354,7 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
 def test_every_front_door_defaults_to_the_demo_market(tmp_path, commands):
     """No data path: ``kronos-mlflow train --check`` checks the demo market (it would refuse a
     missing ``~/.qlib/qlib_data/cn_data`` otherwise), as the MLproject's empty default does."""
-    from kronos_mlflow.config import DEFAULTS
+    from kronos_mlflow.config.core import DEFAULTS
 
     assert DEFAULTS["qlib_data_path"] == ""
     mlproject = (ROOT / "MLproject").read_text()

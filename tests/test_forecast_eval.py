@@ -111,9 +111,9 @@ def test_seasonal_naive_repeats_the_same_bar_of_the_latest_session(tiny):
 def _tiny_pair(seed: int = 0):
     import torch
 
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.model import Kronos, KronosPredictor, KronosTokenizer
-    from kronos_mlflow.model.spec import PREDICTOR_CONFIGS
+    from kronos_mlflow.config.model_spec import PREDICTOR_CONFIGS
 
     torch.manual_seed(seed)
     tokenizer = KronosTokenizer(**model_kwargs(TINY)).eval()
@@ -295,7 +295,7 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
 def test_greedy_mase_on_the_logged_checkpoints(project_runs, tiny, monkeypatch):
     import mlflow
 
-    from kronos_mlflow.forecasting.pyfunc import load_forecaster
+    from kronos_mlflow.serving.forecasting.pyfunc import load_forecaster
 
     client, runs, _ = project_runs
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # runs:/ of a logged model reads the store

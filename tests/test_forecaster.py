@@ -50,7 +50,7 @@ def logged(tmp_path_factory):
     import mlflow
 
     from kronos_mlflow.tracking.mlflow import MLflowLogger
-    from kronos_mlflow.tracking.model_logging import log_forecaster
+    from kronos_mlflow.serving.model_logging import log_forecaster
 
     tmp = tmp_path_factory.mktemp("forecaster")
     with pytest.MonkeyPatch.context() as mp:
@@ -179,7 +179,7 @@ def _bad_inputs():
 def test_each_bad_input_is_one_line(logged, case):
     from mlflow.exceptions import MlflowException
 
-    from kronos_mlflow.forecasting import forecast, load_forecaster
+    from kronos_mlflow.serving.forecasting import forecast, load_forecaster
 
     model_input, params, start = _bad_inputs()[case]
     with pytest.raises(MlflowException) as caught:
@@ -242,7 +242,7 @@ def test_the_tokenizer_model_is_logged_through_the_same_steps(tmp_path, monkeypa
     from tiny_runs import isolate
 
     from kronos_mlflow.tracking.mlflow import MLflowLogger
-    from kronos_mlflow.tracking.model_logging import example_windows, log_best_model
+    from kronos_mlflow.serving.model_logging import example_windows, log_best_model
 
     isolate(monkeypatch, tmp_path)
     config = tiny_config(tmp_path, registered_model_name="kronos-tokenizer")

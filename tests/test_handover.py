@@ -1,5 +1,5 @@
 """Files and names handed over by another run, a colleague or a cache: each read through one reader
-(:mod:`kronos_mlflow.handover`, :mod:`kronos_mlflow.names`) that returns a checked value or
+(:mod:`kronos_mlflow.tracking.handover`, :mod:`kronos_mlflow.config.names`) that returns a checked value or
 refuses in one :class:`UserError` line naming the file, never another exception.
 
 - each reader's refusals, one kind of damage at a time, and the good files read back;
@@ -28,9 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kronos_mlflow import handover, names, published
+from kronos_mlflow.tracking import handover
+from kronos_mlflow.config import names, published
 from kronos_mlflow.errors import UserError
-from kronos_mlflow.walkforward import folds as fl
+from kronos_mlflow.workflows.walkforward import folds as fl
 
 QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                           HealthCheck.too_slow])
@@ -97,7 +98,7 @@ def test_a_damaged_folds_json_is_one_line_naming_it(tmp_path, kind):
 
 
 def test_the_folds_json_a_walk_forward_logs_reads_back_with_its_digest(tmp_path):
-    from kronos_mlflow.walkforward import folds as fl
+    from kronos_mlflow.workflows.walkforward import folds as fl
 
     settings_, folds = fl.read_folds_json(_folds_file(tmp_path, hr.folds_table()), "folds.json")
     assert settings_ == hr.SETTINGS and folds == [hr.FOLD]
@@ -185,7 +186,7 @@ def test_the_tables_a_scorecard_writes_read_back(tmp_path):
     assert list(forecasts.columns) == ["datetime", "instrument", "forecaster", "step", "actual", *handover.QUANTILES]
     assert forecasts["step"].dtype == np.int64 and set(forecasts["forecaster"]) == {"finetuned", "persistence"}
     # what the aggregation computes from them is what it computes from the frames a scorecard holds
-    from kronos_mlflow.walkforward.aggregate import origin_wql
+    from kronos_mlflow.workflows.walkforward.aggregate import origin_wql
 
     pd.testing.assert_frame_equal(origin_wql(forecasts), origin_wql(FORECASTS.assign(
         datetime=pd.DatetimeIndex(FORECASTS["datetime"]).as_unit("ns"))), check_dtype=False)
@@ -240,7 +241,7 @@ def _reads_or_refuses(read, path: Path, source: str):
 @given(st.one_of(st.binary(max_size=300), JSON.map(lambda v: json.dumps(v).encode()), fold_tables().map(
     lambda t: json.dumps(t).encode())))
 def test_any_content_given_as_folds_json_is_a_plan_or_one_line(tmp_path, content):
-    from kronos_mlflow.walkforward import folds as fl
+    from kronos_mlflow.workflows.walkforward import folds as fl
 
     got = _reads_or_refuses(fl.read_folds_json, _folds_file(tmp_path, content), "walkforward/folds.json")
     if got is not None:
@@ -382,7 +383,7 @@ def test_aggregate_refuses_path_like_fold_numbers_before_any_fold_download(tmp_p
     """A colleague's parent whose folds.json numbers its folds by paths (an absolute folder of
     the user's, ``../``): one line naming the value, no file written anywhere but the scratch
     directory (which is gone afterwards), the victim's files untouched."""
-    from kronos_mlflow.walkforward import command as wf
+    from kronos_mlflow.workflows.walkforward import command as wf
 
     client, experiment, scratch = store
     victim = tmp_path / "victim"
@@ -403,7 +404,7 @@ def test_aggregate_refuses_path_like_fold_numbers_before_any_fold_download(tmp_p
 
 
 def test_aggregate_reads_good_files_and_refuses_damaged_ones_in_one_line(tmp_path, store):
-    from kronos_mlflow.walkforward import command as wf
+    from kronos_mlflow.workflows.walkforward import command as wf
 
     client, experiment, scratch = store
     good = hr.log_walkforward(client, experiment, tmp_path / "staging", name="good")
@@ -422,7 +423,7 @@ def test_aggregate_reads_good_files_and_refuses_damaged_ones_in_one_line(tmp_pat
 
 
 def test_a_fold_run_id_tag_that_is_not_a_run_id_is_one_line(tmp_path, store):
-    from kronos_mlflow.walkforward import command as wf
+    from kronos_mlflow.workflows.walkforward import command as wf
 
     client, experiment, _ = store
     ids = hr.log_walkforward(client, experiment, tmp_path / "staging", name="tag")
@@ -469,7 +470,7 @@ def _published_cache(cache: Path) -> tuple[Path, Path]:
     from hf_cache import write_published
     from tiny_runs import TINY
 
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     sizes = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
@@ -537,10 +538,10 @@ def test_scoring_commands_never_inherit_a_place_to_write(tmp_path, monkeypatch):
     from mlflow import MlflowClient
     from tiny_runs import create_sqlite_store
 
-    from kronos_mlflow import evaluate
-    from kronos_mlflow.config import DEFAULTS, load_config
+    from kronos_mlflow.cli import evaluate
+    from kronos_mlflow.config.core import DEFAULTS, load_config
     from kronos_mlflow.evaluation.sources import recorded_settings
-    from kronos_mlflow.stage_keys import PLACES_TO_WRITE
+    from kronos_mlflow.config.stage_keys import PLACES_TO_WRITE
     from kronos_mlflow.stages.tokenizer import command as tok
 
     for keys in (evaluate.INHERITED_KEYS, tok.INHERITED_KEYS):
@@ -569,7 +570,7 @@ def test_a_sweep_champion_never_follows_a_run_id_from_the_study_that_is_not_one(
     colleague may share): a value that is not a run id moves no alias and reads no run."""
     from types import SimpleNamespace
 
-    from kronos_mlflow.sweep.champion import set_champion
+    from kronos_mlflow.workflows.sweep.champion import set_champion
 
     for value in ("../x", "runs:/" + "a" * 32, 12, "A" * 32):
         study = SimpleNamespace(best_trial=SimpleNamespace(number=3, user_attrs={"mlflow_run_id": value}))

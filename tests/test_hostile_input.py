@@ -207,7 +207,7 @@ LONG_VALUE = "0" * 300  # never echoed back whole
 
 
 def make_yaml_traps(inp: Path) -> None:
-    """YAML that the reader refuses on its event stream (kronos_mlflow/yamlfile.py), and the seeds
+    """YAML that the reader refuses on its event stream (kronos_mlflow/config/yamlfile.py), and the seeds
     tests/test_config_properties.py found."""
     _write(inp / "bomb.yaml", ALIAS_BOMB)
     _write(inp / "list_key.yaml", "epochs: 2\n? [a, b]\n: 1\n")
@@ -379,9 +379,9 @@ def make_hijack_states(inp: Path, ws: Path) -> None:
     run (or a run the store lacks) with its own token, a forged one or none."""
     import json as _json
 
-    from kronos_mlflow.config import load_config
-    from kronos_mlflow.digest import config_digest
-    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.config.core import load_config
+    from kronos_mlflow.config.digest import config_digest
+    from kronos_mlflow.config.layout import RunLayout
 
     source = run_dir(ws / "outputs") / "checkpoints" / "last"
     for folder, (run, token) in HIJACK_VARIANTS.items():
@@ -401,9 +401,9 @@ _HELD: list = []  # locks this test process holds while the cases run (another l
 
 def make_busy_directory(inp: Path, ws: Path) -> None:
     """The run directory of the case's config, held by a live process (this one)."""
-    from kronos_mlflow.config import load_config
-    from kronos_mlflow.layout import RunLayout
-    from kronos_mlflow.runlock import WRITER_LOCK, hold
+    from kronos_mlflow.config.core import load_config
+    from kronos_mlflow.config.layout import RunLayout
+    from kronos_mlflow.runtime.runlock import WRITER_LOCK, hold
 
     config = load_config({**TINY, **DATES, "qlib_data_path": str(ws.parent.parent.parent / "market"),
                           "dataset_path": str(ws / "cache"), "save_path": str(inp / "busy")})
@@ -1118,7 +1118,7 @@ CASES: list[Case] = [
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
     Case("demo-symbols-float", "demo data", "`kronos-mlflow demo-data --symbols 1e9`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--symbols", "1e9"), "1e9"),
-    # ===== YAML read with limits (kronos_mlflow/yamlfile.py): refused on the parser's events, never echoed
+    # ===== YAML read with limits (kronos_mlflow/config/yamlfile.py): refused on the parser's events, never echoed
     Case("config-alias-bomb", "config file", "a 342-byte YAML alias bomb (`*a` nine times, nine levels deep)",
          TRAIN + BASE + ("--config", "{in}/bomb.yaml"), "alias"),
     Case("config-alias-bomb-train", "config file", "`kronos-mlflow train --config` the alias bomb (no --check)",
@@ -1156,12 +1156,12 @@ CASES: list[Case] = [
          TRAIN + BASE + (LONG_VALUE,), "unexpected argument"),
     Case("flag-save-path-too-long", "flag", "`--save-path` with a 300-character folder name (was an OSError traceback)",
          TRAIN + BASE + ("--save-path", "{ws}/" + "s" * 300), "save_path"),
-    # ===== names that become folders (kronos_mlflow.validate.child_name)
+    # ===== names that become folders (kronos_mlflow.config.checks.child_name)
     Case("sweep-study-traversal", "sweep", "`--study-name ../../x` (trials would write OUTPUT_DIR/../../x)",
          SWEEP + ("--output-dir", "{ws}/sweeps/out", "--study-name", "../../x"), "../../x"),
     Case("sweep-study-absolute", "sweep", "`--study-name` an absolute path",
          SWEEP + ("--output-dir", "{ws}/sweeps", "--study-name", "{ws}/elsewhere"), "would not stay inside --output-dir"),
-    # ===== KRONOS_MLFLOW_* settings (kronos_mlflow/settings.py): refused, not warned about
+    # ===== KRONOS_MLFLOW_* settings (kronos_mlflow/config/settings.py): refused, not warned about
     Case("env-http-timeout", "environment", "`KRONOS_MLFLOW_HTTP_TIMEOUT_S=ten`", TRAIN + BASE,
          "KRONOS_MLFLOW_HTTP_TIMEOUT_S", env={"KRONOS_MLFLOW_HTTP_TIMEOUT_S": "ten"}),
     Case("env-finalize-wait", "environment", "`KRONOS_MLFLOW_FINALIZE_WAIT_S=-5` for a sweep", SWEEP,
@@ -1193,8 +1193,8 @@ def _build_template(root: Path) -> Path:
     import torch
     from mlflow import MlflowClient
 
-    from kronos_mlflow import checkpoint as ckpt
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.training import checkpoint as ckpt
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.data import prepare_splits, write_demo_market
     from kronos_mlflow.model import KronosTokenizer
 
@@ -1205,7 +1205,7 @@ def _build_template(root: Path) -> Path:
     prepare_splits(config, progress=False)
     torch.manual_seed(0)
     model = KronosTokenizer(**model_kwargs(config))
-    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.config.layout import RunLayout
 
     save_dir = RunLayout.of(config).root  # outputs/finetune_tokenizer_demo/cfg-<digest>
     model.save_pretrained(save_dir / "checkpoints" / "best_model")
@@ -1217,7 +1217,7 @@ def _build_template(root: Path) -> Path:
     (save_dir / "summary.json").write_text('{"best_val_loss": 0.5}\n')
     uri = f"sqlite:///{ws / 'mlflow.db'}"
     client = MlflowClient(uri)
-    from kronos_mlflow.ownership import TAG, new_token, token_hash, write_owner
+    from kronos_mlflow.tracking.ownership import TAG, new_token, token_hash, write_owner
 
     token = new_token()  # the finished run is owned, as a training leaves it; its token is in owner.json
     run = client.create_run("0", run_name="finished", tags={TAG: token_hash(token), "run_directory": str(save_dir)})
@@ -1421,7 +1421,7 @@ def results(workspace_root) -> dict[str, Result]:
 def test_config_size_guard_matches_the_model():
     """The config's size guard counts a fresh model's parameters without building it: the count
     equals the parameters of the model built from the same config."""
-    from kronos_mlflow.config import fresh_parameter_count, load_config, model_kwargs
+    from kronos_mlflow.config.core import fresh_parameter_count, load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     for sizes in ({}, TINY, {"d_model": 128, "n_heads": 8, "ff_dim": 384, "n_enc_layers": 5, "n_dec_layers": 3,
@@ -1528,7 +1528,7 @@ def test_alias_bomb_is_refused_at_once_in_little_memory(results, tmp_path):
     bomb = _write(tmp_path / "bomb.yaml", ALIAS_BOMB)
     probe = (
         "import json, resource, sys, time\n"
-        "from kronos_mlflow.config import load_config\n"
+        "from kronos_mlflow.config.core import load_config\n"
         "from kronos_mlflow.errors import ConfigError\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "start = time.monotonic()\n"
@@ -1635,7 +1635,7 @@ def render_table(results: dict[str, Result]) -> str:
         "",
         "Where each kind of value is checked:",
         "",
-        "- numbers: every config key has a range (`kronos_mlflow/config.py`); the seed is 0 to 2^32-1, what",
+        "- numbers: every config key has a range (`kronos_mlflow/config/core.py`); the seed is 0 to 2^32-1, what",
         "  numpy's and Optuna's samplers take; `nan`, `inf` and overflowing numbers are refused everywhere a",
         "  number goes (flags, YAML, MLproject parameters, the sweep's flags and pruner options, spool records);",
         "- names that become a file or folder (instrument, tokenizer_save_folder_name, the sweep's --study-name,",

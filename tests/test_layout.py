@@ -2,9 +2,9 @@
 cycle between its modules nor between its packages (top-level folders and modules), no private
 name imported from another module, every module named in docs/code-map.md, and no rank check in
 the training loop's module (the rank is decided once, by the caller: see
-kronos_mlflow/trainer.py's docstring).
+kronos_mlflow/training/loop.py's docstring).
 
-Read from the source with ``ast``; nothing is imported, so this runs in well under a second.
+Read from the source (``ast``, and grimp under import-linter); nothing is imported, so this runs in a second or two.
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[st
                 target = node.module or ""
             if target.split(".")[0] != package:
                 continue
-            deps.add(target)
-            # ``from . import checkpoint`` imports the submodule itself
-            deps.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known)
+            subs = {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known}
+            # ``from . import checkpoint`` imports the submodule itself; from inside the package
+            # it needs nothing of the package's ``__init__`` (already running, or done)
+            if not (name.startswith(target + ".") and len(subs) == len(node.names)):
+                deps.add(target)
+            deps.update(subs)
     return {d for d in deps if d in known and d != name}
 
 
@@ -148,33 +151,70 @@ def test_no_import_cycle_inside_the_package():
     trees = _trees()
     known = set(trees)
     graph = {name: _imports(name, path, tree, known) for name, (path, tree) in trees.items()}
-    assert "kronos_mlflow.checkpoint" in graph["kronos_mlflow.trainer"]  # the graph sees imports at all
+    assert "kronos_mlflow.training.checkpoint" in graph["kronos_mlflow.training.loop"]  # the graph sees imports at all
     assert not _cycles(graph), f"import cycles between modules: {_cycles(graph)}"
 
 
-def _unit(module: str) -> str:
-    """``kronos_mlflow.evaluation.scores`` -> ``evaluation``; ``kronos_mlflow.train`` -> ``train``."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+#: What the top level of the package may hold besides packages.
+TOP_LEVEL_FILES = {"__init__.py", "__main__.py", "errors.py"}
 
 
-def test_no_import_cycle_between_packages():
-    """The top-level folders and modules of the package form layers: what one imports (at module
-    or function level) never imports it back, through any path."""
-    trees = _trees()
-    known = set(trees)
-    graph: dict[str, set[str]] = {}
-    for name, (path, tree) in trees.items():
-        if name == PACKAGE.name:
-            continue
-        unit = _unit(name)
-        targets = {_unit(d) for d in _imports(name, path, tree, known) if d != PACKAGE.name}
-        graph.setdefault(unit, set()).update(targets - {unit})
-    for targets in graph.values():
-        for t in targets:
-            graph.setdefault(t, set())
-    assert "tracking" in graph["train"]  # the graph sees imports at all
-    assert not _cycles(graph), f"import cycles between packages: {_cycles(graph)}"
+def test_the_top_level_holds_packages():
+    """Every module sits in a package named for its role (docs/code-map.md); the top level keeps
+    only the package's own ``__init__``, ``__main__`` and ``errors``."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in TOP_LEVEL_FILES)
+    assert not loose, f"modules at the top of kronos_mlflow/ (move each into the package of its role): {loose}"
+    bare = sorted(d.name for d in PACKAGE.iterdir() if d.is_dir() and d.name != "__pycache__"
+                  and not (d / "__init__.py").exists())
+    assert not bare, f"folders of kronos_mlflow/ that are not packages: {bare}"
+
+
+def test_every_package_says_what_it_is_for():
+    """Each package's ``__init__`` docstring says what it is for and what it may import."""
+    silent = [str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.glob("*/__init__.py")
+              if "import" not in (ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or "")]
+    assert not silent, f"package docstrings that do not say what the package may import: {silent}"
+
+
+def _lint_imports():
+    """import-linter's contracts of pyproject.toml (the layers of docs/code-map.md) checked on
+    the package: the report, and whether every contract was kept."""
+    import contextlib
+    import io
+
+    from importlinter.application import use_cases
+    from importlinter.configuration import configure
+
+    configure()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        kept = use_cases.lint_imports(config_filename=str(PACKAGE.parent / "pyproject.toml"), cache_dir=None,
+                                      no_logo=True)
+    return out.getvalue(), kept
+
+
+def test_imports_follow_the_layers():
+    """A package imports only the packages below it (pyproject.toml, ``[tool.importlinter]``;
+    the picture in docs/code-map.md), and the model, data, config and process packages never
+    import MLflow, Comet or Optuna. ``lint-imports`` prints the same report."""
+    report, kept = _lint_imports()
+    assert "Analyzed" in report  # the contracts ran on the package
+    assert kept, report[report.find("Broken contracts"):] or report
+
+
+def test_the_layers_are_those_the_code_map_draws():
+    """docs/code-map.md's layer picture lists the contract's layers, top to bottom."""
+    import re
+    import tomllib
+
+    layers = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    layers = layers["tool"]["importlinter"]["contracts"][0]["layers"]
+    wanted = [sorted(n.strip().removeprefix("kronos_mlflow.") for n in layer.split("|")) for layer in layers]
+    text = (PACKAGE.parent / "docs" / "code-map.md").read_text(encoding="utf-8")
+    picture = text[text.index("## The layers"):].split("```")[1]
+    drawn = [sorted(re.findall(r"[a-z_]+", line.split("#")[0])) for line in picture.strip().splitlines()
+             if line.split("#")[0].strip()]
+    assert drawn == wanted, f"docs/code-map.md draws {drawn}; pyproject.toml's contract has {wanted}"
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -248,9 +288,9 @@ def test_the_code_map_names_every_module():
 
 
 def test_the_loop_module_has_no_rank_check():
-    tree = ast.parse((PACKAGE / "trainer.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "training" / "loop.py").read_text(encoding="utf-8"))
     assert not _rank_checks(tree), (
-        f"kronos_mlflow/trainer.py decides ranks at {_rank_checks(tree)}; decide once in the caller "
+        f"kronos_mlflow/training/loop.py decides ranks at {_rank_checks(tree)}; decide once in the caller "
         "(train.py, build_tracking) and pass a Console, RunFiles and logger in")
 
 

@@ -116,7 +116,7 @@ def test_two_identical_pipelines_at_once_make_one_set_of_runs_and_the_champion_r
             "wql_skill_calibrated_vs_raw", "wql_skill_vs_histvol"} <= set(evaluation.data.metrics)
     assert evaluation.data.tags["verdict_calibrated_vs_raw"] in ("better", "worse", "inconclusive")
     # each alias moves only on a better verdict against the starting weights
-    from kronos_mlflow.sweep.champion import current_champion
+    from kronos_mlflow.workflows.sweep.champion import current_champion
 
     for step, verdict in (("tokenizer", tokenizer.data.tags["verdict"]),
                           ("predictor", evaluation.data.tags["verdict_vs_zeroshot"])):
@@ -158,7 +158,7 @@ def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(fir
     assert (f"[pipeline] tokenizer: run {forged.info.run_id} has this config but is not reused: run "
             f"{forged.info.run_id}'s directory") in proc.stdout, proc.stdout[-3000:]
     assert "[pipeline] tokenizer: reused run" in proc.stdout
-    from kronos_mlflow.sweep.champion import current_champion
+    from kronos_mlflow.workflows.sweep.champion import current_champion
 
     for step in ("tokenizer", "predictor"):
         assert current_champion(client, f"kr-{step}").run_id == parent.data.tags[f"pipeline.{step}_run_id"]

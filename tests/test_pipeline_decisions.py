@@ -2,16 +2,16 @@
 ``--force`` does, and where the champion aliases go; on a real MLflow sqlite store per test.
 
 No step trains here. The runs the decisions read are made by the project's own code, as a
-training makes them: a pipeline's child run (:func:`kronos_mlflow.child_runs.create_child`)
-claimed by :func:`kronos_mlflow.train.start_tracking` (``owner.json`` in the run directory, the
+training makes them: a pipeline's child run (:func:`kronos_mlflow.tracking.child_runs.create_child`)
+claimed by :func:`kronos_mlflow.training.run.start_tracking` (``owner.json`` in the run directory, the
 ``kronos.owner`` and ``run_directory`` tags), the digests tagged as ``train.main`` tags them, a
-training state written by :func:`kronos_mlflow.trainer.save_progress`, a tiny upstream-format
-checkpoint logged by :func:`kronos_mlflow.tracking.model_logging.log_best_model` (or
+training state written by :func:`kronos_mlflow.training.loop.save_progress`, a tiny upstream-format
+checkpoint logged by :func:`kronos_mlflow.serving.model_logging.log_best_model` (or
 ``log_forecaster``), the run ended by the logger's ``finalize``. The verdicts the champion rule
 reads (``verdict``, ``verdict_vs_zeroshot``, ``test_tokenizer_loss``) are set as tags and metrics
 on those runs: computing them takes a training. The decisions are the pipeline's own functions:
 :meth:`Pipeline.finished_match`, :meth:`Pipeline.unfinished_match`, :meth:`Pipeline.run_step` and
-:func:`kronos_mlflow.pipeline_champions.move_champions`. Where ``run_step`` launches a step's
+:func:`kronos_mlflow.workflows.pipeline_champions.move_champions`. Where ``run_step`` launches a step's
 process, ``run_child`` is replaced for that one command by a stand-in that ends the child
 run the way the process would (or resumes a saved run through ``start_tracking``); every other
 call goes to the real one.
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY, create_sqlite_store, isolate, write_config
 
-from kronos_mlflow import pipeline as pipeline_module
-from kronos_mlflow.keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
-from kronos_mlflow.pipeline import TAG_STEP, Pipeline, StepFailed, training_step
+from kronos_mlflow.workflows import pipeline as pipeline_module
+from kronos_mlflow.tracking.keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
+from kronos_mlflow.workflows.pipeline import TAG_STEP, Pipeline, StepFailed, training_step
 from kronos_mlflow.tracking.gate import HANDOVER_ENV
 
 SIZES = {"epochs": 2, "predictor_epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36}
@@ -47,7 +47,7 @@ def _config_file(path: Path, save_path: Path, dataset_path: Path) -> Path:
 
 def _args(config_file: Path, *flags: str):
     """The pipeline's arguments from its own parser, --force and --nproc-per-node read as
-    :func:`kronos_mlflow.pipeline.check` reads them."""
+    :func:`kronos_mlflow.workflows.pipeline.check` reads them."""
     parser = argparse.ArgumentParser()
     pipeline_module.add_arguments(parser)
     argv = ["--config", str(config_file), *[a for k, v in SIZES.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
@@ -61,7 +61,7 @@ def _args(config_file: Path, *flags: str):
 def market(tmp_path_factory):
     """The demo market, its prepared splits and the store template, made once for the module
     (what a logged model's input example and every data digest read)."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.data import prepare_splits
 
     root = tmp_path_factory.mktemp("market")
@@ -114,15 +114,15 @@ class World:
         in ``directory`` (default: one of its own), with its training state after epoch 0
         (``state``), its best checkpoint logged as ``best_model`` (``model``; a predictor's
         forecaster holds ``tokenizer_dir``), ended ``end`` (success, killed, failed)."""
-        from kronos_mlflow.child_runs import create_child
+        from kronos_mlflow.tracking.child_runs import create_child
         from kronos_mlflow.tracking.gate import handover_env
-        from kronos_mlflow.config import run_params
-        from kronos_mlflow.layout import RunLayout
+        from kronos_mlflow.config.core import run_params
+        from kronos_mlflow.config.layout import RunLayout
         from kronos_mlflow.model import KronosTokenizer
         from kronos_mlflow.stages import spec_of
-        from kronos_mlflow.tracking.model_logging import log_best_model, log_forecaster
-        from kronos_mlflow.train import start_tracking
-        from kronos_mlflow.trainer import Progress, RunFiles, save_progress
+        from kronos_mlflow.serving.model_logging import log_best_model, log_forecaster
+        from kronos_mlflow.training.run import start_tracking
+        from kronos_mlflow.training.loop import Progress, RunFiles, save_progress
 
         layout = RunLayout(Path(directory) if directory is not None else self.directory())
         with pytest.MonkeyPatch.context() as mp:
@@ -181,7 +181,7 @@ def world(tmp_path, monkeypatch, market):
 
 
 class Launches:
-    """``run_child`` (kronos_mlflow/command_runs.py) for one step's command: records each launch
+    """``run_child`` (kronos_mlflow/tracking/command_runs.py) for one step's command: records each launch
     (command, environment) and does what ``then(run_id, env)`` does in place of the step's
     process (its return value is the exit code); any other command runs for real."""
 
@@ -269,12 +269,12 @@ def test_an_owned_finished_run_whose_model_is_missing_or_broken_is_not_reused(wo
 def test_an_owned_evaluation_is_reused_only_with_its_scorecard(world, capsys):
     """The evaluation step's run, claimed as ``kronos-mlflow evaluate`` claims it (a run
     directory of its own with owner.json): reused when it holds evaluation/scorecard.json."""
-    from kronos_mlflow.child_runs import create_child
+    from kronos_mlflow.tracking.child_runs import create_child
     from kronos_mlflow.tracking.gate import handover_env
-    from kronos_mlflow.evaluate import EVALUATIONS_FOLDER
-    from kronos_mlflow.ownership import Claim, write_owner
-    from kronos_mlflow.pipeline import evaluation_step
-    from kronos_mlflow.reuse import SCORECARD_ARTIFACT
+    from kronos_mlflow.cli.evaluate import EVALUATIONS_FOLDER
+    from kronos_mlflow.tracking.ownership import Claim, write_owner
+    from kronos_mlflow.workflows.pipeline import evaluation_step
+    from kronos_mlflow.workflows.reuse import SCORECARD_ARTIFACT
     from kronos_mlflow.tracking.mlflow import MLflowLogger
 
     step = evaluation_step(world.args(), "runs:/0123456789abcdef/best_model")
@@ -385,8 +385,8 @@ def test_a_training_that_resumed_a_stand_alone_run_makes_that_run_the_step_only_
     launches resumes the stand-alone run (``start_tracking`` with the saved state tags the child
     ``kronos.continued_in_run``). That run becomes the step; the child loses its config_digest.
     A child tagged as continued in a run that is not provably this project's fails the step."""
-    from kronos_mlflow.checkpoint import find_resumable
-    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.training.checkpoint import find_resumable
+    from kronos_mlflow.config.layout import RunLayout
 
     step = world.step()
     layout = RunLayout.of(step.config, 1)
@@ -398,7 +398,7 @@ def test_a_training_that_resumed_a_stand_alone_run_makes_that_run_the_step_only_
             mp.setenv("MLFLOW_RUN_ID", run_id)
             mp.setenv("MLFLOW_EXPERIMENT_ID", env["MLFLOW_EXPERIMENT_ID"])
             mp.setenv(HANDOVER_ENV, env[HANDOVER_ENV])  # the token the pipeline handed its child
-            from kronos_mlflow.train import start_tracking
+            from kronos_mlflow.training.run import start_tracking
 
             tracking = start_tracking(step.config, 0, layout, state)
         tracking.logger.finalize("success")
@@ -457,7 +457,7 @@ def test_force_trains_again_in_a_new_run_past_a_reusable_and_a_continuable_run(w
 def test_each_step_is_named_after_its_stage_settings_and_market_and_a_given_run_name_wins(world):
     """The name of a step's child run, which its process keeps (``--run-name``), tells the steps
     apart; a walk-forward fold's steps start with the fold; the user's own run_name wins."""
-    from kronos_mlflow.pipeline import evaluation_step
+    from kronos_mlflow.workflows.pipeline import evaluation_step
 
     step = world.step()
     assert step.run_name.startswith("tokenizer lr=") and step.run_name.endswith(" wd=0.1 demo")
@@ -496,7 +496,7 @@ def test_a_step_whose_process_dies_without_ending_its_run_ends_it_failed_and_nam
 
 
 def _champions(world, runs, configs, *flags):
-    from kronos_mlflow.pipeline_champions import move_champions
+    from kronos_mlflow.workflows.pipeline_champions import move_champions
 
     pipeline = world.pipeline("--registered-model-name", NAME, *flags)
     done = move_champions(world.client, pipeline.parent_id, runs, configs, pipeline.args)
@@ -504,7 +504,7 @@ def _champions(world, runs, configs, *flags):
 
 
 def _champion(world, suffix: str = "-tokenizer"):
-    from kronos_mlflow.sweep.champion import current_champion
+    from kronos_mlflow.workflows.sweep.champion import current_champion
 
     return current_champion(world.client, NAME + suffix)
 
@@ -566,7 +566,7 @@ def test_the_champion_never_moves_to_a_model_whose_files_are_broken_even_with_pr
         assert tags["tokenizer_champion_unchanged"].startswith(
             f"run {broken} cannot be the champion: its logged model does not load ("), tags
         assert _champion(world).run_id == champion
-    from kronos_mlflow.sweep.champion import model_version_of
+    from kronos_mlflow.workflows.sweep.champion import model_version_of
 
     assert model_version_of(world.client, f"{NAME}-tokenizer", broken) is None  # never registered
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from recording import Recorder
 
-from kronos_mlflow import plots
-from kronos_mlflow.features import normalize_windows
-from kronos_mlflow.quality import ValidationStats
+from kronos_mlflow.evaluation import plots
+from kronos_mlflow.config.features import normalize_windows
+from kronos_mlflow.evaluation.quality import ValidationStats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -69,7 +69,7 @@ def test_token_usage_png(tmp_path, s1_bits, s2_bits):
 @pytest.fixture()
 def trained_dir(tmp_path, tiny):
     """A best_model checkpoint, the validation split and stats of a fresh TINY model (no training)."""
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.model import KronosTokenizer
     from kronos_mlflow.data.loaders import val_loader_for
@@ -117,7 +117,7 @@ def plots_model(save_dir):
 def test_plot_failures_never_fail_the_run(trained_dir, caplog):
     config, save_dir, ds, stats = trained_dir
     down = Recorder(fail_on="log_artifact", error=OSError("artifact store is down"))
-    with caplog.at_level(logging.WARNING, logger="kronos_mlflow.plots"):
+    with caplog.at_level(logging.WARNING, logger="kronos_mlflow.evaluation.plots"):
         assert plots.log_validation_plots(down, config, str(save_dir), ds, stats, 0) == []
     assert "artifact store is down" in caplog.text
     # no checkpoint (e.g. no epoch finished): nothing to draw, no error

@@ -24,7 +24,7 @@ PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_
 
 
 def _tokenizer(seed: int = 0):
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     torch.manual_seed(seed)
@@ -55,9 +55,9 @@ def _upstream_loss(model, tokenizer, x, stamp):
 
 
 def test_training_step_is_upstreams_bit_for_bit(tiny):
-    from kronos_mlflow.optim import build_optimizer
+    from kronos_mlflow.training.optim import build_optimizer
     from kronos_mlflow.stages.predictor.training import PredictorStage
-    from kronos_mlflow.trainer import train_step
+    from kronos_mlflow.training.loop import train_step
 
     config = tiny(stage="predictor", adamw_impl="for-loop")
     tokenizer, model = _tokenizer(), _predictor(ffn_dropout_p=0.2, resid_dropout_p=0.2)  # dropout draws too
@@ -109,8 +109,8 @@ def test_validation_is_causal_and_upstreams_number_is_one_option_away(tiny):
 
 
 def test_learning_rate_names_the_stages_own_key(tiny):
-    from kronos_mlflow.config import load_config, run_params
-    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.config.core import load_config, run_params
+    from kronos_mlflow.config.layout import RunLayout
 
     tokenizer_run = load_config({"learning_rate": 1e-3})
     predictor_run = load_config({"stage": "predictor", "learning_rate": 1e-3, "tokenizer": "runs:/abc/best_model"})

@@ -228,7 +228,7 @@ def test_group_set_up_fails_in_bounded_time_with_one_line(tmp_path):
                TORCHELASTIC_RESTART_COUNT="1", TORCHELASTIC_USE_AGENT_STORE="True")
     code = textwrap.dedent("""
         import sys
-        from kronos_mlflow.distributed import init_distributed
+        from kronos_mlflow.runtime.distributed import init_distributed
         from kronos_mlflow.errors import UserError
         try:
             init_distributed("cpu", setup_timeout_s=3)

@@ -1,4 +1,4 @@
-"""The stage-two doors' up-front checks (kronos_mlflow/preflight.py): what they pass is what the
+"""The stage-two doors' up-front checks (kronos_mlflow/training/preflight.py): what they pass is what the
 steps accept, ``--check`` makes nothing, and every run a door or its steps end FAILED says why.
 
 The refusals themselves, door by door, are cases of tests/test_hostile_input.py.
@@ -48,7 +48,7 @@ def test_the_up_front_backtest_check_refuses_exactly_what_the_backtest_refuses(s
     scorecard's signal and Qlib's calendar, with the same line."""
     import pandas as pd
 
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.errors import DataError
     from kronos_mlflow.evaluation.backtest import _time_range, check_signal_days
 
@@ -69,7 +69,7 @@ def test_the_up_front_backtest_check_refuses_exactly_what_the_backtest_refuses(s
 def test_pipeline_check_makes_no_run_and_leaves_the_data_ready(tmp_path, monkeypatch, capsys):
     """``kronos-mlflow pipeline --check`` passes on a good config, creates no tracking store and no
     run, and leaves the prepared splits its steps will read; refused, it leaves no cache."""
-    from kronos_mlflow.cli import main
+    from kronos_mlflow.cli.main import main
 
     isolate(monkeypatch, tmp_path)
     market = small_market_path()
@@ -92,10 +92,10 @@ def test_a_check_makes_the_demo_market_only_once_every_check_passed(tmp_path, mo
     """Checks on the demo market before it is made read a copy in a scratch folder: a refusal
     after the data was read leaves no demo market and no cache, and names the market's own
     place; checks that pass move the market and the splits prepared from it into place."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.data.prepare import cache_dir_for, demo_market_made
     from kronos_mlflow.errors import UserError
-    from kronos_mlflow.preflight import DataView
+    from kronos_mlflow.training.preflight import DataView
 
     isolate(monkeypatch, tmp_path)
     home = tmp_path / "home"
@@ -126,8 +126,8 @@ def test_an_evaluation_with_nothing_to_score_ends_its_run_failed_saying_why(stor
     ``failure_reason``, never FINISHED without metrics."""
     import torch
 
-    from kronos_mlflow.cli import main
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.cli.main import main
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import Kronos, KronosTokenizer
 
     client, run_id = store
@@ -152,9 +152,9 @@ def test_a_step_or_trial_whose_process_left_its_run_running_ends_failed_saying_w
     """A pipeline step's and a sweep trial's process that exits without ending its run (killed,
     out of memory): the parent ends the run FAILED with the exit code as its reason; the
     pipeline's parent holds the failed step's line."""
-    from kronos_mlflow.child_runs import create_child
-    from kronos_mlflow.pipeline import Pipeline, Step, StepFailed
-    from kronos_mlflow.sweep.driver import SweepWorker
+    from kronos_mlflow.tracking.child_runs import create_child
+    from kronos_mlflow.workflows.pipeline import Pipeline, Step, StepFailed
+    from kronos_mlflow.workflows.sweep.driver import SweepWorker
     from kronos_mlflow.tracking.project_run import end_run
 
     client, parent = store

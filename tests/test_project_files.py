@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from kronos_mlflow import config as cfg
-from kronos_mlflow.keys import MLPROJECT_PARAMS
+from kronos_mlflow.config import core as cfg
+from kronos_mlflow.config.stage_keys import MLPROJECT_PARAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ import torch
 from hf_cache import write_published
 from tiny_runs import TINY, create_sqlite_store, isolated_env, run_dir, write_config
 
-from kronos_mlflow import published
-from kronos_mlflow.config import load_config, model_kwargs
-from kronos_mlflow.digest import config_digest
+from kronos_mlflow.config import published
+from kronos_mlflow.config.core import load_config, model_kwargs
+from kronos_mlflow.config.digest import config_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kronos_mlflow import quality, trainer
+from kronos_mlflow.evaluation import quality
+from kronos_mlflow.training import loop as trainer
 from kronos_mlflow.data import loaders
-from kronos_mlflow.quality import CodeHistogram, ValidationStats
+from kronos_mlflow.evaluation.quality import CodeHistogram, ValidationStats
 from kronos_mlflow.stages.tokenizer import training as tokenizer_training
 
 # ----------------------------------------------------------------------------- pure functions
@@ -92,7 +93,7 @@ def test_sparse_histogram_takes_wide_codes():
 def _tiny_model(s1_bits=4, s2_bits=4):
     from tiny_runs import TINY
 
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     torch.manual_seed(0)

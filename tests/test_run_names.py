@@ -1,4 +1,4 @@
-"""The names runs get in the MLflow UI list (kronos_mlflow/run_names.py): stage, fine-tune mode,
+"""The names runs get in the MLflow UI list (kronos_mlflow/tracking/run_names.py): stage, fine-tune mode,
 key settings and market tell runs apart; a given run_name wins; a handed run whose name MLflow
 made up is renamed, a name the user chose is kept. A real MLflow sqlite store, in process."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from tiny_runs import create_sqlite_store
 
-from kronos_mlflow import run_names
-from kronos_mlflow.config import load_config
-from kronos_mlflow.train import default_run_name
+from kronos_mlflow.tracking import run_names
+from kronos_mlflow.config.core import load_config
+from kronos_mlflow.training.run import default_run_name
 
 
 def test_a_training_run_is_named_after_its_stage_mode_settings_and_market():

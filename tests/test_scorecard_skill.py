@@ -165,7 +165,7 @@ def test_a_test_range_inside_validation_is_refused_in_one_line_before_any_foreca
     forecasting (``kronos-mlflow evaluate`` and its ``--check``, a predictor run, the pipeline)
     refuses, naming why."""
     from kronos_mlflow.errors import UserError
-    from kronos_mlflow.preflight import check_scorecard
+    from kronos_mlflow.training.preflight import check_scorecard
 
     config, _, _ = scored
     inside = {**config, "val_time_range": [config["val_time_range"][0], config["test_time_range"][1]]}
@@ -177,7 +177,7 @@ def test_the_backtest_signal_is_forecast_on_its_own_days(scored):
     """``backtest_signal_stride`` k: the pairs forecast every symbol on every k-th day of the
     test range (all of them, beside the scorecard's thinned origins); greedy forecasts of an
     origin both share are the same; 0 keeps the scorecard's origins."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
     from kronos_mlflow.evaluation.origins import forecast_origins, signal_origins
     from kronos_mlflow.evaluation.scorecard import score_forecasters
 
@@ -297,8 +297,8 @@ def test_the_scorecard_says_origins_done_of_total_per_forecaster(scored, capsys,
     of total with a rate and an ETA (a line each KRONOS_PROGRESS_SECONDS: here every batch)."""
     import re
 
-    from kronos_mlflow.config import load_config
-    from kronos_mlflow.console import Console
+    from kronos_mlflow.config.core import load_config
+    from kronos_mlflow.runtime.console import Console
     from kronos_mlflow.evaluation.scorecard import score_forecasters
 
     base, _, _ = scored

@@ -1,4 +1,4 @@
-"""kronos_mlflow.secrets: finding, redacting and scrubbing credentials (no network, no SDKs)."""
+"""kronos_mlflow.config.secrets: finding, redacting and scrubbing credentials (no network, no SDKs)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,9 @@ import logging
 
 import pytest
 
-from kronos_mlflow.secrets import (
-    REDACTED,
-    SecretFilter,
-    install_secret_filter,
-    is_secret_name,
-    redact,
-    redact_uri,
-    scrub_params,
-    secret_values,
-    uri_passwords,
+from kronos_mlflow.config.secrets import (
+    REDACTED, SecretFilter, install_secret_filter, is_secret_name, redact, redact_uri, scrub_params,
+    secret_values, uri_passwords,
 )
 
 SECRET_ENV = ("COMET_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_URI")
@@ -146,7 +139,7 @@ def test_install_secret_filter_is_idempotent():
 
 
 def test_the_shells_directory_variables_are_not_secrets():
-    from kronos_mlflow.secrets import redact, secret_values
+    from kronos_mlflow.config.secrets import redact, secret_values
 
     env = {"PWD": "/home/me/project", "OLDPWD": "/home/me", "DB_PASSWORD": "hunter2-long"}
     assert secret_values(env) == ["hunter2-long"]

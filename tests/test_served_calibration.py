@@ -23,7 +23,7 @@ from test_forecaster import _windows, _write_checkpoints
 from tiny_runs import TRACKING_ENV, isolated_vars, tiny_config
 
 from kronos_mlflow.evaluation import calibration
-from kronos_mlflow.forecasting import quantiles
+from kronos_mlflow.serving.forecasting import quantiles
 
 CLOSE = quantiles.CLOSE
 OUTPUTS = ["calibration", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
@@ -47,9 +47,9 @@ def served(tmp_path_factory):
     """The forecaster logged with a calibrator (through log_predictor_model) and without one."""
     import mlflow
 
-    from kronos_mlflow.layout import RunLayout
+    from kronos_mlflow.config.layout import RunLayout
     from kronos_mlflow.tracking.mlflow import MLflowLogger
-    from kronos_mlflow.tracking.model_logging import log_forecaster, log_predictor_model
+    from kronos_mlflow.serving.model_logging import log_forecaster, log_predictor_model
 
     tmp = tmp_path_factory.mktemp("served-calibration")
     with pytest.MonkeyPatch.context() as mp:
@@ -141,7 +141,7 @@ def test_a_bad_calibrated_is_one_line(served):
     from mlflow.exceptions import MlflowException
 
     from kronos_mlflow.errors import ConfigError
-    from kronos_mlflow.forecasting.pyfunc import PARAM_NAMES, sampling_params
+    from kronos_mlflow.serving.forecasting.pyfunc import PARAM_NAMES, sampling_params
 
     assert "calibrated" in PARAM_NAMES
     assert sampling_params(None, 5)["calibrated"] is True
@@ -188,8 +188,8 @@ def test_the_signature_and_the_model_files(served):
 
 def test_a_bad_calibrator_is_refused_before_logging(tmp_path):
     from kronos_mlflow.errors import UserError
-    from kronos_mlflow.forecasting.pyfunc import read_calibrator
-    from kronos_mlflow.tracking.model_logging import log_forecaster
+    from kronos_mlflow.serving.forecasting.pyfunc import read_calibrator
+    from kronos_mlflow.serving.model_logging import log_forecaster
 
     bad = tmp_path / "calibrator.json"
     bad.write_text(json.dumps({"format": "something else"}))

@@ -37,7 +37,7 @@ def _expected(checkpoint: Path, x: np.ndarray, lookback: int, clip: float) -> di
     """KronosTokenizer on the raw windows, normalised as training does (lookback mean/std, clip)."""
     import torch
 
-    from kronos_mlflow.features import NORM_EPS, normalize_windows
+    from kronos_mlflow.config.features import NORM_EPS, normalize_windows
     from kronos_mlflow.model import KronosTokenizer
 
     model = KronosTokenizer.from_pretrained(str(checkpoint)).eval()
@@ -52,8 +52,8 @@ def _expected(checkpoint: Path, x: np.ndarray, lookback: int, clip: float) -> di
 
 
 def test_champion_served_over_rest_matches_the_tokenizer(user_run, tmp_path, monkeypatch):
-    from kronos_mlflow.config import load_config
-    from kronos_mlflow.tracking.model_logging import example_windows
+    from kronos_mlflow.config.core import load_config
+    from kronos_mlflow.serving.model_logging import example_windows
 
     # the shared run (tests/shared_runs.py) registered its best model as version 1
     client = user_run.client()

@@ -16,11 +16,12 @@ import pytest
 import torch
 from data_helpers import small_config, small_market  # noqa: F401
 
-from kronos_mlflow import optim, perf, trainer
-from kronos_mlflow.config import load_config
+from kronos_mlflow.training import optim, loop as trainer
+from kronos_mlflow.runtime import perf
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.data import loaders
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.distributed import unwrap
+from kronos_mlflow.runtime.distributed import unwrap
 from kronos_mlflow.model import BASE_CONFIG, KronosTokenizer
 from kronos_mlflow.stages.tokenizer import training as tokenizer_training
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
@@ -367,7 +368,7 @@ def test_normalisation_in_torch_matches_numpy():
     """The z-score the device loader uses (torch) against the one QlibDataset uses (numpy)."""
     import numpy as np
 
-    from kronos_mlflow.features import normalize_windows
+    from kronos_mlflow.config.features import normalize_windows
 
     rng = np.random.default_rng(0)
     raw = (rng.standard_normal((9, 40, 6)) * rng.uniform(0.1, 1e4, size=(1, 1, 6)) + 50).astype(np.float32)
@@ -381,8 +382,9 @@ def test_normalisation_in_torch_matches_numpy():
 _FAULTS_SCRIPT = r"""
 import json, resource, sys
 import torch
-from kronos_mlflow import optim, perf, trainer
-from kronos_mlflow.config import load_config, model_kwargs
+from kronos_mlflow.runtime import perf
+from kronos_mlflow.training import loop as trainer, optim
+from kronos_mlflow.config.core import load_config, model_kwargs
 from kronos_mlflow.model import KronosTokenizer
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 

@@ -27,8 +27,8 @@ from mlflow.exceptions import MlflowException, RestException
 
 from kronos_mlflow.tracking import spool
 from kronos_mlflow.errors import UserError
-from kronos_mlflow.ownership import TAG as OWNER_TAG
-from kronos_mlflow.ownership import Claim, new_token, token_hash
+from kronos_mlflow.tracking.ownership import TAG as OWNER_TAG
+from kronos_mlflow.tracking.ownership import Claim, new_token, token_hash
 from kronos_mlflow.tracking import MLflowLogger, MultiLogger, is_connection_error
 
 KEYS = ("train_tokenizer_loss_batch", "tokenizer_learning_rate")
@@ -303,7 +303,7 @@ def _writer_spool(tmp_path: Path, client: MlflowClient, status: str = "FINISHED"
 
 
 def test_dry_run_says_what_it_would_do_and_changes_nothing(sqlite_env, tmp_path, capsys):
-    from kronos_mlflow.cli import main
+    from kronos_mlflow.cli.main import main
 
     client = MlflowClient(sqlite_env)
     path, run_id = _writer_spool(tmp_path, client)
@@ -466,7 +466,7 @@ def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypa
     env = dict(os.environ)
     for name in TRACKING_ENV:
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "kronos_mlflow.cli", "upload-spool", str(spool_dir), "--tracking-uri", uri]
+    cmd = [sys.executable, "-m", "kronos_mlflow", "upload-spool", str(spool_dir), "--tracking-uri", uri]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert PASSWORD not in proc.stdout + proc.stderr
@@ -499,7 +499,7 @@ def test_upload_spool_server_down_is_one_line(tmp_path):
     spool.append_records(path, {"run_id": "abc"}, [{"type": "metric", "key": "a", "value": 1.0, "step": 0,
                                                     "timestamp": 5}])
     env = {k: v for k, v in os.environ.items() if k not in TRACKING_ENV}
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "upload-spool", str(path), "--tracking-uri",
+    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "upload-spool", str(path), "--tracking-uri",
                            f"http://u:{PASSWORD}@127.0.0.1:{free_port()}"], capture_output=True, text=True,
                           timeout=120, env=env)
     assert proc.returncode == 2

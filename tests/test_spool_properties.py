@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
-from kronos_mlflow.ownership import TAG as OWNER_TAG
-from kronos_mlflow.ownership import new_token, token_hash
+from kronos_mlflow.tracking.ownership import TAG as OWNER_TAG
+from kronos_mlflow.tracking.ownership import new_token, token_hash
 from kronos_mlflow.tracking import spool
 from kronos_mlflow.tracking.spool import SpoolError
 from tiny_runs import create_sqlite_store

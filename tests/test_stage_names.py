@@ -1,7 +1,7 @@
 """The names a finished run shows its users, pinned per stage: metric, tag, param and artifact
 names, and the names of its logged models, against ``tests/golden/stage_names.json``.
 
-Two tiny trainings in this process through ``kronos_mlflow.train.main`` (what ``python -m
+Two tiny trainings in this process through ``kronos_mlflow.training.run.main`` (what ``python -m
 kronos_mlflow.train`` and ``kronos-mlflow train`` run after parsing their flags), in one sqlite
 store: the tokenizer on the demo market, then the predictor on that run's
 ``runs:/<id>/best_model`` (as tests/test_predictor_train.py's ``mlflow run . -e predictor``
@@ -51,7 +51,7 @@ def _train(tmp: Path, client, **extra):
     """``train.main`` of a TINY config with ``extra``; the finished run it made."""
     import mlflow
 
-    from kronos_mlflow import train
+    from kronos_mlflow.training import run as train
 
     before = {r.info.run_id for r in client.search_runs(["0"])}
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_mlflow import config as cfg
+from kronos_mlflow.config import core as cfg
 from kronos_mlflow import stages
 from kronos_mlflow.errors import ConfigError
 

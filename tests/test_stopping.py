@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from kronos_mlflow import stopping
-from kronos_mlflow.stopping import TrainingStopped
+from kronos_mlflow.runtime import stopping
+from kronos_mlflow.runtime.stopping import TrainingStopped
 
 
 @pytest.fixture()
@@ -82,7 +82,7 @@ STOP_INSIDE_SAVE = """
 import os, signal, sys
 where, nth = sys.argv[1], int(sys.argv[2])
 del sys.argv[1:3]
-from kronos_mlflow.checkpoint import state
+from kronos_mlflow.training.checkpoint import state
 from kronos_mlflow.tracking.mlflow import MLflowLogger
 calls = []
 def wrap(owner, name):

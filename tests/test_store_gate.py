@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kronos_mlflow.errors import UserError
-from kronos_mlflow.ownership import TAG, new_token, read_owner, token_hash, write_owner
+from kronos_mlflow.tracking.ownership import TAG, new_token, read_owner, token_hash, write_owner
 from kronos_mlflow.tracking import gate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_a_handed_over_child_needs_its_token(store, monkeypatch):
 
 
 def test_a_child_env_never_passes_on_its_own_token(store, monkeypatch):
-    from kronos_mlflow.child_runs import child_env
+    from kronos_mlflow.tracking.child_runs import child_env
 
     monkeypatch.setenv(gate.HANDOVER_ENV, "f" * 64)
     child = gate.child_run(store, store.exp, store.create_run(store.exp).info.run_id, "trial 0")
@@ -160,7 +160,7 @@ def test_check_handed_never_makes_a_store(tmp_path, monkeypatch):
 
 def test_every_command_and_entry_point_is_classified():
     """A new command or entry point cannot slip past the gate unclassified."""
-    from kronos_mlflow.cli import SUBCOMMANDS
+    from kronos_mlflow.cli.main import SUBCOMMANDS
 
     classes = [set(gate.DOORS), set(gate.OWN_RUNS), set(gate.OWNED_RUNS), set(gate.NO_RUN)]
     assert sum(len(c) for c in classes) == len(set().union(*classes)), "a command is in two classes"

@@ -18,10 +18,11 @@ from mlflow.exceptions import MlflowException
 from shared_runs import sweep_command, sweep_dir
 
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.sweep.space import load_search_space, suggest
-from kronos_mlflow.sweep.study import (derive_sampler_seed, make_pruner, open_storage, open_study, param_key,
-                                       repeated_trial)
-from kronos_mlflow.sweep.trial import DEFAULT_PRUNER
+from kronos_mlflow.workflows.sweep.space import load_search_space, suggest
+from kronos_mlflow.workflows.sweep.study import (
+    derive_sampler_seed, open_storage, open_study, param_key, repeated_trial,
+)
+from kronos_mlflow.training.trial import DEFAULT_PRUNER, make_pruner
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = load_search_space()

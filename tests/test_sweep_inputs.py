@@ -10,8 +10,8 @@ import pytest
 from tiny_runs import isolated_env
 
 from kronos_mlflow.errors import ConfigError
-from kronos_mlflow.sweep.space import load_search_space, suggest
-from kronos_mlflow.sweep.study import make_pruner
+from kronos_mlflow.workflows.sweep.space import load_search_space, suggest
+from kronos_mlflow.training.trial import make_pruner
 
 ROOT = Path(__file__).resolve().parents[1]
 

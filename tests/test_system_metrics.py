@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_mlflow.config import load_config
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.errors import ConfigError
 
 CPU = "system/cpu_utilization_percentage"

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kronos_mlflow import tags
+from kronos_mlflow.training import tags
 
 PACKAGE = Path(tags.__file__).resolve().parent
 
 
 def test_run_tags_of_a_model():
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer, count_parameters
 
     config = load_config({"d_model": 16, "n_heads": 2, "ff_dim": 32, "s1_bits": 4, "s2_bits": 4, "instrument": "mine"})

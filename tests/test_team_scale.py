@@ -44,7 +44,7 @@ def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow
            "--epochs", "1", "--registered-model-name", "team-tokenizer", "--output-dir", str(tmp_path / "out"),
            "--promote", "always"]  # the champion follows the best trial whatever its verdict: one alias under a race
     # prepare the demo data once so both workers start training at once
-    subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(config),
+    subprocess.run([sys.executable, "-m", "kronos_mlflow", "prepare", "--config", str(config),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
     t0 = time.monotonic()
     workers = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -93,7 +93,7 @@ def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
     env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
     from mlflow import MlflowClient
 
-    subprocess.run([sys.executable, "-m", "kronos_mlflow.cli", "prepare", "--config", str(_write_config(tmp_path)),
+    subprocess.run([sys.executable, "-m", "kronos_mlflow", "prepare", "--config", str(_write_config(tmp_path)),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
     port = free_port()
     nodes = [_launch(tmp_path, env, 2, 1, "two_nodes", port) for _ in range(2)]

@@ -16,10 +16,12 @@ import torch.nn.functional as F
 from shared_runs import SECRETS
 from tiny_runs import TINY, run_dir, tiny_config, write_config
 
-from kronos_mlflow import keys, optim, train
-from kronos_mlflow.config import load_config, run_params
+from kronos_mlflow.config.stage_keys import MLPROJECT_PARAMS
+from kronos_mlflow.tracking import keys
+from kronos_mlflow.training import optim, run as train
+from kronos_mlflow.config.core import load_config, run_params
 from kronos_mlflow.data import loaders
-from kronos_mlflow.distributed import resolve_device
+from kronos_mlflow.runtime.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.stages.tokenizer import training as tokenizer_training
 
@@ -47,7 +49,7 @@ def test_loss_formula_on_a_fixed_batch():
 
     torch.manual_seed(0)
     config = load_config(TINY)
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
 
     model = KronosTokenizer(**model_kwargs(config))
     x = torch.randn(4, 25, 6)
@@ -63,7 +65,7 @@ def test_loss_formula_on_a_fixed_batch():
 
 
 def test_optimizer_groups():
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     model = KronosTokenizer(**model_kwargs(load_config(TINY)))
@@ -80,7 +82,7 @@ def test_run_params_hold_mlproject_names_and_config():
     params = run_params(load_config({"learning_rate": 1e-3}))
     assert params["learning_rate"] == params["tokenizer_learning_rate"] == "0.001"
     assert params["train_time_range"] == "2011-01-01:2022-12-31"
-    assert set(keys.MLPROJECT_PARAMS) <= set(params)
+    assert set(MLPROJECT_PARAMS) <= set(params)
 
 
 # ----------------------------------------------------------------------------- distributed validation
@@ -89,7 +91,7 @@ def test_run_params_hold_mlproject_names_and_config():
 def _val_worker(rank, world_size, init_file, config, out_dir):
     import torch.distributed as dist
 
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.data import QlibDataset
     from kronos_mlflow.model import KronosTokenizer
 
@@ -106,7 +108,7 @@ def _val_worker(rank, world_size, init_file, config, out_dir):
 def test_validation_over_two_ranks_equals_one_process(workdir):
     import torch.multiprocessing as mp
 
-    from kronos_mlflow.config import model_kwargs
+    from kronos_mlflow.config.core import model_kwargs
     from kronos_mlflow.data import QlibDataset, prepare_splits
     from kronos_mlflow.model import KronosTokenizer
 

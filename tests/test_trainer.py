@@ -9,10 +9,10 @@ import torch
 from recording import Recorder
 
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
-from kronos_mlflow import checkpoint, trainer
-from kronos_mlflow.config import model_kwargs
-from kronos_mlflow.console import Console
-from kronos_mlflow.layout import RunLayout
+from kronos_mlflow.training import checkpoint, loop as trainer
+from kronos_mlflow.config.core import model_kwargs
+from kronos_mlflow.runtime.console import Console
+from kronos_mlflow.config.layout import RunLayout
 from kronos_mlflow.model import KronosTokenizer
 from kronos_mlflow.tracking import NullLogger
 
@@ -73,7 +73,7 @@ def test_should_stop_prunes_after_the_epoch(tiny):
 
 
 def test_seed_contract_train_model_accepts_none_logger(tiny):
-    from kronos_mlflow.train import train_model
+    from kronos_mlflow.training.run import train_model
 
     config = tiny(compile="off", epochs=1)
     model, result = train_model(_model(config), torch.device("cpu"), config, str(RunLayout.of(config).root),

@@ -20,12 +20,12 @@ import torch
 from recording import Recorder
 
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
-from kronos_mlflow import trainer
-from kronos_mlflow.config import model_kwargs, time_bounds
-from kronos_mlflow.console import Console
+from kronos_mlflow.training import loop as trainer
+from kronos_mlflow.config.core import model_kwargs, time_bounds
+from kronos_mlflow.runtime.console import Console
 from kronos_mlflow.errors import ConfigError, UserError
 from kronos_mlflow.evaluation.val_skill import epoch_hooks
-from kronos_mlflow.layout import RunLayout
+from kronos_mlflow.config.layout import RunLayout
 from kronos_mlflow.model import Kronos, KronosTokenizer
 from tiny_runs import TINY, isolated_env, write_config
 
@@ -229,8 +229,9 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
 
 def test_a_study_of_the_other_objective_is_refused_and_default_names_follow_the_objective(tmp_path):
     from kronos_mlflow.errors import UserError as Refused
-    from kronos_mlflow.sweep.driver import default_study_name
-    from kronos_mlflow.sweep.study import make_pruner, open_storage, open_study
+    from kronos_mlflow.workflows.sweep.driver import default_study_name
+    from kronos_mlflow.training.trial import make_pruner
+    from kronos_mlflow.workflows.sweep.study import open_storage, open_study
 
     assert default_study_name({"stage": "tokenizer", "objective": "val_loss"}) == "kronos-lr-wd"
     assert default_study_name({"stage": "tokenizer", "objective": "val_skill"}) == "kronos-lr-wd-val-skill"

@@ -1,4 +1,4 @@
-"""The validators every front door uses (kronos_mlflow/validate.py), checked against the
+"""The validators every front door uses (kronos_mlflow/config/checks.py), checked against the
 libraries whose limits they stand for: MLflow's own name checks and store registry, numpy's and
 Optuna's seeds, the process count a machine holds."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from kronos_mlflow import validate
+from kronos_mlflow.config import checks as validate
 from kronos_mlflow.errors import ConfigError, UserError
 
 
@@ -130,7 +130,7 @@ def test_directories(tmp_path):
 def test_process_count_fits_the_machine():
     import torch
 
-    from kronos_mlflow.preflight import check_processes
+    from kronos_mlflow.training.preflight import check_processes
 
     cpus = len(os.sched_getaffinity(0))
     check_processes(4 * cpus, torch.device("cpu"))

@@ -38,7 +38,7 @@ MODEL_NAME = "verdict-tok"
 
 def write_pretrained(path: Path, seed: int = 11) -> Path:
     """A small "pretrained" tokenizer (the tiny architecture) as a checkpoint directory."""
-    from kronos_mlflow.config import load_config, model_kwargs
+    from kronos_mlflow.config.core import load_config, model_kwargs
     from kronos_mlflow.model import KronosTokenizer
 
     torch.manual_seed(seed)
@@ -91,7 +91,7 @@ def independent_test_losses(cache: Path, model, n_windows: int) -> np.ndarray:
 
 
 def test_a_run_from_a_pretrained_checkpoint_judges_its_best_checkpoint_on_the_test_windows(pretrained_run, monkeypatch):
-    from kronos_mlflow.mlflow_model import load_tokenizer
+    from kronos_mlflow.serving.tokenizer_model import load_tokenizer
     from kronos_mlflow.model import KronosTokenizer
 
     r, client = pretrained_run, pretrained_run.client
@@ -143,7 +143,7 @@ def test_a_fresh_two_worker_run_is_judged_against_its_initial_weights(user_run, 
     """The shared ``mlflow run .`` (tests/shared_runs.py: fresh weights, two torchrun workers):
     its starting weights are kept, the verdict's base is ``fresh``, and both losses, scored in
     shares by the two ranks, equal one process's recomputation on independently built windows."""
-    from kronos_mlflow.mlflow_model import load_tokenizer
+    from kronos_mlflow.serving.tokenizer_model import load_tokenizer
     from kronos_mlflow.model import KronosTokenizer
 
     run = user_run.run()

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from tiny_runs import TINY, pipeline_workdir, process_under
 
-from kronos_mlflow.config import load_config
+from kronos_mlflow.config.core import load_config
 from kronos_mlflow.errors import UserError
 from kronos_mlflow.evaluation.scores import skill
-from kronos_mlflow.walkforward import folds as fl
+from kronos_mlflow.workflows.walkforward import folds as fl
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
@@ -65,8 +65,8 @@ def test_each_folds_runs_are_named_after_the_fold_the_stage_and_the_market():
     """A walk-forward's parent, its fold runs and each fold's steps tell themselves apart in the UI."""
     import argparse
 
-    from kronos_mlflow import run_names
-    from kronos_mlflow.walkforward.command import fold_args
+    from kronos_mlflow.tracking import run_names
+    from kronos_mlflow.workflows.walkforward.command import fold_args
 
     calendar, config = _calendar(), _config()
     folds = fl.plan(config, _settings(), calendar)

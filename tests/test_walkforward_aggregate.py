@@ -20,17 +20,9 @@ from kronos_mlflow.evaluation import probabilistic as pr
 from kronos_mlflow.evaluation import scores as sc
 from kronos_mlflow.evaluation.scorecard import forecasts_frame
 from kronos_mlflow.evaluation.verdict import decide
-from kronos_mlflow.walkforward.aggregate import (
-    FoldResult,
-    fold_counts,
-    fold_metrics,
-    origin_wql,
-    pooled,
-    pooled_calibration,
-    skill_figure,
-    summarize,
-    walkforward_verdict,
-    write_summary,
+from kronos_mlflow.workflows.walkforward.aggregate import (
+    FoldResult, fold_counts, fold_metrics, origin_wql, pooled, pooled_calibration, skill_figure, summarize,
+    walkforward_verdict, write_summary,
 )
 
 LOOKBACK, HORIZON, SAMPLES, SYMBOLS, DATES = 16, 5, 8, 6, 12

@@ -37,7 +37,7 @@ def tiny_values(tmp: Path, **extra: Any) -> dict[str, Any]:
 
 def tiny_config(tmp: Path, **extra: Any) -> dict:
     """A validated config: TINY on the demo market, Comet off, every output under ``tmp``."""
-    from kronos_mlflow.config import load_config
+    from kronos_mlflow.config.core import load_config
 
     return load_config(tiny_values(tmp, **extra))
 

@@ -1,15 +1,11 @@
-"""Data: Qlib directories (the demo market, CSV import), prepared splits and training windows.
+"""Market data: Qlib directories (the demo market, CSV import), the prepared splits, training windows and loaders.
+May import ``config``, ``runtime`` and ``errors`` (docs/code-map.md); names load lazily, so ``demo-data`` never loads torch.
 
     from kronos_mlflow.data import QlibDataset, make_loader
     ds = QlibDataset("train", config)          # prepares the cache on first use
     loader = make_loader(ds, config["batch_size"], rank, world_size)
-    for epoch in range(config["epochs"]):
-        ds.set_epoch_seed(epoch)               # before iterating: workers copy the dataset
-        for x, x_stamp in loader: ...
 
-Modules: ``provider`` (the Qlib directory format), ``demo`` (synthetic market),
-``csv_import`` (CSV -> Qlib), ``prepare`` (Qlib -> cached splits), ``dataset`` (windows).
-Names are imported lazily so that ``kronos-mlflow demo-data`` does not load torch or qlib.
+docs/data.md says what each split and key means.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..features import amount_from_ohlcv
-from ..names import ascii_digits
+from ..config.features import amount_from_ohlcv
+from ..config.names import ascii_digits
 from . import provider as pv
 from .prepare import DataWarning
 

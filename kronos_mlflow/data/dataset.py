@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from ..errors import DataError
-from ..features import normalize_windows
+from ..config.features import normalize_windows
 from .prepare import SPLITS, DataWarning, cached_splits, read_manifest, validated
 
 _SPLIT_CODE = {"train": 0, "val": 1, "test": 2}

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..settings import home
-from ..validate import integer, seed as check_seed
+from ..config.settings import home
+from ..config.checks import integer, seed as check_seed
 from . import provider as pv
 
 GENERATOR_VERSION = 1
@@ -62,7 +62,7 @@ class DemoMarket:
 
 def kronos_home() -> Path:
     """``$KRONOS_MLFLOW_HOME`` or ``~/.cache/kronos_mlflow`` (a malformed value is refused:
-    :mod:`kronos_mlflow.settings`)."""
+    :mod:`kronos_mlflow.config.settings`)."""
     return home()
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..features import normalize_windows
+from ..config.features import normalize_windows
 
 
 def make_loader(ds, batch_size: int, indices=None, drop_last: bool = False, num_workers: int = 0, sampler=None):

@@ -13,11 +13,11 @@ What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
    (about two million bars) at a time; each symbol's membership spans applied, each span its own
    series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
 2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
-   (:func:`~kronos_mlflow.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
+   (:func:`~kronos_mlflow.config.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
    bar") dropped and counted; damaged bars (an infinite value, a high below the low) dropped
    with one warning line per symbol (:func:`bar_sanity`, ``docs/hostile-input.md``, Data sanity);
    symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
-   (:func:`~kronos_mlflow.features.time_features`);
+   (:func:`~kronos_mlflow.config.features.time_features`);
 3. per split: each series' rows whose times lie in the split's range (a date as a range end
    covers all its bars), and the start row of every window of consecutive rows inside them (the
    ranges may overlap, as upstream's do), appended to the split's ``.npy`` files as they come:
@@ -51,10 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import HELP, load_config, time_bounds, validate
+from ..config.core import HELP, load_config, time_bounds, validate
 from ..errors import DataError, UserError
-from ..features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
-from ..timeranges import cut_by_span, data_span, span_text
+from ..config.features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
+from ..config.timeranges import cut_by_span, data_span, span_text
 from . import provider as pv
 from .demo import default_demo_calendar, default_demo_path, ensure_demo_market
 from .qlib_read import QLIB_FIELDS, merge_spans, read_qlib  # noqa: F401 (QLIB_FIELDS, merge_spans: the data's names)
@@ -106,7 +106,7 @@ def demo_market_made(config: Mapping[str, Any]) -> bool:
 def market_calendar(config: Mapping[str, Any]) -> np.ndarray:
     """The bars of the market ``config`` reads (``datetime64[s]``, ascending): its provider's
     ``calendars/<freq>.txt``, or the demo market's, computed when it is not made yet. Nothing is
-    written (a command plans on it before its checks: :mod:`kronos_mlflow.preflight`)."""
+    written (a command plans on it before its checks: :mod:`kronos_mlflow.training.preflight`)."""
     freq = str(config.get("freq") or "day")
     if not str(config.get("qlib_data_path") or "").strip() and not demo_market_made(config):
         lines = default_demo_calendar(freq)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..validate import NAME_RE  # symbols and universe names become file names
+from ..config.checks import NAME_RE  # symbols and universe names become file names
 
 CALENDAR_FILE = Path("calendars") / "day.txt"
 INSTRUMENTS_DIR = Path("instruments")

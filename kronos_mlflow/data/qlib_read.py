@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import time_bounds
+from ..config.core import time_bounds
 from ..errors import DataError
 from . import provider as pv
 

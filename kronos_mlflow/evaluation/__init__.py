@@ -1,4 +1,5 @@
-"""Held-out evaluation: did a fine-tune help? A model against its base on the same windows.
+"""Judging a model: the held-out verdict against its base, the forecast scorecard, calibration, backtests, the tokenizer's plots.
+May import ``serving``, ``tracking``, ``data``, ``model``, ``config``, ``runtime`` and ``errors`` (docs/code-map.md).
 
     from kronos_mlflow.evaluation import heldout_windows, compare_on
     windows = heldout_windows(config, "test")              # from the data and config only
@@ -7,18 +8,7 @@
                         stage=kronos_mlflow.stages.get("tokenizer").heldout())
     print(result.line(), result.verdict)                   # better / worse / inconclusive / unavailable
 
-Modules: ``windows`` (which windows: every test window, or an evenly spaced subset),
-``verdict`` (paired bootstrap over windows, the verdict rule, the record; stage-neutral),
-``heldout`` (the end of a training run; what differs per model, a window's loss and the
-metrics, is the stage's held-out piece in :mod:`kronos_mlflow.stages`), ``sources`` (a model
-named by path, run, registry or hub id). What the verdict means:
-docs/verdict.md.
-
-The forecast scorecard (docs/forecast-evaluation.md): ``origins`` (forecast origins on the test
-split), ``forecasters`` (Kronos pairs, persistence, seasonal naive), ``scores`` (the close
-metrics), ``scorecard`` (skills, verdicts, artifacts; ``Scorecard.signals`` holds the Kronos
-pairs' per-(datetime, instrument) forecast returns), ``figures`` and ``forecast_run`` (the end of a
-predictor run); ``kronos-mlflow evaluate`` is :mod:`kronos_mlflow.evaluate`.
+docs/verdict.md and docs/forecast-evaluation.md say what the numbers mean.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..forecasting.quantiles import Calibrator, floored
+from ..serving.forecasting.quantiles import Calibrator, floored
 from . import probabilistic as pr
 
 CALIBRATED = "finetuned_calibrated"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots import new_figure
+from .plots import new_figure
 from .probabilistic import brier, ks_distance, reliability
 
 SKILL_KINDS = ("skill_vs_", "wql_skill_vs_", "gm_skill_vs_")

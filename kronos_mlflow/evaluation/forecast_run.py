@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import write_atomic
-from ..published import source
+from ..runtime.fsutil import write_atomic
+from ..config.published import source
 from .sources import resolve_tokenizer
 
 ZEROSHOT_TAG = "zeroshot_pair"

@@ -3,7 +3,7 @@
 - A Kronos pair (a tokenizer and a predictor in a :class:`~kronos_mlflow.model.KronosPredictor`)
   forecasts exactly as ``KronosPredictor.predict`` does: the raw lookback bars and their
   timestamps in, normalised by the lookback, denormalised out (through
-  :func:`kronos_mlflow.forecasting.pyfunc.forecast`, the logged forecaster's own function),
+  :func:`kronos_mlflow.serving.forecasting.pyfunc.forecast`, the logged forecaster's own function),
   sampled with ``inference_T``, ``inference_top_p``, ``inference_top_k`` and
   ``inference_sample_count``. Batch ``b`` of ``batch_size`` origins is drawn from torch's
   generator seeded with ``seed + (its first origin's position)``, so one seed, batch size and
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..distributed import all_reduce_sum_
+from ..runtime.distributed import all_reduce_sum_
 from .origins import CLOSE, Origins
 
 
@@ -38,8 +38,8 @@ def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank
                  progress: Callable | None = None, desc: str = "") -> np.ndarray:
     """Close sample paths ``(len(origins), sample_count, horizon)`` float64 of a Kronos pair,
     over every rank (a collective when ``world_size > 1``). ``progress`` is
-    :meth:`~kronos_mlflow.console.Console.progress` (or None): it counts this rank's origins."""
-    from ..forecasting.pyfunc import forecast  # lazy: mlflow
+    :meth:`~kronos_mlflow.runtime.console.Console.progress` (or None): it counts this rank's origins."""
+    from ..serving.forecasting.pyfunc import forecast  # lazy: mlflow
 
     settings = sampling(config)
     seed, batch_size = int(config["seed"]), int(config["batch_size"])

@@ -2,7 +2,7 @@
 windows, recorded as metrics, tags and one console line.
 
 Every rank calls :func:`evaluate_run` (the scoring is a collective); what only rank 0 does
-(print, log) goes through the :class:`~kronos_mlflow.console.Console` and the logger the
+(print, log) goes through the :class:`~kronos_mlflow.runtime.console.Console` and the logger the
 caller passes in, silent and no-op on other ranks.
 
 The starting weights are the run's ``checkpoints/start/`` (written when the run starts, so a
@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import format_time_range, stage_keys
-from ..distributed import dist_sum
-from ..keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
-from .. import published
+from ..config.core import format_time_range, stage_keys
+from ..runtime.distributed import dist_sum
+from ..tracking.keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
+from ..config import published
 from .verdict import HeldOut, judge, unavailable
 from .windows import HeldOutWindows, heldout_windows
 

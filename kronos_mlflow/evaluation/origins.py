@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..config import time_bounds
+from ..config.core import time_bounds
 from ..data import QlibDataset
 from ..data.prepare import resolve_qlib_path
 from .windows import evenly_spaced

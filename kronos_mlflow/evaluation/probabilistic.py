@@ -26,8 +26,9 @@ import math
 
 import numpy as np
 
-from ..forecasting.quantiles import (CLOSE, COVERAGES, DECILES, HISTVOL_RETURNS, INTERVALS, MEDIAN, QLEVELS,
-                                     histvol_sigma, path_quantiles)
+from ..serving.forecasting.quantiles import (
+    CLOSE, COVERAGES, DECILES, HISTVOL_RETURNS, INTERVALS, MEDIAN, QLEVELS, histvol_sigma, path_quantiles,
+)
 
 __all__ = ["CLOSE", "COVERAGES", "DECILES", "HISTVOL_RETURNS", "INTERVALS", "MEDIAN", "QLEVELS", "QUANTILE_COLUMNS",
            "brier", "column", "coverage", "from_paths", "histvol", "histvol_sigma", "ks_distance", "lognormal_crps",

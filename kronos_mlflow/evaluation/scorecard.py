@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..config import horizons
-from ..fsutil import write_atomic
+from ..config.core import horizons
+from ..runtime.fsutil import write_atomic
 from . import calibration as cb, forecasters as fc, probabilistic as pr, scores as sc
 from .calibration import CALIBRATED
 from .backtest import backtest_signals, breadth_reason, skip_reason

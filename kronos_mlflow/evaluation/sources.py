@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import flatten
+from ..config.core import flatten
 from ..errors import UserError, short_reason
-from ..secrets import redact_uri
-from ..stage_keys import PLACES_TO_WRITE
+from ..config.secrets import redact_uri
+from ..config.stage_keys import PLACES_TO_WRITE
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
 ACCEPTED = ("a checkpoint directory (config.json + model.safetensors), runs:/<run id>/best_model, "
@@ -79,7 +79,7 @@ def check_logged_run(spec: str, what: str, tracking_uri: str) -> None:
 def _from_mlflow(spec: str, device, tracking_uri: str | None, what: str):
     from mlflow.exceptions import MlflowException
 
-    from ..mlflow_model import load_tokenizer as load_logged  # lazy: torch, mlflow, numpy
+    from ..serving.tokenizer_model import load_tokenizer as load_logged  # lazy: torch, mlflow, numpy
 
     uri = mlflow_store(spec, what, tracking_uri)  # an existing store: never a new empty database
     try:
@@ -112,7 +112,7 @@ def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = Non
     """What the run that made ``spec`` (a ``runs:/`` or ``models:/`` URI) recorded for ``keys``,
     as the params it logged, and that run's id: a scoring command's defaults for the data and
     the window sizes, so that it scores the run on what it was trained and judged on. A place to
-    write (:data:`~kronos_mlflow.stage_keys.PLACES_TO_WRITE`: ``dataset_path``, ``save_path``, ...)
+    write (:data:`~kronos_mlflow.config.stage_keys.PLACES_TO_WRITE`: ``dataset_path``, ``save_path``, ...)
     is never among them, whatever ``keys`` asks: those are the command's own. Nothing is
     downloaded; the store and the run are checked first (:func:`mlflow_store`). ``({}, '')``
     for a directory or hub id, or a model whose run is not known."""
@@ -184,7 +184,7 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
 def model_calibrator(predictor_dir: Path):
     """The calibrator a logged forecaster carries beside its checkpoints (``calibrator/calibrator.json``
     next to ``predictor/``), or None (a model logged without one, or checkpoint directories)."""
-    from ..forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, read_calibrator  # lazy: mlflow
+    from ..serving.forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, read_calibrator  # lazy: mlflow
 
     path = Path(predictor_dir).parent / CALIBRATOR_ARTIFACT / CALIBRATOR_FILE
     return read_calibrator(str(path)) if path.is_file() else None

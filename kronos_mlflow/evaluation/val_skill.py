@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..finetune import merged
+from ..model.finetune import merged
 from ..model import KronosPredictor
 from . import forecasters as fc, scores as sc
 from .origins import CLOSE, forecast_origins
@@ -53,7 +53,7 @@ def val_origins(config: Mapping[str, Any]):
 
 
 def epoch_hooks(config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None) -> list:
-    """What :func:`kronos_mlflow.trainer.fit` runs after each epoch for ``config``: the scorer
+    """What :func:`kronos_mlflow.training.loop.fit` runs after each epoch for ``config``: the scorer
     with ``objective: val_skill``, nothing with ``val_loss``."""
     if config.get("objective") != "val_skill":
         return []
@@ -62,7 +62,7 @@ def epoch_hooks(config: Mapping[str, Any], stage, device, *, rank: int, world_si
 
 class ValSkill:
     """The per-epoch scorer of one run, an epoch hook of the loop
-    (:class:`kronos_mlflow.trainer.EpochHook`): built by every rank; :meth:`score` is a collective.
+    (:class:`kronos_mlflow.training.loop.EpochHook`): built by every rank; :meth:`score` is a collective.
     ``skills``: each scored epoch's ``val_skill_vs_persistence``, kept in the training state as
     ``val_skill_history``."""
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..keys import BASE_PREFIX, TEST_PREFIX, VERDICT_BASE_TAG, VERDICT_TAG
+from ..tracking.keys import BASE_PREFIX, TEST_PREFIX, VERDICT_BASE_TAG, VERDICT_TAG
 
 N_RESAMPLES = 1000
 BOOTSTRAP_SEED = 20240601

@@ -7,7 +7,7 @@ split lists them. When the split has at most ``limit`` windows (``n_test_iter``,
 ``floor(i * N / limit)`` for ``i = 0 .. limit - 1`` (N the split's windows). No seed enters:
 every run on the same data and config is judged on the same windows, whatever its seed,
 process count or epochs. Each window is normalised exactly as training normalises it
-(:func:`kronos_mlflow.features.normalize_windows`: lookback mean and std, clip).
+(:func:`kronos_mlflow.config.features.normalize_windows`: lookback mean and std, clip).
 
 A window's position in the selection is its identity: per-window losses of two models line up
 index for index, which is what the paired bootstrap (:mod:`.verdict`) needs. ``digest`` names
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..data import QlibDataset
-from ..features import normalize_windows
+from ..config.features import normalize_windows
 
 HELDOUT_SPLITS = ("test", "val")
 

@@ -1,14 +1,7 @@
-"""The two Kronos models: the K-line tokenizer and the predictor, and forecasting with them.
-
-- ``network``: the tokenizer, bit for bit upstream's, and the Transformer blocks both models use;
-- ``kronos``: the predictor (``Kronos``), bit for bit upstream's;
-- ``decoding``, ``sampling``, ``forecast``: the forecasting loop (a key/value cache, upstream's
-  sampling, ``auto_regressive_inference``); ``predictor``: ``KronosPredictor`` (DataFrames);
-- ``spec``: the hyper-parameters and their checks (no torch); ``io``: the checkpoint directory.
+"""The two Kronos networks (tokenizer and predictor, bit for bit upstream's), their checkpoints, forecasting, fine-tune modes.
+May import ``config``, ``runtime`` and ``errors`` (docs/code-map.md); the torch-backed names load on first use.
 
 ``from kronos_mlflow.model import Kronos, KronosTokenizer, KronosPredictor`` are upstream's names.
-The torch-backed names load on first use, so code that only checks a config (``spec``) never
-imports torch.
 """
 
 from __future__ import annotations
@@ -16,16 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .spec import (
-    BASE_CONFIG,
-    CONFIG_KEYS,
-    MAX_PARAMETERS,
-    PREDICTOR_CONFIGS,
-    PREDICTOR_KEYS,
-    count_parameters,
-    count_predictor_parameters,
-    validate_model_config,
-    validate_predictor_config,
+from ..config.model_spec import (
+    BASE_CONFIG, CONFIG_KEYS, MAX_PARAMETERS, PREDICTOR_CONFIGS, PREDICTOR_KEYS, count_parameters,
+    count_predictor_parameters, validate_model_config, validate_predictor_config,
 )
 
 _LAZY = {

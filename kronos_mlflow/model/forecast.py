@@ -31,7 +31,7 @@ from .decoding import CROSS_ROPE_CHOICES, IncrementalDecoder, s2_logits_from_con
 from .kronos import Kronos
 from .network import KronosTokenizer
 from .sampling import check_sampling, sample_from_logits
-from .spec import TIME_FEATURE_SIZES
+from ..config.model_spec import TIME_FEATURE_SIZES
 
 _MODEL_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 

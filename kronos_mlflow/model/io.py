@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, UserError, short_reason
-from ..fsutil import fsync_dir, fsync_file, read_json
+from ..runtime.fsutil import fsync_dir, fsync_file, read_json
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -202,7 +202,7 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike, hub_example: str 
             f"checkpoint directory '{path}' does not exist; pass a directory holding {CONFIG_NAME} and "
             f"{WEIGHTS_NAME}, or a Hugging Face hub id such as {hub_example}"
         )
-    from ..published import check_ref, check_snapshot  # lazy: published imports this module
+    from ..config.published import check_ref, check_snapshot  # lazy: published imports this module
 
     try:
         check_ref(raw)  # the cache's ref names a snapshot, never a path

@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .io import HubCheckpoint
 from .network import MultiHeadAttentionWithRoPE, RMSNorm, TransformerBlock
-from .spec import DEP_LAYER_HEADS, PREDICTOR_CONFIGS, PREDICTOR_SCHEMA, TIME_FEATURE_SIZES, validate_predictor_config
+from ..config.model_spec import (
+    DEP_LAYER_HEADS, PREDICTOR_CONFIGS, PREDICTOR_SCHEMA, TIME_FEATURE_SIZES, validate_predictor_config,
+)
 
 
 class HierarchicalEmbedding(nn.Module):
@@ -175,7 +177,7 @@ class DualHead(nn.Module):
 class Kronos(HubCheckpoint, nn.Module):
     """The Kronos predictor, upstream's constructor: all 11 arguments required (``config.json``).
 
-    Checked up front by :func:`~kronos_mlflow.model.spec.validate_predictor_config`
+    Checked up front by :func:`~kronos_mlflow.config.model_spec.validate_predictor_config`
     (``ConfigError`` on a bad value); ``self.config`` holds them, normalised, and is what
     ``save_pretrained`` writes. ``Kronos.published("Kronos-small")`` builds a fresh model of a
     published architecture; ``Kronos.from_pretrained(dir_or_hub_id)`` loads one strictly.

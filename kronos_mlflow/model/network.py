@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .io import HubCheckpoint
-from .spec import BASE_CONFIG, TOKENIZER_SCHEMA, validate_model_config
+from ..config.model_spec import BASE_CONFIG, TOKENIZER_SCHEMA, validate_model_config
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The interface a training stage gives the loop (:mod:`kronos_mlflow.trainer`)."""
+"""The interface a training stage gives the loop (:mod:`kronos_mlflow.training.loop`)."""
 
 from __future__ import annotations
 

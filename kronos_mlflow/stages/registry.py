@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..stage_keys import STAGE_CONFIG, StageKeys
+from ..config.stage_keys import STAGE_CONFIG, StageKeys
 from ..errors import ConfigError
 
 
@@ -63,7 +63,7 @@ class StageSpec:
 
     def layers(self, model) -> tuple[list, list]:
         """``(inputs, blocks)`` of ``model``: its input embeddings, and its transformer blocks
-        from the bottom (what ``finetune_mode: freeze`` freezes; :mod:`kronos_mlflow.finetune`)."""
+        from the bottom (what ``finetune_mode: freeze`` freezes; :mod:`kronos_mlflow.model.finetune`)."""
         raise NotImplementedError
 
     def heldout(self, training=None):
@@ -117,7 +117,7 @@ def register(spec: StageSpec) -> StageSpec:
     if spec.name in REGISTRY:
         raise ValueError(f"stage {spec.name!r} is registered twice")
     if spec.name not in STAGE_CONFIG:
-        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.stage_keys.STAGE_CONFIG")
+        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.config.stage_keys.STAGE_CONFIG")
     REGISTRY[spec.name] = spec
     return spec
 

@@ -1,17 +1,9 @@
-"""Experiment tracking: one small logger protocol, an MLflow adapter, a Comet adapter.
-
-Rooms: ``protocol`` (the protocol, :class:`NullLogger`, the fan-out :class:`MultiLogger`),
-``mlflow`` (the MLflow run) with ``outage`` (queueing, backoff and spooling while its server is
-down), ``spool`` (the spool file and ``upload-spool``) and ``system_metrics`` (MLflow's CPU, memory
-and GPU monitor), ``server`` (probing the server),
-``comet`` (Comet online or offline), ``model_logging`` (the best checkpoint as an MLflow Model,
-the dataset as the run's input).
+"""Experiment tracking: the logger protocol, MLflow and Comet, the one gate to the store, run ownership, metric and tag names.
+May import ``data``, ``model``, ``config``, ``runtime`` and ``errors`` (docs/code-map.md); the SDKs load inside the adapters.
 
 :func:`build_tracking` decides once which rank logs: rank 0 gets a :class:`MultiLogger` of
-MLflow (required: it failing raises) and Comet (optional: it failing is warned about and
-dropped), every other rank a :class:`NullLogger`, so the training loop never asks its rank.
-MLflow-only features (model logging, dataset inputs) go through :attr:`Tracking.mlflow`.
-The SDKs are imported inside the adapters, so importing this package stays cheap.
+MLflow (required) and Comet (optional), every other rank a :class:`NullLogger`, so the training
+loop never asks its rank.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..secrets import install_secret_filter
+from ..config.secrets import install_secret_filter
 from .comet import CometLogger, check_comet, comet_mode, start_comet
 from .mlflow import MLflowLogger
 from .protocol import ExperimentLogger, MultiLogger, NullLogger, Status
@@ -70,18 +62,18 @@ def build_tracking(
     to start otherwise (its server unreachable) is warned about once and training continues
     with MLflow only. The two are cross-linked: the MLflow run id is logged to Comet
     (``mlflow_run_id``) and the Comet key tagged on the run (``comet_experiment_key``). Also
-    installs :class:`~kronos_mlflow.secrets.SecretFilter` on the root logger's handlers, and starts
+    installs :class:`~kronos_mlflow.config.secrets.SecretFilter` on the root logger's handlers, and starts
     MLflow's system-metrics monitor on the run (:mod:`~kronos_mlflow.tracking.system_metrics`;
     ``MLflowLogger.finalize`` stops it).
 
     ``rank`` may also be an object with a ``rank`` attribute (``DistInfo``).
 
-    Resuming (:mod:`kronos_mlflow.checkpoint`): ``run_id`` reattaches to the saved MLflow run
+    Resuming (:mod:`kronos_mlflow.training.checkpoint`): ``run_id`` reattaches to the saved MLflow run
     (``MLFLOW_RUN_ID``, when set, names the same run under ``mlflow run``),
     ``comet_experiment_key`` continues the saved Comet experiment (when the run's own
     ``comet_experiment_key`` tag names it), and ``resume=True`` reads the steps the run already
     holds so that the replayed steps go to no backend twice. ``claim``
-    (:class:`kronos_mlflow.ownership.Claim`) is what proves the right to write the run. MLflow's
+    (:class:`kronos_mlflow.tracking.ownership.Claim`) is what proves the right to write the run. MLflow's
     spool (see :class:`MLflowLogger`) goes to ``spool_dir`` (the run directory's
     ``mlflow-spool`` as the training entry point passes it; else ``$KRONOS_MLFLOW_HOME/spool``).
     """

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from ..errors import ConfigError, UserError
-from ..secrets import redact, redact_uri, scrub_params, secret_values
-from ..validate import directory
+from ..config.secrets import redact, redact_uri, scrub_params, secret_values
+from ..config.checks import directory
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line
 
 log = logging.getLogger("kronos_mlflow.tracking")

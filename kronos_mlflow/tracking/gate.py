@@ -9,7 +9,7 @@ A command writes four kinds of run, and each comes through one function of this 
 - a parent it continues (:func:`continued_parent`: a walk-forward's ``--parent-run-id`` or
   ``--aggregate``), which must be of this command's kind and plan;
 - a run it resumes, which must carry the token its training state or spool holds
-  (:func:`kronos_mlflow.ownership.check_writable`, through :func:`owned_run`).
+  (:func:`kronos_mlflow.tracking.ownership.check_writable`, through :func:`owned_run`).
 
 ``MLFLOW_RUN_ID`` is accepted only when it names, in this store and in the experiment the
 command logs to, a run that is not deleted, not FINISHED, and one of
@@ -35,11 +35,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import names, run_names
+from ..config import names
+from . import run_names
 from ..errors import UserError, short_reason
-from ..ownership import TAG as OWNER_TAG
-from ..ownership import Owner, OwnershipError, check_writable, new_token, owns, token_hash
-from ..secrets import redact, redact_uri
+from .ownership import TAG as OWNER_TAG
+from .ownership import Owner, OwnershipError, check_writable, new_token, owns, token_hash
+from ..config.secrets import redact, redact_uri
 
 #: The tag of a child run this project handed to a process of its own: ``sha256:`` of the token
 #: that process finds in :data:`HANDOVER_ENV`.
@@ -89,7 +90,7 @@ def reader(source: str):
     import mlflow
     from mlflow import MlflowClient
 
-    from ..validate import sqlite_path  # lazy: only a command that names a run opens the store
+    from ..config.checks import sqlite_path  # lazy: only a command that names a run opens the store
     from .server import hide_uri_printing  # lazy: urllib/http
 
     uri = mlflow.get_tracking_uri()
@@ -119,7 +120,7 @@ def get_run(client, run_id: str, source: str):
 
 def named_run(client, value: Any, source: str):
     """The run a tag, a param or a file (``source``) names, read only: its id checked as a name
-    (:func:`kronos_mlflow.names.run_id`), then read; a run the store lacks is one line naming
+    (:func:`kronos_mlflow.config.names.run_id`), then read; a run the store lacks is one line naming
     ``source``. What the caller may do with it is the caller's rule."""
     from mlflow.exceptions import MlflowException
 
@@ -323,7 +324,7 @@ def continued_parent(client, run_id: str, *, flag: str, experiment_id: str | Non
 def owned_run(client, run_id: str, token: str | None, *, what: str, experiment_id: str | None,
               allow_finished: bool = False, advice: str | None = None):
     """A run a file names (a training state, a spool) that the file's ``token`` proves it may
-    write (:func:`kronos_mlflow.ownership.check_writable`); one line otherwise."""
+    write (:func:`kronos_mlflow.tracking.ownership.check_writable`); one line otherwise."""
     from mlflow.exceptions import MlflowException
 
     try:

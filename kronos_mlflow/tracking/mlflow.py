@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UserError, short_reason
-from ..ownership import (STATE_ADVICE, TAG, Claim, OwnershipError, check_writable, new_token, read_owner, token_hash,
-                         write_owner)
-from ..secrets import redact, redact_uri, scrub_params, secret_values
-from ..validate import mlflow_experiment_name
+from .ownership import (
+    STATE_ADVICE, TAG, Claim, OwnershipError, check_writable, new_token, read_owner, token_hash, write_owner,
+)
+from ..config.secrets import redact, redact_uri, scrub_params, secret_values
+from ..config.checks import mlflow_experiment_name
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import (FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line,
                        same_param)
@@ -109,7 +110,7 @@ class MLflowLogger(OutageQueue):
 
         launcher_run_id = os.environ.get("MLFLOW_RUN_ID", "").strip() or None
         user_tags = {str(k): v for k, v in (tags or {}).items()}
-        self.owner_token: str | None = None  # this run's token (kronos_mlflow.ownership), when known
+        self.owner_token: str | None = None  # this run's token (kronos_mlflow.tracking.ownership), when known
         if claim is not None and claim.resume:  # a file names the run: it must prove it is that run's
             if launcher_run_id and launcher_run_id != run_id:  # checked before anything is written
                 self._check_launcher_run(launcher_run_id)

@@ -16,9 +16,10 @@ import time
 import weakref
 from typing import Any
 
-from .. import settings, stopping, validate
+from ..config import settings, checks as validate
+from ..runtime import stopping
 from ..errors import UserError
-from ..secrets import redact, redact_uri
+from ..config.secrets import redact, redact_uri
 from .protocol import one_line
 from .server import is_connection_error, mlflow_limits
 from .spool import append_records, artifacts_dir, default_spool_dir, read_spool, spool_path, spoolable_tag, upload_spool
@@ -36,7 +37,7 @@ def _metric_record(metric: Any) -> dict[str, Any]:
 
 
 def env_float(name: str, default: float) -> float:
-    """A number of seconds from the environment (:mod:`kronos_mlflow.settings`), ``default`` when
+    """A number of seconds from the environment (:mod:`kronos_mlflow.config.settings`), ``default`` when
     unset; a malformed value is refused (a ``ConfigError`` naming the variable), never replaced."""
     if name in settings.SECONDS:
         return settings.seconds(name)
@@ -223,7 +224,7 @@ class OutageQueue:
         header = {"run_id": self.run_id, "experiment_id": self.experiment_id,
                   "tracking_uri": redact_uri(self.tracking_uri),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        if getattr(self, "owner_token", None):  # the proof that this spool is the run's own (kronos_mlflow.ownership)
+        if getattr(self, "owner_token", None):  # the proof that this spool is the run's own (kronos_mlflow.tracking.ownership)
             header["owner_token"] = self.owner_token
         return header
 

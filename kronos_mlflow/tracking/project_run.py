@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from ..secrets import redact
+from ..config.secrets import redact
 from .protocol import FAILURE_REASON_MAX_CHARS, one_line
 from .server import hide_uri_printing
 

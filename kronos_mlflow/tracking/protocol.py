@@ -22,8 +22,8 @@ import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..config import TIME_RANGE_KEYS
-from ..secrets import redact
+from ..config.core import TIME_RANGE_KEYS
+from ..config.secrets import redact
 
 log = logging.getLogger("kronos_mlflow.tracking")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..secrets import redact, redact_uri
-from ..validate import sqlite_path, tracking_uri
+from ..config.secrets import redact, redact_uri
+from ..config.checks import sqlite_path, tracking_uri
 from .protocol import one_line
 
 
@@ -121,7 +121,7 @@ def check_tracking_server(uri: str | None = None, timeout: float = 5.0, *, creat
 
 
 def check_uri(uri: str, source: str | None = None, kind: str = "MLflow tracking URI") -> str:
-    """:func:`kronos_mlflow.validate.tracking_uri`, ``source`` defaulting to MLFLOW_TRACKING_URI
+    """:func:`kronos_mlflow.config.checks.tracking_uri`, ``source`` defaulting to MLFLOW_TRACKING_URI
     when the URI came from there."""
     if source is None:
         from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip() == str(uri).strip()

@@ -11,7 +11,7 @@ when the logger has no save directory), and prints the command that uploads it::
 A spool is data, not commands: before anything is sent, each spool is checked against its run
 and refused in one line when it would touch another run (its file name, header run id and
 experiment must match the run's, and its header's ``owner_token`` must be the token whose hash
-the run carries as ``kronos.owner``: :mod:`kronos_mlflow.ownership`), write a FINISHED run, read
+the run carries as ``kronos.owner``: :mod:`kronos_mlflow.tracking.ownership`), write a FINISHED run, read
 a file outside its own directory (artifacts are the copies its writer kept next to it,
 ``<run_id>.artifacts/``), set one of MLflow's own tags (``mlflow.*``: name, parent, note) or the
 owner tag, or change how a run that already ended ended (a run still RUNNING gets the spool's
@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..ownership import TAG as OWNER_TAG
-from ..ownership import is_token, owns
+from .ownership import TAG as OWNER_TAG
+from .ownership import is_token, owns
 
 FORMAT = "kronos-mlflow-spool"
 VERSION = 1
@@ -69,7 +69,7 @@ _INT64_MAX = 2**63 - 1
 
 def spoolable_tag(key: str) -> bool:
     """Tags a spool may carry: the run's own data, never MLflow's system tags (``mlflow.*``: the
-    run's name, parent, note, source) nor its owner (:mod:`kronos_mlflow.ownership`)."""
+    run's name, parent, note, source) nor its owner (:mod:`kronos_mlflow.tracking.ownership`)."""
     return not key.startswith("mlflow.") and key != OWNER_TAG
 
 
@@ -350,7 +350,7 @@ def plan_upload(path: str | os.PathLike, client) -> dict[str, Any]:
     run's, a run that does not exist or is deleted, an artifact outside the spool's directory, a
     run that is FINISHED (unless everything in the spool is already there: a second upload of
     the same spool changes nothing), a header whose ``owner_token`` the run does not carry (the run's tag
-    ``kronos.owner`` is its hash: :mod:`kronos_mlflow.ownership`), a terminal status other than
+    ``kronos.owner`` is its hash: :mod:`kronos_mlflow.tracking.ownership`), a terminal status other than
     the one a run that already ended (KILLED, FAILED) has (a spool never changes how a run ended).
     Returns the plan :func:`apply_upload` carries out.
     """

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserError
-from ..secrets import install_secret_filter, redact, redact_uri
-from ..validate import sqlite_path
+from ..config.secrets import install_secret_filter, redact, redact_uri
+from ..config.checks import sqlite_path
 from .server import check_uri, hide_uri_printing, probe_tracking_server
 from .spool import (UPLOADED_SUFFIX, SpoolError, apply_upload, default_spool_dir, describe_plan, find_spools,
                     plan_upload, read_spool)

@@ -15,7 +15,9 @@ from typing import Any
 
 from ...errors import UserError, same_on_every_rank
 from ...evaluation.sources import resolve_model, resolve_tokenizer
-from ...keys import PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_VAL_METRIC
+from ...tracking.keys import (
+    PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_VAL_METRIC,
+)
 from ..registry import StageSpec, register
 
 
@@ -34,7 +36,7 @@ class PredictorSpec(StageSpec):
     def training(self, config, layout, info):
         """The frozen tokenizer is written once, by rank 0, into ``checkpoints/tokenizer/``
         (unless a resumed run has it there); every rank then reads that copy."""
-        from ...distributed import barrier, broadcast_object  # lazy: torch, numpy
+        from ...runtime.distributed import barrier, broadcast_object  # lazy: torch, numpy
         from ...model import KronosTokenizer  # lazy: torch
         from .sources import configured_tokenizer  # lazy: torch, mlflow, pandas
         from .training import PredictorStage
@@ -77,7 +79,7 @@ class PredictorSpec(StageSpec):
         return tokenizer_tags(config)
 
     def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
-        from ...tracking.model_logging import log_predictor_model  # lazy: torch, mlflow, pandas
+        from ...serving.model_logging import log_predictor_model  # lazy: torch, mlflow, pandas
 
         log_predictor_model(mlflow_logger, layout, config, result, heldout, dataset)
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...distributed import all_reduce_sum_
+from ...runtime.distributed import all_reduce_sum_
 from ...evaluation.windows import HeldOutWindows
 from ...model import Kronos
 from ..base import HeldOutPiece

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from ...config import model_kwargs
-from ...published import source
+from ...config.core import model_kwargs
+from ...config.published import source
 from ...errors import ConfigError, UserError
 from ...evaluation.sources import resolve_tokenizer, source_run
-from ...keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
+from ...tracking.keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
 from ...model import Kronos, KronosTokenizer
-from ...model.spec import PREDICTOR_CONFIGS
+from ...config.model_spec import PREDICTOR_CONFIGS
 
 FRESH = "fresh"
 

@@ -24,13 +24,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...distributed import dist_sum, unwrap
+from ...runtime.distributed import dist_sum, unwrap
 from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
-from ...forecasting.pyfunc import CALIBRATOR_FILE
-from ...keys import (PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
-                     PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC)
+from ...serving.forecasting.pyfunc import CALIBRATOR_FILE
+from ...tracking.keys import (
+    PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
+    PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC,
+)
 from ...model import Kronos
-from ...perf import autocast
+from ...runtime.perf import autocast
 from ..base import StepOutput, TrainingStage, Validation
 from .heldout import piece
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...config import model_kwargs
+from ...config.core import model_kwargs
 from ...errors import UserError
-from ...published import source
+from ...config.published import source
 from ...evaluation.sources import resolve_tokenizer
-from ...keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
+from ...tracking.keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
 from ..registry import StageSpec, register
 
 
@@ -50,7 +50,7 @@ class TokenizerSpec(StageSpec):
         return PIECE
 
     def log_model(self, mlflow_logger, layout, config, result, heldout, dataset):
-        from ...tracking.model_logging import best_epoch_metrics, log_best_model  # lazy: torch, mlflow, pandas
+        from ...serving.model_logging import best_epoch_metrics, log_best_model  # lazy: torch, mlflow, pandas
 
         log_best_model(mlflow_logger, str(layout.best_model), config, step=max(result["best_epoch"], 0),
                        metrics=best_epoch_metrics(result), heldout_metrics=heldout, heldout_dataset=dataset)

@@ -33,17 +33,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ... import config as cfg
-from ...console import Console
+from ...config import core as cfg
+from ...runtime.console import Console
 from ...data import provide_qlib_data
-from ...distributed import resolve_device
+from ...runtime.distributed import resolve_device
 from ...errors import UserError
 from ...evaluation.heldout import compare_on
 from ...evaluation.sources import ACCEPTED, kept_settings, recorded_settings, resolve_tokenizer
-from ...stage_keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
+from ...config.stage_keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
 from ...evaluation.verdict import HeldOut, percent
 from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
-from ...keys import TEST_WINDOWS_DIGEST_TAG
+from ...tracking.keys import TEST_WINDOWS_DIGEST_TAG
 from .heldout import PIECE
 
 #: The config keys this command takes as flags: the data, the windows, the evaluation.
@@ -149,7 +149,7 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
     from mlflow import MlflowClient
 
     from ...tracking.server import resolve_tracking_uri  # lazy: urllib/http
-    from ...tracking.model_logging import log_heldout_dataset  # lazy: mlflow, pandas, urllib/http
+    from ...serving.model_logging import log_heldout_dataset  # lazy: mlflow, pandas, urllib/http
 
     # An explicit --tracking-uri must exist; otherwise MLflow's own default, as training runs use.
     client = MlflowClient(tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None)

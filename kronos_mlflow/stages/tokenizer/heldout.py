@@ -4,7 +4,7 @@ A window's loss is the MSE of the full reconstruction ``z`` against the normalis
 over its time steps and features: the definition of ``val_tokenizer_loss_epoch``, so the mean
 over windows is the validation loss computed on these windows. The metrics (unprefixed; a run
 records them as ``test_<name>``) are that mean, the s1-only reconstruction's MSE, each
-feature's MSE, the full codebook's usage and perplexity (:mod:`kronos_mlflow.quality`, summed
+feature's MSE, the full codebook's usage and perplexity (:mod:`kronos_mlflow.evaluation.quality`, summed
 over ranks before dividing), and the number of windows.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ...distributed import all_reduce_sum_
+from ...runtime.distributed import all_reduce_sum_
 from ...evaluation.windows import HeldOutWindows
-from ...features import FEATURES
-from ...keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, RECON_PRE, USAGE_FULL
+from ...config.features import FEATURES
+from ...tracking.keys import FEATURE_MSE_PREFIX, PERPLEXITY_FULL, RECON_PRE, USAGE_FULL
 from ...model import KronosTokenizer
-from ...quality import ValidationStats
+from ...evaluation.quality import ValidationStats
 from ..base import HeldOutPiece
 
 LOSS = "tokenizer_loss"

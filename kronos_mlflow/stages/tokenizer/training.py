@@ -2,7 +2,7 @@
 
 Loss ``(mse(z_pre, x) + mse(z, x) + bsq_loss) / 2``; validation MSE of the full
 reconstruction averaged over every validation sample of every rank; codebook use and
-per-feature errors from the same pass (:mod:`kronos_mlflow.quality`); reconstruction and
+per-feature errors from the same pass (:mod:`kronos_mlflow.evaluation.quality`); reconstruction and
 token-usage plots of the best checkpoint.
 """
 
@@ -14,13 +14,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...distributed import dist_sum
-from ...keys import (INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON, TRAIN_RECON_PRE,
-                     VAL_METRIC)
+from ...runtime.distributed import dist_sum
+from ...tracking.keys import (
+    INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON, TRAIN_RECON_PRE, VAL_METRIC,
+)
 from ...model import KronosTokenizer
-from ...perf import autocast
-from ...plots import log_validation_plots
-from ...quality import ValidationStats, describe as describe_quality
+from ...runtime.perf import autocast
+from ...evaluation.plots import log_validation_plots
+from ...evaluation.quality import ValidationStats, describe as describe_quality
 from ..base import StepOutput, TrainingStage, Validation
 from ..predictor.sources import build_predictor
 from .heldout import PIECE
@@ -31,7 +32,7 @@ def compute_loss(model, x, precision: str = "fp32"):
 
     ``bsq_loss`` (commitment + entropy terms) is weighted like each reconstruction term; the
     sum is halved so the scale matches upstream's logged numbers. ``precision`` is a resolved
-    one (:func:`kronos_mlflow.perf.resolve_precision`): ``bf16`` runs the forward under autocast;
+    one (:func:`kronos_mlflow.runtime.perf.resolve_precision`): ``bf16`` runs the forward under autocast;
     the losses are always computed in float32.
     """
     with autocast(precision, x.device):
@@ -45,7 +46,7 @@ def compute_loss(model, x, precision: str = "fp32"):
 def evaluate(model, loader, device, stats=None) -> tuple[float, int]:
     """Sum of per-batch MSE x batch size, and the sample count, on this rank.
 
-    ``stats`` (a :class:`~kronos_mlflow.quality.ValidationStats`) also gathers codebook use and
+    ``stats`` (a :class:`~kronos_mlflow.evaluation.quality.ValidationStats`) also gathers codebook use and
     per-feature errors from the same forward passes: still one pass over the data.
     """
     was_training = model.training

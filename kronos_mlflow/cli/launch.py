@@ -1,0 +1,134 @@
+"""``python -m kronos_mlflow.launch``: torchrun, with the training's own errors kept to one line.
+
+It takes torchrun's arguments unchanged (the MLproject runs it in place of ``torchrun``)::
+
+    python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 3
+
+Before any worker starts, the training flags after ``-m kronos_mlflow.train`` are parsed: an
+unknown flag (``mlflow run . -P epoch=3`` appends ``--epoch 3`` to the command) is one line and
+exit code 2, recorded on the ``mlflow run`` run as its ``failure_reason``. Then torchrun runs
+in this process. When the launcher is stopped (SIGTERM, Ctrl-C) it forwards the signal to every
+worker, as torchrun does; each worker ends the run KILLED and rank 0 prints one line, and the
+launcher exits ``128 + signal`` without torchrun's traceback. A worker that exits with a usage
+error (2) or after a stop signal has already printed its line; other failures keep torchrun's
+report.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from ..config import checks as validate
+from ..config.argparsing import OneLineParser
+from ..errors import UserError
+from ..runtime.stopping import KEEP_KILLED, alive, keep_killed_status, mlflow_run_pid
+from ..tracking.project_run import record_failure
+from ..training.run import MAX_RESTARTS, add_arguments
+
+TRAIN_MODULE = "kronos_mlflow.train"
+TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
+QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
+
+
+def check_train_flags(argv: Sequence[str]) -> None:
+    """Parse the flags after ``-m kronos_mlflow.train`` (or ``.train_predictor``) as the workers
+    will (exit 2 on a bad one)."""
+    argv = list(argv)
+    module = next((m for m in TRAIN_MODULES if m in argv), None)
+    if module is None:
+        return
+
+    parser = OneLineParser(prog=f"python -m {module}")
+    parser.on_error = record_failure
+    add_arguments(parser, TRAIN_MODULES[module])
+    parser.parse_args(argv[argv.index(module) + 1:])
+
+
+def _launcher_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of a launcher option (``--name V`` or ``--name=V``) before the training module."""
+    end = argv.index("-m") if "-m" in argv else len(argv)
+    for i, arg in enumerate(argv[:end]):
+        for name in names:
+            if arg == name and i + 1 < end:
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def check_launcher_flags(argv: Sequence[str]) -> None:
+    """torchrun's own numbers, checked as the training checks its flags (one line, exit 2,
+    recorded on the ``mlflow run`` run) instead of torchrun's usage text."""
+    parser = OneLineParser(prog="python -m kronos_mlflow.launch")
+    parser.on_error = record_failure
+    restarts = _launcher_value(argv, "--max-restarts", "--max_restarts")
+    nproc = _launcher_value(argv, "--nproc-per-node", "--nproc_per_node")
+    try:
+        if restarts is not None:
+            validate.integer("--max-restarts", restarts, 0, MAX_RESTARTS)
+        if nproc is not None and nproc not in ("auto", "cpu", "gpu", "xpu"):
+            validate.integer("--nproc-per-node", nproc, 1, 256)
+    except UserError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [KEEP_KILLED]:
+        return keep_killed(argv[1], int(argv[2]))
+    check_launcher_flags(argv)
+    check_train_flags(argv)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    # torchrun's warnings about shutting workers down on a signal: the workers say it themselves.
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)  # a failed worker: the report below (or its own line)
+    launcher_of_launcher = mlflow_run_pid()
+    try:
+        torchrun(argv)
+    except SignalException as exc:
+        keep_killed_status(launcher_of_launcher)
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        keep_killed_status(launcher_of_launcher)
+        return 130
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        if failure.exitcode in QUIET_EXIT_CODES:
+            if failure.exitcode != 2:
+                keep_killed_status(launcher_of_launcher)
+            return int(failure.exitcode)
+        raise
+    return 0
+
+
+    return None
+
+
+def keep_killed(run_id: str, pid: int, wait_s: float = 60.0) -> int:
+    """The helper: once ``mlflow run`` has exited (bounded wait), a run it marked FAILED that
+    holds our ``stop_reason`` (and no ``failure_reason``) is KILLED again."""
+    deadline = time.monotonic() + wait_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        tags = run.data.tags
+        if run.info.status == "FAILED" and "stop_reason" in tags and "failure_reason" not in tags:
+            client.set_terminated(run_id, "KILLED", end_time=run.info.end_time)
+    except Exception:  # noqa: BLE001 - best effort: the stop_reason tag is on the run either way
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""``kronos-mlflow``: the command line.
+
+Subcommands live in the modules that own their work; each such module exposes
+``add_arguments(parser)`` and ``run(args) -> int``. This file only wires them and turns
+user errors into one line on stderr with exit code 2.
+
+    kronos-mlflow demo-data --out ./demo_market      # a synthetic Qlib directory
+    kronos-mlflow import-csv prices/*.csv --out ./my_qlib
+    kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
+    kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
+    kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
+    kronos-mlflow evaluate --model runs:/<run id>/best_model  # the forecast scorecard
+    kronos-mlflow pipeline --epochs 2 --predictor-epochs 2  # tokenizer -> predictor -> scorecard
+    kronos-mlflow walk-forward --folds 3 --fold-length 2M --check  # the fold table of a walk-forward
+    kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ..config.argparsing import OneLineParser
+from ..runtime.console import install_warning_format, terminal_only_bars
+from ..errors import EXIT_USAGE, UserError
+from ..runtime.stopping import TrainingStopped, exit_code, report, stop_reason
+
+#: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
+NO_SETTINGS = {"import-csv", "compare"}
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo-data": ("kronos_mlflow.data.demo", "write the built-in synthetic demo market as a Qlib directory"),
+    "import-csv": ("kronos_mlflow.data.csv_import", "turn K-line CSV files into a Qlib directory"),
+    "prepare": ("kronos_mlflow.data.prepare", "read Qlib once and cache the train/val/test splits"),
+    "train": ("kronos_mlflow.training.run", "fine-tune the tokenizer (one process; use torchrun for several)"),
+    "train-predictor": ("kronos_mlflow.cli.train_predictor",
+                        "fine-tune the predictor on a frozen tokenizer (one process; use torchrun for several)"),
+    "compare": ("kronos_mlflow.cli.compare", "table of MLflow runs sorted by best_val_loss"),
+    "evaluate-tokenizer": ("kronos_mlflow.stages.tokenizer.command",
+                           "score a tokenizer against another on held-out windows: metrics, change, verdict"),
+    "evaluate": ("kronos_mlflow.cli.evaluate",
+                 "score a forecaster against its zero-shot pair and naive forecasts: the scorecard"),
+    "pipeline": ("kronos_mlflow.workflows.pipeline",
+                 "tokenizer, predictor on it, scorecard: one parent MLflow run, a child run per step, reused when done"),
+    "walk-forward": ("kronos_mlflow.workflows.walkforward.command",
+                     "fine-tune and score fold after fold (a pipeline per test period): one verdict over all folds"),
+    "upload-spool": ("kronos_mlflow.tracking.spool_command", "upload what a run kept locally while its MLflow server was down"),
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="kronos-mlflow",
+        description="Fine-tune the Kronos K-line tokenizer and track the experiments in MLflow.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    wanted = None
+    if argv:
+        wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Import a module only for the subcommand being run: each pulls heavy libraries.
+        if name == wanted:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    install_warning_format()
+    terminal_only_bars()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
+    from ..tracking.project_run import record_failure  # lazy: tracking package, http/urllib/ssl: ~60 ms on --help
+
+    try:
+        if args.command not in NO_SETTINGS:
+            from ..config.settings import check_environment  # lazy: ~10 ms on --help
+
+            check_environment()
+        return int(args._run(args) or 0)
+    except UserError as exc:
+        line = f"kronos-mlflow {args.command}: error: {exc}"
+        print(line, file=sys.stderr)
+        record_failure(line, exc)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
+        return EXIT_USAGE
+    except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
+        report(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}")
+        return exit_code(exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C of a command with no stop handling of its own (evaluate)
+        report(f"kronos-mlflow {args.command}: interrupted")
+        return 130
+    except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
+        record_failure(f"kronos-mlflow {args.command}: {type(exc).__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

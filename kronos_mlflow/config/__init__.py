@@ -1,0 +1,6 @@
+"""The configuration: keys and their defaults, files, flags, validation, digests, run folders, settings, secrets.
+May import ``runtime`` and ``errors`` only (docs/code-map.md)."""
+
+from .core import DEFAULTS, load_config, model_kwargs
+
+__all__ = ["DEFAULTS", "load_config", "model_kwargs"]

@@ -1,8 +1,0 @@
-"""MLflow "model from code" entry of the forecaster: MLflow runs this file to build the pyfunc
-(no pickle); see :mod:`kronos_mlflow.forecasting.pyfunc`."""
-
-import mlflow
-
-from kronos_mlflow.forecasting.pyfunc import KronosForecasterPyfunc
-
-mlflow.models.set_model(KronosForecasterPyfunc())

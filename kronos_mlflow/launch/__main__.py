@@ -1,0 +1,5 @@
+import sys
+
+from ..cli.launch import main
+
+sys.exit(main())

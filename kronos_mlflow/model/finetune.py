@@ -1,0 +1,180 @@
+"""What a fine-tune trains (``finetune_mode``): every weight (``full``, upstream's), low-rank
+adapters through Hugging Face ``peft`` (``lora``), or the top of the model with its embeddings
+and bottom blocks frozen (``freeze``). docs/finetune-modes.md says what each model has.
+
+The loop, the checkpoints and the logged model see one rule each:
+
+- :func:`apply` turns the stage's starting model into the model the run trains: the frozen
+  parameters have ``requires_grad`` off, so AdamW (:mod:`kronos_mlflow.training.optim`) and DDP see the
+  trained ones only. The frozen weights are never written to during training.
+- :func:`merged` is what every file a colleague reads holds (``best_model``, the start the
+  verdict compares with, the forecasts of ``objective: val_skill``): the base with each adapter's
+  ``scale * B @ A`` added by peft's own merge, on a copy, in the model's hub layout. The training
+  model keeps its unmerged base bit for bit.
+- :func:`save_adapter` writes the adapters alone in peft's format (``adapter_config.json`` and
+  ``adapter_model.safetensors``, loaded by ``peft.PeftModel.from_pretrained(base, DIR)``).
+- :func:`frozen_digest` names the frozen weights: a resumed LoRA or freeze run's training state
+  holds the trained tensors only, so it resumes onto a base only when the digest is the one it
+  was trained on.
+
+peft loads only for ``lora`` (it imports transformers: seconds).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config.core import lora_targets
+from ..errors import ConfigError
+
+ADAPTER = "default"  # peft's adapter name
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # how PeftModel.save_pretrained names the adapters' tensors
+
+
+def partial(config: Mapping[str, Any]) -> bool:
+    """Whether the run trains part of the model only (its training state holds that part)."""
+    return config.get("finetune_mode", "full") != "full"
+
+
+def lora_config(config: Mapping[str, Any]):
+    """peft's ``LoraConfig`` of the run's ``lora_*`` keys."""
+    from peft import LoraConfig  # lazy: transformers
+
+    return LoraConfig(r=int(config["lora_rank"]), lora_alpha=float(config["lora_alpha"]),
+                      lora_dropout=float(config["lora_dropout"]), target_modules=list(lora_targets(config)),
+                      bias="none")
+
+
+def freeze(model: nn.Module, config: Mapping[str, Any], spec) -> None:
+    """``finetune_mode: freeze``: the stage's input embeddings and its bottom ``freeze_layers``
+    blocks stop training (one line when the model has fewer blocks)."""
+    inputs, blocks = spec.layers(model)
+    n = int(config["freeze_layers"])
+    if n > len(blocks):
+        raise ConfigError(f"freeze_layers: {n} is more than the {len(blocks)} transformer blocks of the {spec.name} "
+                          f"model; expected 0 to {len(blocks)}")
+    for module in [*inputs, *blocks[:n]]:
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+
+def apply(model: nn.Module, config: Mapping[str, Any], spec) -> nn.Module:
+    """The model a run of ``config`` trains, from the stage's starting ``model`` (the same
+    object for ``full``; adapters injected in place for ``lora``)."""
+    mode = config.get("finetune_mode", "full")
+    if adapter_layers(model):  # already the model a run trains (the seed's train_model called again)
+        return model
+    if mode == "freeze":
+        freeze(model, config, spec)
+    elif mode == "lora":
+        from peft import inject_adapter_in_model  # lazy: transformers
+
+        targets = lora_targets(config)
+        present = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        if not present & set(targets):
+            raise ConfigError(f"lora_targets: {','.join(targets)} matches no Linear layer of this {spec.name} model; "
+                              f"expected names among {', '.join(sorted(present))}")
+        model = inject_adapter_in_model(lora_config(config), model, adapter_name=ADAPTER)
+    return model
+
+
+def counts(model: nn.Module) -> dict[str, Any]:
+    """``trainable_params`` and ``trainable_fraction`` (of every parameter the model has, the
+    adapters included), as a run records them."""
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable_params": trained, "trainable_fraction": round(trained / total, 6) if total else 0.0}
+
+
+def describe(model: nn.Module, config: Mapping[str, Any]) -> str:
+    """The console line of what the run trains."""
+    n = counts(model)
+    mode = config.get("finetune_mode", "full")
+    how = {"full": "every weight",
+           "lora": (f"LoRA adapters (rank {config['lora_rank']}, alpha {config['lora_alpha']:g}) on "
+                    f"{','.join(lora_targets(config))}"),
+           "freeze": f"all but the embeddings and the bottom {config['freeze_layers']} blocks"}[mode]
+    return (f"finetune_mode {mode}: training {how}: {n['trainable_params']:,} parameters "
+            f"({100 * n['trainable_fraction']:.2f}% of the model)")
+
+
+def adapter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, layer)`` of every peft adapter layer in ``model`` (none for full and freeze).
+    A model can hold one only once peft's LoRA layers are imported, so a process that never
+    imported them (every ``full`` and ``freeze`` run) answers without importing peft."""
+    layer = sys.modules.get("peft.tuners.lora.layer")
+    lora_layer = getattr(layer, "LoraLayer", None)
+    if lora_layer is None:
+        return []
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, lora_layer)]
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """A plain model with the same forward as ``model``: ``model`` itself without adapters, else a
+    copy whose adapters peft merged into their base layers (``safe_merge`` refuses non-finite
+    weights), each base layer put back where its adapter was. ``model`` is not changed."""
+    layers = adapter_layers(model)
+    if not layers:
+        return model
+    plain = copy.deepcopy(model)
+    for name, layer in adapter_layers(plain):
+        layer.merge(safe_merge=True, adapter_names=[ADAPTER])
+        parent_name, _, child = name.rpartition(".")
+        parent = plain.get_submodule(parent_name) if parent_name else plain
+        setattr(parent, child, layer.get_base_layer())
+    for p in plain.parameters():
+        p.requires_grad_(True)
+    return plain
+
+
+def save_adapter(model: nn.Module, config: Mapping[str, Any], directory: str | os.PathLike) -> Path | None:
+    """The adapters of ``model`` in peft's format under ``directory`` (None: it has none). Each
+    file is written beside its final name, then renamed over it."""
+    if not adapter_layers(model):
+        return None
+    import safetensors.torch
+    from peft import get_peft_model_state_dict  # lazy: transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {PEFT_PREFIX + name: t.detach().to("cpu", torch.float32).contiguous().clone()
+               for name, t in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    settings = lora_config(config).to_dict()
+    settings.update({"peft_type": "LORA", "base_model_name_or_path": None, "inference_mode": True})
+    settings = {k: (sorted(v) if isinstance(v, set) else v) for k, v in settings.items()}
+    weights_tmp, config_tmp = directory / f".{ADAPTER_WEIGHTS}.tmp", directory / f".{ADAPTER_CONFIG}.tmp"
+    safetensors.torch.save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
+    config_tmp.write_text(json.dumps(settings, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(weights_tmp, directory / ADAPTER_WEIGHTS)
+    os.replace(config_tmp, directory / ADAPTER_CONFIG)
+    return directory
+
+
+def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a partial run's training state holds of the model: its trained parameters."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def frozen_digest(model: nn.Module) -> str:
+    """SHA-256 of the frozen parameters (names, shapes, bytes), '' when nothing is frozen."""
+    digest, any_frozen = hashlib.sha256(), False
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            continue
+        any_frozen = True
+        t = p.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{t.dtype}:{list(t.shape)};".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest() if any_frozen else ""

@@ -1,0 +1,5 @@
+import sys
+
+from ..training.run import cli
+
+sys.exit(cli())

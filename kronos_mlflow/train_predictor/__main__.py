@@ -1,0 +1,5 @@
+import sys
+
+from ..cli.train_predictor import cli
+
+sys.exit(cli())
