@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_runs import forget_published
 
 from kronos_mlflow.tracking import handover
 from kronos_mlflow.config import names, published
@@ -459,9 +460,9 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(path))
-    published.forget()
+    forget_published()
     yield path
-    published.forget()
+    forget_published()
 
 
 def _published_cache(cache: Path) -> tuple[Path, Path]:
@@ -478,7 +479,7 @@ def _published_cache(cache: Path) -> tuple[Path, Path]:
     model = KronosTokenizer(**model_kwargs(load_config({k: TINY[k] for k in sizes})))
     hub_id = published.PUBLISHED["pretrained_tokenizer_path"]
     snapshot = write_published(cache, hub_id, model)
-    published.forget()
+    forget_published()
     return snapshot.parent.parent, snapshot
 
 
@@ -493,14 +494,14 @@ def test_auto_refuses_a_cache_whose_ref_leaves_snapshots(tmp_path, hf_cache):
     os.rename(snapshot, outside)
     for ref in (os.path.relpath(outside, repo / "snapshots"), str(outside), "../../../../" + outside.name):
         (repo / "refs" / "main").write_text(ref)
-        published.forget()
+        forget_published()
         with pytest.raises(UserError) as caught:
             published.decide(key)
         _one_line(caught.value, str(repo), "refs/main")
     # a snapshot folder that is a link out of snapshots/: refused as well, on the real path
     (repo / "refs" / "main").write_text(snapshot.name)
     snapshot.symlink_to(outside, target_is_directory=True)
-    published.forget()
+    forget_published()
     with pytest.raises(UserError) as caught:
         published.decide(key)
     _one_line(caught.value, str(repo), "snapshot", "outside")
@@ -514,7 +515,7 @@ def test_auto_refuses_a_cache_whose_ref_leaves_snapshots(tmp_path, hf_cache):
     # put back: found again
     snapshot.unlink()
     os.rename(outside, snapshot)
-    published.forget()
+    forget_published()
     assert published.decide(key)[0] == published.PUBLISHED[key]
 
 

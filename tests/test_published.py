@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_cache import write_published
-from tiny_runs import TINY, create_sqlite_store, isolated_env, run_dir, write_config
+from tiny_runs import TINY, create_sqlite_store, isolated_env, run_dir, write_config, forget_published
 
 from kronos_mlflow.config import published
 from kronos_mlflow.config.core import load_config, model_kwargs
@@ -38,9 +38,9 @@ def cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_HUB_CACHE", str(path))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(path))
-    published.forget()
+    forget_published()
     yield path
-    published.forget()
+    forget_published()
 
 
 def test_auto_is_fresh_without_the_published_checkpoint_and_the_digest_is_an_empty_paths(cache):
@@ -61,7 +61,7 @@ def test_auto_is_fresh_without_the_published_checkpoint_and_the_digest_is_an_emp
 
 def test_auto_is_the_published_checkpoint_when_the_cache_holds_it(cache):
     write_published(cache, TOKENIZER_ID, _tiny_tokenizer())
-    published.forget()  # building the tiny model loaded a config, which decided auto before the cache held it
+    forget_published()  # building the tiny model loaded a config, which decided auto before the cache held it
     config = load_config({})
     assert published.source(config, "pretrained_tokenizer_path") == TOKENIZER_ID
     assert published.reason(config, "pretrained_tokenizer_path").startswith(

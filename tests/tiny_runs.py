@@ -197,3 +197,10 @@ def torchrun_to_the_end(cmd: list[str], root: Path, env: Mapping[str, str], *, k
     output = log.read_text()
     assert proc.returncode == 0, output[-3000:]
     return output
+
+
+def forget_published() -> None:
+    """Decide ``auto`` again on next use (after a test changed the Hugging Face cache)."""
+    from kronos_mlflow.config import published
+
+    published._DECIDED.clear()

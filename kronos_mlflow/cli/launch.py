@@ -129,6 +129,3 @@ def keep_killed(run_id: str, pid: int, wait_s: float = 60.0) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,6 @@
-"""``kronos-mlflow``: the command line.
-
-Subcommands live in the modules that own their work; each such module exposes
-``add_arguments(parser)`` and ``run(args) -> int``. This file only wires them and turns
-user errors into one line on stderr with exit code 2.
-
-    kronos-mlflow demo-data --out ./demo_market      # a synthetic Qlib directory
-    kronos-mlflow import-csv prices/*.csv --out ./my_qlib
-    kronos-mlflow prepare --qlib-data-path ./my_qlib  # cache the splits
-    kronos-mlflow train --epochs 1 --qlib-data-path ''  # one process; torchrun for more
-    kronos-mlflow evaluate-tokenizer runs:/<run id>/best_model --base ./Kronos-Tokenizer-base  # the verdict
-    kronos-mlflow evaluate --model runs:/<run id>/best_model  # the forecast scorecard
-    kronos-mlflow pipeline --epochs 2 --predictor-epochs 2  # tokenizer -> predictor -> scorecard
-    kronos-mlflow walk-forward --folds 3 --fold-length 2M --check  # the fold table of a walk-forward
-    kronos-mlflow upload-spool outputs/models/NAME/cfg-DIGEST/mlflow-spool  # after a tracking outage
-"""
+"""``kronos-mlflow``: the command line. Each subcommand's module exposes ``add_arguments(parser)``
+and ``run(args) -> int``; this file wires them and turns a user's error into one line on stderr,
+exit code 2. The commands: README.md, "Everyday commands"."""
 
 from __future__ import annotations
 
@@ -54,7 +41,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="kronos-mlflow",
-        description="Fine-tune the Kronos K-line tokenizer and track the experiments in MLflow.",
+        description="Fine-tune Kronos (its tokenizer, then its predictor), judge the result against the model it "
+                    "started from, and track every run in MLflow and Comet.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     wanted = None
@@ -102,6 +90,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         record_failure(f"kronos-mlflow {args.command}: {type(exc).__name__}: {exc}")
         raise
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,6 @@ config key is a flag), with ``--stage predictor``: ``--learning-rate`` is
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from ..training import run as train
@@ -41,6 +40,3 @@ def cli(argv: Sequence[str] | None = None) -> int:
     return train.cli(argv, prog="python -m kronos_mlflow.train_predictor", name="kronos-mlflow train-predictor",
                      stage=STAGE)
 
-
-if __name__ == "__main__":
-    sys.exit(cli())

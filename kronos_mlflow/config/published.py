@@ -79,11 +79,6 @@ def decisions(keys: Iterable[str]) -> dict[str, tuple[str, str]]:
     return {key: decide(key) for key in keys if key in PUBLISHED}
 
 
-def forget() -> None:
-    """Decide again on next use (a test that changes the cache)."""
-    _DECIDED.clear()
-
-
 def _cache_dir() -> str:
     from huggingface_hub import constants
 

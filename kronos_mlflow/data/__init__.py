@@ -10,11 +10,11 @@ docs/data.md says what each split and key means.
 
 from __future__ import annotations
 
-import importlib
+from ..runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "QlibDataset": "dataset",
-    "make_loader": "dataset",
+    "make_loader": "loaders",
     "collate_windows": "dataset",
     "prepare_splits": "prepare",
     "cached_splits": "prepare",
@@ -29,14 +29,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kronos_mlflow.data' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,28 +1,26 @@
-"""Training windows: ``QlibDataset`` and ``make_loader``.
-
-How the training loop should build and use its loaders::
+"""Training windows: ``QlibDataset``. How the training loop uses it (its loaders come from
+:mod:`kronos_mlflow.data.loaders`)::
 
     train_ds = QlibDataset("train", config)            # prepares the cache on first use
     val_ds = QlibDataset("val", config)                # len(val_ds) == 0: no validation split
-    train_loader = make_loader(train_ds, config["batch_size"], rank, world_size, config["num_workers"])
+    train_loader = train_loader_for(train_ds, config, rank, world_size)
     for epoch in range(config["epochs"]):
-        train_ds.set_epoch_seed(epoch * 10000)         # BEFORE iterating (workers copy the dataset)
-        for x, x_stamp in train_loader: ...            # (B, window, 6), (B, window, 5) float32
+        train_ds.set_epoch_seed(epoch)                 # BEFORE iterating (workers copy the dataset)
         val_ds.set_epoch_seed(0)                       # the same validation windows every epoch
-        ...
+        for x, x_stamp in train_loader: ...            # (B, window, 6), (B, window, 5) float32
 
 Sampling. An epoch is a deterministic permutation of all windows of the split, drawn by
 ``numpy.random.default_rng((seed, epoch_seed, split))`` (above two million windows: a sample
 without replacement, ``Generator.choice(..., replace=False)``); ``ds[i]`` is its i-th window and
 ``len(ds) = min(n_train_iter | n_val_iter, windows available)``. So an epoch never repeats a
 window, is the same whatever ``num_workers``, and ``DistributedSampler(shuffle=False,
-drop_last=True)`` gives each rank a disjoint slice (``make_loader`` does that when
+drop_last=True)`` gives each rank a disjoint slice (``loaders.make_loader`` does that when
 ``world_size > 1``). Upstream's dataset ignored the index and drew from a random generator each
 worker copied, repeating samples across workers.
 
 Speed. ``__getitems__`` (called by ``DataLoader`` with a whole batch of indices) gathers the
 batch with one fancy index and normalises it in one vectorised call, returning a lazy
-:class:`WindowBatch`; ``collate_windows`` (used by ``make_loader``) turns it into the two batch
+:class:`WindowBatch`; ``collate_windows`` (the dataset's ``collate_fn``, used by ``loaders.make_loader``) turns it into the two batch
 tensors without copying. ``default_collate`` also accepts it (it stacks per-sample views).
 
 Empty splits. ``QlibDataset("train", ...)`` with no windows raises ``DataError`` (from the
@@ -39,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+from torch.utils.data import Dataset, default_collate
 
 from ..errors import DataError
 from ..config.features import normalize_windows
@@ -138,7 +136,7 @@ class QlibDataset(Dataset):
                       mmap_mode=None if name == "offsets" else "r")
         return np.ascontiguousarray(arr) if name == "offsets" else arr
 
-    # The collate function DataLoaders should use (``make_loader`` does).
+    # The collate function DataLoaders should use (``loaders.make_loader`` does).
     collate_fn = staticmethod(collate_windows)
 
     # ---- sampling ----
@@ -218,20 +216,3 @@ class QlibDataset(Dataset):
     def __repr__(self) -> str:
         return (f"QlibDataset(split={self.split!r}, windows={self.n_windows}, len={len(self)}, "
                 f"window={self.window}, epoch_seed={self.epoch_seed})")
-
-
-def make_loader(ds: Dataset, batch_size: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, *,
-                drop_last: bool = False, pin_memory: bool = False, **kwargs) -> DataLoader:
-    """A DataLoader over ``ds`` that keeps the dataset's epoch order.
-
-    With ``world_size > 1`` it uses ``DistributedSampler(shuffle=False, drop_last=True)``, so
-    ranks take disjoint, equal slices of the epoch. ``persistent_workers=True`` is fine: the
-    epoch seed is shared with the workers. Extra ``kwargs`` go to ``DataLoader``.
-    """
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size {batch_size} must be >= 1")
-    sampler = None
-    if world_size > 1:
-        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)
-    return DataLoader(ds, batch_size=int(batch_size), sampler=sampler, shuffle=False, num_workers=int(num_workers),
-                      collate_fn=collate_windows, drop_last=drop_last, pin_memory=pin_memory, **kwargs)

@@ -13,20 +13,19 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ..config.features import normalize_windows
 
 
-def make_loader(ds, batch_size: int, indices=None, drop_last: bool = False, num_workers: int = 0, sampler=None):
-    if sampler is None and indices is not None:
-        sampler = indices
-    return DataLoader(
-        ds,
-        batch_size=batch_size,
-        sampler=sampler,
-        shuffle=False,
-        drop_last=drop_last,
-        num_workers=num_workers,
-        collate_fn=getattr(ds, "collate_fn", None),
-        pin_memory=False,
-        persistent_workers=num_workers > 0,
-    )
+def make_loader(ds, batch_size: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, *,
+                drop_last: bool = False, sampler=None, **kwargs) -> DataLoader:
+    """The one DataLoader factory: ``ds`` in the dataset's own epoch order (no shuffle), batched
+    by its ``collate_fn``. With ``world_size > 1`` and no ``sampler``, ranks take disjoint, equal
+    slices of the epoch (``DistributedSampler(shuffle=False, drop_last=True)``). Workers persist
+    across epochs (the epoch seed is shared with them). Extra ``kwargs`` go to ``DataLoader``."""
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    if sampler is None and world_size > 1:
+        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)
+    kwargs.setdefault("persistent_workers", int(num_workers) > 0)
+    return DataLoader(ds, batch_size=int(batch_size), sampler=sampler, shuffle=False, drop_last=drop_last,
+                      num_workers=int(num_workers), collate_fn=getattr(ds, "collate_fn", None), **kwargs)
 
 
 def train_loader_for(ds, config, rank: int, world_size: int, device=None):
@@ -39,17 +38,13 @@ def train_loader_for(ds, config, rank: int, world_size: int, device=None):
     """
     if device is not None and str(device).startswith("cuda"):
         return DeviceWindowLoader(ds, config["batch_size"], device, rank, world_size, drop_last=True)
-
-    sampler = None
-    if world_size > 1:
-        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=False, drop_last=True)
-    return make_loader(ds, config["batch_size"], sampler=sampler, drop_last=True, num_workers=config["num_workers"])
+    return make_loader(ds, config["batch_size"], rank, world_size, config["num_workers"], drop_last=True)
 
 
 def val_loader_for(ds, config, rank: int, world_size: int):
     """Validation shards by striding, keeping every sample exactly once over all ranks."""
-    return make_loader(ds, config["batch_size"], indices=range(rank, len(ds), world_size),
-                   num_workers=config["num_workers"])
+    return make_loader(ds, config["batch_size"], num_workers=config["num_workers"],
+                       sampler=range(rank, len(ds), world_size))
 
 
 def _to_device(arr, device: torch.device, rows: int = 1 << 20) -> torch.Tensor:

@@ -13,7 +13,7 @@ docs/verdict.md and docs/forecast-evaluation.md say what the numbers mean.
 
 from __future__ import annotations
 
-import importlib
+from ..runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "heldout_windows": "windows",
@@ -35,10 +35,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kronos_mlflow.evaluation' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,13 +6,11 @@ May import ``config``, ``runtime`` and ``errors`` (docs/code-map.md); the torch-
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ..config.model_spec import (
     BASE_CONFIG, CONFIG_KEYS, MAX_PARAMETERS, PREDICTOR_CONFIGS, PREDICTOR_KEYS, count_parameters,
     count_predictor_parameters, validate_model_config, validate_predictor_config,
 )
+from ..runtime.lazy import lazy_exports
 
 _LAZY = {
     "KronosTokenizer": "network", "BSQuantizer": "network", "BinarySphericalQuantizer": "network",
@@ -35,10 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -162,11 +162,6 @@ def save_adapter(model: nn.Module, config: Mapping[str, Any], directory: str | o
     return directory
 
 
-def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """What a partial run's training state holds of the model: its trained parameters."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
-
-
 def frozen_digest(model: nn.Module) -> str:
     """SHA-256 of the frozen parameters (names, shapes, bytes), '' when nothing is frozen."""
     digest, any_frozen = hashlib.sha256(), False

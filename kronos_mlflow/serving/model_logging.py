@@ -451,13 +451,8 @@ def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result
                         dataset) -> None:
     """A predictor run's ``best_model``: the forecaster holding its tokenizer and best checkpoint,
     and the calibrator the scorecard wrote (``evaluation/calibrator.json``) where there is one."""
-    forecaster = globals().get("log_forecaster")
-    if forecaster is None:  # the checkpoints as plain artifacts, in the hub layout
-        mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.best_model), "best_model/predictor")
-        mlflow_logger.client.log_artifacts(mlflow_logger.run_id, str(layout.tokenizer), "best_model/tokenizer")
-        return
     calibrator = Path(layout.root) / "evaluation" / CALIBRATOR_FILE
-    forecaster(mlflow_logger, str(layout.tokenizer), str(layout.best_model), config,
+    log_forecaster(mlflow_logger, str(layout.tokenizer), str(layout.best_model), config,
                step=max(result["best_epoch"], 0), metrics=best_epoch_metrics(result, PREDICTOR_VAL_METRIC),
                heldout_metrics=heldout,
                heldout_dataset=dataset, calibrator_path=str(calibrator) if calibrator.is_file() else None)

@@ -468,6 +468,3 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
             record_failure(f"{name}: {type(exc).__name__}: {exc}")
         raise
 
-
-if __name__ == "__main__":
-    sys.exit(cli())

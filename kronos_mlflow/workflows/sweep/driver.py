@@ -412,9 +412,7 @@ def parse(argv: Sequence[str] | None):
     train_flags = []
     if args.config_file:
         train_flags += ["--config", args.config_file]
-    train_flags += _flags({k: v for k, v in overrides.items()})
-    if args.registered_model_name:
-        pass  # registration happens once, on the best trial, here in the worker
+    train_flags += _flags(dict(overrides))  # no --registered-model-name: the worker registers the best trial once
     return args, train_flags, config
 
 
