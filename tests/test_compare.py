@@ -289,7 +289,10 @@ def test_runs_are_grouped_by_stage_and_each_group_ranked_by_its_own_number(tmp_p
     for name, best in (("pred-a", 6.42), ("pred-b", 6.30), ("pred-c", 6.90)):
         ids[name] = _make_run(client, exp, name, lr=4e-5, best=best)
         client.log_param(ids[name], "stage", "predictor")
-        client.log_metric(ids[name], "val_predictor_loss_epoch", best, step=0)
+        for epoch, value in enumerate((best + 0.5, best, best + 0.1)):
+            client.log_metric(ids[name], "val_predictor_loss_epoch", value, step=epoch)
+        client.log_metric(ids[name], "test_predictor_loss", best + 0.2)
+        client.log_metric(ids[name], "base_test_predictor_loss", best + 0.4)
     for name, skill in (("eval-a", 0.01), ("eval-b", 0.05)):
         ids[name] = _make_run(client, exp, name)
         for key, value in (("model", f"runs:/{name}/forecaster"), ("zeroshot_predictor", ""), ("epochs", "30"),
@@ -314,5 +317,10 @@ def test_runs_are_grouped_by_stage_and_each_group_ranked_by_its_own_number(tmp_p
     assert "learning_rate" not in parent and "epochs" not in parent
     assert "runs:/eval-b/forecaster" in out
     rc, out, _ = _cli(capsys, "--experiment", "mixed", "--tracking-uri", uri, "--json")
-    assert [r["group"] for r in json.loads(out)["runs"]] == ["tokenizer"] * 2 + ["predictor"] * 3 + [
-        "evaluation"] * 2 + ["parent"]
+    runs = json.loads(out)["runs"]
+    assert [r["group"] for r in runs] == ["tokenizer"] * 2 + ["predictor"] * 3 + ["evaluation"] * 2 + ["parent"]
+    # a predictor row reads its own stage's validation history and held-out loss
+    pred_b = next(r for r in runs if r["run_id"] == ids["pred-b"])
+    assert (pred_b["epochs_done"], pred_b["best_epoch"]) == (3, 1)
+    assert (pred_b["test_loss"], pred_b["base_test_loss"]) == (pytest.approx(6.5), pytest.approx(6.7))
+    assert all(r["test_loss"] is None and r["epochs_done"] is None for r in runs if r["group"] == "evaluation")

@@ -55,10 +55,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..config.names import ascii_digits, shown as shown_value
-from ..tracking.keys import (
-    BASE_TEST_LOSS, BEST_METRIC, PREDICTOR_TEST_LOSS, TEST_LOSS, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1,
-    VAL_METRIC, VERDICT_TAG,
-)
+from ..tracking.keys import BASE_PREFIX, BEST_METRIC, TEST_LOSS_CHANGE, USAGE_FULL, USAGE_S1, VERDICT_TAG
 from ..config.secrets import redact_uri
 from ..stages import get as stage_spec, names as stage_names
 from ..tracking.server import resolve_tracking_uri
@@ -350,8 +347,8 @@ def _row(run, now_ms: int) -> RunRow:
         best_val_loss=_number(metrics.get(BEST_METRIC)),
         best_val_skill=_number(metrics.get("best_val_skill")),
         finetune_mode=_mode(params),
-        test_loss=_number(metrics.get(TEST_LOSS, metrics.get(PREDICTOR_TEST_LOSS))),
-        base_test_loss=_number(metrics.get(BASE_TEST_LOSS, metrics.get(f"base_{PREDICTOR_TEST_LOSS}"))),
+        test_loss=_number(metrics.get(_test_loss(group))),
+        base_test_loss=_number(metrics.get(f"{BASE_PREFIX}{_test_loss(group)}")),
         test_loss_change=_number(metrics.get(TEST_LOSS_CHANGE)),
         test_loss_change_ci_low=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_low")),
         test_loss_change_ci_high=_number(metrics.get(f"{TEST_LOSS_CHANGE}_ci_high")),
@@ -383,9 +380,15 @@ def _mode(params) -> str | None:
     return mode
 
 
+def _test_loss(group: str) -> str:
+    """The held-out loss a run of ``group`` records (its stage's; none for other groups)."""
+    return stage_spec(group).test_loss if group in stage_names() else ""
+
+
 def _at_best_epoch(client, row: RunRow) -> None:
-    """Epochs done, best epoch, and the codebook usage at that epoch (the latest value is the last epoch's)."""
-    history = client.get_metric_history(row.run_id, VAL_METRIC)
+    """Epochs done and best epoch (from the validation history of the run's stage), and the
+    codebook usage at that epoch where the stage logs it (the latest value is the last epoch's)."""
+    history = client.get_metric_history(row.run_id, stage_spec(row.group).val_metric)
     if not history:
         return
     by_step = {m.step: m.value for m in history}
@@ -440,7 +443,7 @@ def collect(client, experiment: str | None = None, parent: str | None = None,
     rows = [row for group, members in grouped(rows).items()
             for row in sort_group(group, members, by_skill)[:top or None]]
     for row in rows:
-        if row.group not in (EVALUATION, PARENT):
+        if row.group in stage_names():
             _at_best_epoch(client, row)
     return rows, experiment_ids, skipped
 
