@@ -29,7 +29,7 @@ import pytest
 from tiny_runs import TINY, create_sqlite_store, isolate, write_config
 
 from kronos_mlflow.workflows import pipeline as pipeline_module
-from kronos_mlflow.tracking.keys import TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
+from kronos_mlflow.tracking.keys import TOKENIZER_TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
 from kronos_mlflow.workflows.pipeline import TAG_STEP, Pipeline, StepFailed, training_step
 from kronos_mlflow.tracking.gate import HANDOVER_ENV
 
@@ -533,19 +533,19 @@ def test_the_tokenizer_champion_moves_on_a_better_verdict_and_stays_otherwise(wo
 def test_a_better_verdict_must_also_beat_the_champion_on_the_same_test_windows(world):
     step = world.step()
     same = {TEST_WINDOWS_DIGEST_TAG: "w" * 64, VERDICT_TAG: "better"}
-    champion = world.training_run(step, model=True, tags=same, metrics={TEST_LOSS: 0.5})
+    champion = world.training_run(step, model=True, tags=same, metrics={TOKENIZER_TEST_LOSS: 0.5})
     predictor = world.training_run(world.step("predictor", tokenizer_run=champion), model=False)
     configs = {"tokenizer": step.config, "predictor": world.step("predictor", tokenizer_run=champion).config}
     _champions(world, {"tokenizer": champion, "predictor": predictor}, configs)
     assert _champion(world).run_id == champion
 
-    loses = world.training_run(step, model=True, tags=same, metrics={TEST_LOSS: 0.6})
+    loses = world.training_run(step, model=True, tags=same, metrics={TOKENIZER_TEST_LOSS: 0.6})
     _, tags = _champions(world, {"tokenizer": loses, "predictor": predictor}, configs)
-    assert tags["tokenizer_champion_unchanged"] == (f"run {loses}'s {TEST_LOSS} 0.600000 does not beat the "
+    assert tags["tokenizer_champion_unchanged"] == (f"run {loses}'s {TOKENIZER_TEST_LOSS} 0.600000 does not beat the "
                                                     "champion's (version 1) 0.500000 on the same test windows")
     assert _champion(world).run_id == champion
 
-    beats = world.training_run(step, model=True, tags=same, metrics={TEST_LOSS: 0.4})
+    beats = world.training_run(step, model=True, tags=same, metrics={TOKENIZER_TEST_LOSS: 0.4})
     _, tags = _champions(world, {"tokenizer": beats, "predictor": predictor}, configs)
     assert tags["tokenizer_champion"] == f"{NAME}-tokenizer/2" and _champion(world).run_id == beats
 

@@ -236,14 +236,14 @@ def test_mlflow_run_end_to_end(user_run):
 
     # one point per optimizer step, one per epoch
     steps_per_epoch = 64 // nproc // 8
-    for name in keys.STEP_METRICS:
+    for name in keys.TOKENIZER_STEP_METRICS:
         history = client.get_metric_history(run_id, name)
         assert sorted(m.step for m in history) == list(range(2 * steps_per_epoch)), name
-    val = client.get_metric_history(run_id, keys.VAL_METRIC)
+    val = client.get_metric_history(run_id, keys.TOKENIZER_VAL_METRIC)
     assert sorted(m.step for m in val) == [0, 1]
     best = client.get_metric_history(run_id, "best_val_loss")
     assert len(best) == 1 and best[0].value == pytest.approx(min(m.value for m in val))
-    assert len(client.get_metric_history(run_id, keys.INITIAL_VAL_METRIC)) == 1
+    assert len(client.get_metric_history(run_id, keys.TOKENIZER_INITIAL_VAL_METRIC)) == 1
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "qlib-csi300-demo"
 
     # summary.json: on disk and as an artifact
@@ -284,7 +284,7 @@ def test_mlflow_run_end_to_end(user_run):
             msg = json.loads(line)
             if msg.get("type") == "metric_msg":
                 names.add(msg["payload"]["metric"]["metricName"])
-    assert set(keys.STEP_METRICS) | {keys.VAL_METRIC, "best_val_loss"} <= names
+    assert set(keys.TOKENIZER_STEP_METRICS) | {keys.TOKENIZER_VAL_METRIC, "best_val_loss"} <= names
 
     # no secret anywhere: DB, artifacts, outputs, Comet archive, console
     assert _scan_for_secrets([workdir], [user_run.stdout, user_run.stderr]) == []

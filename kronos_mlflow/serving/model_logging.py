@@ -35,7 +35,7 @@ from .forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFA
 from .forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
 from .forecasting.quantiles import QLEVELS
 from ..runtime.fsutil import write_atomic
-from ..tracking.keys import BEST_METRIC, PREDICTOR_VAL_METRIC, VAL_METRIC
+from ..tracking.keys import BEST_METRIC, PREDICTOR_VAL_METRIC, TOKENIZER_VAL_METRIC
 from .tokenizer_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
 
 # mlflow, torch and the data layer are imported inside the functions (only rank 0 at the end needs them).
@@ -468,7 +468,7 @@ def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[st
     return dict(metrics), dataset
 
 
-def best_epoch_metrics(result: Mapping[str, Any], val_metric: str = VAL_METRIC) -> dict[str, float]:
+def best_epoch_metrics(result: Mapping[str, Any], val_metric: str = TOKENIZER_VAL_METRIC) -> dict[str, float]:
     """The best epoch's validation metrics, as the logged model carries them."""
     best = result.get("best_val_loss")
     metrics = dict(result.get("best_val_quality") or {})

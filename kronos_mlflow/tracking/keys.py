@@ -3,13 +3,14 @@ No torch and no MLflow here, so every module can import it cheaply."""
 
 from __future__ import annotations
 
-# Per optimizer step, upstream's Comet names (existing dashboards keep working).
-TRAIN_LOSS = "train_tokenizer_loss_batch"
-TRAIN_BSQ_LOSS = "train_vqvae_vq_loss_each_batch"
-TRAIN_RECON_PRE = "train_recon_loss_pre_each_batch"
-TRAIN_RECON = "train_recon_loss_each_batch"
-LEARNING_RATE = "tokenizer_learning_rate"
-STEP_METRICS = (TRAIN_LOSS, TRAIN_BSQ_LOSS, TRAIN_RECON_PRE, TRAIN_RECON, LEARNING_RATE)
+# The tokenizer stage's, per optimizer step: upstream's Comet names (existing dashboards keep working).
+TOKENIZER_TRAIN_LOSS = "train_tokenizer_loss_batch"
+TOKENIZER_TRAIN_BSQ_LOSS = "train_vqvae_vq_loss_each_batch"
+TOKENIZER_TRAIN_RECON_PRE = "train_recon_loss_pre_each_batch"
+TOKENIZER_TRAIN_RECON = "train_recon_loss_each_batch"
+TOKENIZER_LEARNING_RATE = "tokenizer_learning_rate"
+TOKENIZER_STEP_METRICS = (TOKENIZER_TRAIN_LOSS, TOKENIZER_TRAIN_BSQ_LOSS, TOKENIZER_TRAIN_RECON_PRE,
+                          TOKENIZER_TRAIN_RECON, TOKENIZER_LEARNING_RATE)
 
 # The predictor stage's, upstream's Comet names (train_predictor.py), and its validation metrics.
 PREDICTOR_TRAIN_LOSS = "train_predictor_loss_batch"
@@ -23,9 +24,9 @@ PREDICTOR_VAL_METRICS = ("val_s1_accuracy", "val_s2_accuracy", "val_s1_perplexit
 TOKENIZER_URI_TAG = "tokenizer_uri"
 TOKENIZER_RUN_TAG = "tokenizer_run_id"
 
-# Per epoch (step = epoch index), before training (step 0), and at the end.
-VAL_METRIC = "val_tokenizer_loss_epoch"
-INITIAL_VAL_METRIC = "val_tokenizer_loss_initial"
+# The tokenizer's per epoch (step = epoch index) and before training (step 0); the best, at the end.
+TOKENIZER_VAL_METRIC = "val_tokenizer_loss_epoch"
+TOKENIZER_INITIAL_VAL_METRIC = "val_tokenizer_loss_initial"
 BEST_METRIC = "best_val_loss"
 
 # Codebook and reconstruction quality, per epoch (kronos_mlflow.evaluation.quality computes them).
@@ -41,8 +42,8 @@ FEATURE_MSE_PREFIX = "val_mse_"
 # TEST_PREFIX + name, and the relative change of the loss with its bootstrap interval.
 TEST_PREFIX = "test_"
 BASE_PREFIX = "base_"
-TEST_LOSS = "test_tokenizer_loss"
-BASE_TEST_LOSS = "base_test_tokenizer_loss"
+TOKENIZER_TEST_LOSS = "test_tokenizer_loss"
+TOKENIZER_BASE_TEST_LOSS = "base_test_tokenizer_loss"
 TEST_LOSS_CHANGE = "test_loss_change"
 TEST_WINDOWS = "test_windows"
 VERDICT_TAG = "verdict"

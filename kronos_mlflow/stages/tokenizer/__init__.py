@@ -13,16 +13,18 @@ from ...config.core import model_kwargs
 from ...errors import UserError
 from ...config.published import source
 from ...evaluation.sources import resolve_tokenizer
-from ...tracking.keys import INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_LOSS, VAL_METRIC, VERDICT_TAG
+from ...tracking.keys import (
+    TOKENIZER_INITIAL_VAL_METRIC, TOKENIZER_LEARNING_RATE, TOKENIZER_TRAIN_LOSS, TOKENIZER_VAL_METRIC, VERDICT_TAG,
+)
 from ..registry import StageSpec, register
 
 
 class TokenizerSpec(StageSpec):
     name = "tokenizer"
-    train_loss = TRAIN_LOSS
-    learning_rate = LEARNING_RATE
-    val_metric = VAL_METRIC
-    initial_val_metric = INITIAL_VAL_METRIC
+    train_loss = TOKENIZER_TRAIN_LOSS
+    learning_rate = TOKENIZER_LEARNING_RATE
+    val_metric = TOKENIZER_VAL_METRIC
+    initial_val_metric = TOKENIZER_INITIAL_VAL_METRIC
     heldout_loss = "tokenizer_loss"
     default_study = "kronos-lr-wd"
     champion_suffix = "-tokenizer"

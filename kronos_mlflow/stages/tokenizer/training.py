@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ...runtime.distributed import dist_sum
 from ...tracking.keys import (
-    INITIAL_VAL_METRIC, LEARNING_RATE, TRAIN_BSQ_LOSS, TRAIN_LOSS, TRAIN_RECON, TRAIN_RECON_PRE, VAL_METRIC,
+    TOKENIZER_INITIAL_VAL_METRIC, TOKENIZER_LEARNING_RATE, TOKENIZER_TRAIN_BSQ_LOSS, TOKENIZER_TRAIN_LOSS,
+    TOKENIZER_TRAIN_RECON, TOKENIZER_TRAIN_RECON_PRE, TOKENIZER_VAL_METRIC,
 )
 from ...model import KronosTokenizer
 from ...runtime.perf import autocast
@@ -76,10 +77,10 @@ def global_val_loss(model, loader, device, stats=None) -> float | None:
 
 class TokenizerStage(TrainingStage):
     name = "tokenizer"
-    train_loss = TRAIN_LOSS
-    learning_rate = LEARNING_RATE
-    val_metric = VAL_METRIC
-    initial_val_metric = INITIAL_VAL_METRIC
+    train_loss = TOKENIZER_TRAIN_LOSS
+    learning_rate = TOKENIZER_LEARNING_RATE
+    val_metric = TOKENIZER_VAL_METRIC
+    initial_val_metric = TOKENIZER_INITIAL_VAL_METRIC
 
     @property
     def heldout(self):
@@ -89,8 +90,8 @@ class TokenizerStage(TrainingStage):
         return StepOutput(*compute_loss(model, x, precision))
 
     def step_metrics(self, loss, parts):
-        return {TRAIN_LOSS: loss, TRAIN_BSQ_LOSS: parts["bsq"], TRAIN_RECON_PRE: parts["recon_pre"],
-                TRAIN_RECON: parts["recon_all"]}
+        return {TOKENIZER_TRAIN_LOSS: loss, TOKENIZER_TRAIN_BSQ_LOSS: parts["bsq"],
+                TOKENIZER_TRAIN_RECON_PRE: parts["recon_pre"], TOKENIZER_TRAIN_RECON: parts["recon_all"]}
 
     def validate(self, model, loader, device, *, detailed=True):
         stats = ValidationStats.for_model(model, device) if detailed else None
