@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .registry import get as registered
+
 if TYPE_CHECKING:  # the stage specs import no torch: --help and the config checks stay fast
     import torch
 
@@ -39,15 +41,31 @@ class HeldOutPiece:
 
 
 class TrainingStage:
-    """What the loop asks a stage. Subclasses set the names and implement the methods."""
+    """What the loop asks a stage. Subclasses set ``name`` and implement the methods; the metric
+    names are the registered spec's (:class:`~kronos_mlflow.stages.registry.StageSpec`), declared once."""
 
     name: str = ""
-    #: metric names: the per-step loss and learning rate, the epoch's validation loss, the
-    #: starting weights' validation loss
-    train_loss: str = ""
-    learning_rate: str = ""
-    val_metric: str = ""
-    initial_val_metric: str = ""
+
+    @property
+    def train_loss(self) -> str:
+        """The per-step loss's metric name."""
+        return registered(self.name).train_loss
+
+    @property
+    def learning_rate(self) -> str:
+        """The per-step learning rate's metric name."""
+        return registered(self.name).learning_rate
+
+    @property
+    def val_metric(self) -> str:
+        """The epoch's validation loss's metric name."""
+        return registered(self.name).val_metric
+
+    @property
+    def initial_val_metric(self) -> str:
+        """The starting weights' validation loss's metric name."""
+        return registered(self.name).initial_val_metric
+
     #: the held-out comparison's piece (:class:`HeldOutPiece`)
     heldout: HeldOutPiece | None = None
 

@@ -27,10 +27,7 @@ import torch.nn.functional as F
 from ...runtime.distributed import dist_sum, unwrap
 from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
 from ...serving.forecasting.pyfunc import CALIBRATOR_FILE
-from ...tracking.keys import (
-    PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1,
-    PREDICTOR_TRAIN_S2, PREDICTOR_VAL_METRIC,
-)
+from ...tracking.keys import PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1, PREDICTOR_TRAIN_S2
 from ...model import Kronos
 from ...runtime.perf import autocast
 from ..base import StepOutput, TrainingStage, Validation
@@ -47,10 +44,6 @@ def head_losses(s1_logits, s2_logits, s1_targets, s2_targets):
 
 class PredictorStage(TrainingStage):
     name = "predictor"
-    train_loss = PREDICTOR_TRAIN_LOSS
-    learning_rate = PREDICTOR_LEARNING_RATE
-    val_metric = PREDICTOR_VAL_METRIC
-    initial_val_metric = PREDICTOR_INITIAL_VAL_METRIC
 
     def __init__(self, tokenizer, config: Mapping[str, Any]):
         self.tokenizer = tokenizer.eval()

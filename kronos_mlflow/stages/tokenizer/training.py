@@ -15,10 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime.distributed import dist_sum
-from ...tracking.keys import (
-    TOKENIZER_INITIAL_VAL_METRIC, TOKENIZER_LEARNING_RATE, TOKENIZER_TRAIN_BSQ_LOSS, TOKENIZER_TRAIN_LOSS,
-    TOKENIZER_TRAIN_RECON, TOKENIZER_TRAIN_RECON_PRE, TOKENIZER_VAL_METRIC,
-)
+from ...tracking.keys import TOKENIZER_TRAIN_BSQ_LOSS, TOKENIZER_TRAIN_LOSS, TOKENIZER_TRAIN_RECON, TOKENIZER_TRAIN_RECON_PRE
 from ...model import KronosTokenizer
 from ...runtime.perf import autocast
 from ...evaluation.plots import log_validation_plots
@@ -77,10 +74,6 @@ def global_val_loss(model, loader, device, stats=None) -> float | None:
 
 class TokenizerStage(TrainingStage):
     name = "tokenizer"
-    train_loss = TOKENIZER_TRAIN_LOSS
-    learning_rate = TOKENIZER_LEARNING_RATE
-    val_metric = TOKENIZER_VAL_METRIC
-    initial_val_metric = TOKENIZER_INITIAL_VAL_METRIC
 
     @property
     def heldout(self):
