@@ -3,3 +3,7 @@ track every run in MLflow and Comet. Packages by role, in layers: docs/code-map.
 """
 
 __version__ = "0.1.0"
+
+from .serving import legacy_names  # noqa: E402
+
+legacy_names.install()  # models logged before the packages by role import two old module names

@@ -267,6 +267,45 @@ def test_the_tokenizer_model_is_logged_through_the_same_steps(tmp_path, monkeypa
 
 
 @pytest.mark.slow
+def test_a_forecaster_logged_before_the_packages_by_role_still_loads_after_the_package_is_imported(logged):
+    """A model logged before the modules moved carries a code file that imports
+    ``kronos_mlflow.forecasting.pyfunc``. In a process that already imported this package, MLflow
+    puts the model's own code copy behind it, so the old name resolves through
+    ``serving.legacy_names``: the model loads and forecasts as the new one does."""
+    import shutil
+
+    import mlflow
+
+    from kronos_mlflow.serving.forecasting.pyfunc import KronosForecasterPyfunc
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged["info"].model_uri,
+                                                     dst_path=str(logged["tmp"] / "old"), tracking_uri=logged["uri"]))
+    code_file = local / "forecaster_model.py"
+    new_import = "from kronos_mlflow.serving.forecasting.pyfunc import KronosForecasterPyfunc"
+    assert new_import in code_file.read_text()
+    code_file.write_text(code_file.read_text().replace(
+        new_import, "from kronos_mlflow.forecasting.pyfunc import KronosForecasterPyfunc"))
+    shutil.rmtree(local / "code" / "kronos_mlflow" / "serving")  # the carried copy has no new name either
+    old = mlflow.pyfunc.load_model(str(local))
+    assert isinstance(old.unwrap_python_model(), KronosForecasterPyfunc)
+    x, params = _windows(n=2), {"seed": 5, "sample_count": 2}
+    np.testing.assert_array_equal(old.predict(x, params=params)["paths"],
+                                  logged["model"].predict(x, params=params)["paths"])
+
+
+def test_the_old_module_names_hand_out_the_classes_that_moved():
+    """The two names older models' code files import are the classes that live in ``serving/`` now."""
+    import importlib
+
+    from kronos_mlflow.serving.forecasting.pyfunc import KronosForecasterPyfunc
+    from kronos_mlflow.serving.tokenizer_model import KronosTokenizerPyfunc
+
+    assert importlib.import_module("kronos_mlflow.mlflow_model").KronosTokenizerPyfunc is KronosTokenizerPyfunc
+    assert importlib.import_module("kronos_mlflow.forecasting.pyfunc").KronosForecasterPyfunc is KronosForecasterPyfunc
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("kronos_mlflow.pyfunc_model")  # only those two
+
+
 def test_served_forecast_equals_the_in_process_one(logged):
     import os
 
