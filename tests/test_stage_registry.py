@@ -16,10 +16,18 @@ PACKAGE = Path(stages.__file__).resolve().parents[1]
 
 
 def _stage_name_comparisons(path: Path) -> list[str]:
-    """``x == "predictor"``, ``"tokenizer" != x``, ``x in ("tokenizer", ...)`` in ``path``."""
+    """``x == "predictor"``, ``"tokenizer" != x``, ``x in ("tokenizer", ...)``, ``runs["tokenizer"]``
+    and ``config.get("stage", "tokenizer")`` in ``path``: code that knows a stage by its name."""
     names = set(stages.names())
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in names:
+            found.append(where)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and len(node.args) == 2 and all(isinstance(a, ast.Constant) for a in node.args)
+                and node.args[0].value == "stage"):
+            found.append(where)
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
@@ -42,8 +50,9 @@ def test_no_stage_name_is_compared_outside_the_stages_folder():
 
 def test_the_check_finds_a_comparison(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text('if config["stage"] == "predictor" or s in ("tokenizer", "x"):\n    pass\n')
-    assert len(_stage_name_comparisons_at(source)) == 2
+    source.write_text('if config["stage"] == "predictor" or s in ("tokenizer", "x"):\n    pass\n'
+                      'run = runs["tokenizer"]\nstage = config.get("stage", "tokenizer")\n')
+    assert len(_stage_name_comparisons_at(source)) == 4
 
 
 def _stage_name_comparisons_at(path: Path) -> list[str]:
@@ -56,10 +65,10 @@ def _stage_name_comparisons_at(path: Path) -> list[str]:
 
 
 def test_every_stage_is_registered_in_pipeline_order_with_its_config_keys():
-    assert stages.names() == ("tokenizer", "predictor") == cfg.STAGES
+    assert stages.names() == ("tokenizer", "predictor") == cfg.stage_names()
     for name in stages.names():
         spec = stages.get(name)
-        assert spec.name == name and spec.keys is cfg.STAGE_CONFIG[name]
+        assert spec.name == name and spec.keys is cfg.registered()[name]
         for key in (spec.keys.learning_rate, spec.keys.save_folder, spec.keys.grad_clip, spec.keys.pretrained,
                     *(k for keys in spec.keys.models.values() for k in keys)):
             assert key in cfg.DEFAULTS, (name, key)

@@ -91,8 +91,9 @@ def test_the_fold_table_is_consecutive_with_the_embargo_in_both_modes():
     assert {f.train_bars for f in rolling} == {60} and {f.val_bars for f in rolling} == {15}
     assert [f.test for f in rolling] == [f.test for f in expanding]  # the test periods do not depend on the mode
     # predictor (default): every fold's tokenizer is the first fold's, trained before any test bar
-    assert all(fl.tokenizer_ranges(expanding, _settings(), f) == expanding[0].ranges for f in expanding)
-    assert fl.tokenizer_ranges(expanding, _settings(retrain="both"), expanding[2]) == expanding[2].ranges
+    assert all(fl.stage_ranges(expanding, _settings(), f, False) == expanding[0].ranges for f in expanding)
+    assert fl.stage_ranges(expanding, _settings(retrain="both"), expanding[2], False) == expanding[2].ranges
+    assert fl.stage_ranges(expanding, _settings(), expanding[2], True) == expanding[2].ranges  # the predictor
     assert fl.table(expanding).splitlines()[1].split()[:2] == ["1", f"{expanding[0].train[0]}..{expanding[0].train[1]}"]
 
 

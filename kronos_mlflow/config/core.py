@@ -25,7 +25,7 @@ from typing import Any
 
 from . import published, checks
 from ..errors import ConfigError
-from .stage_keys import MLPROJECT_PARAMS
+from .stage_keys import DEFAULT_STAGE, MLPROJECT_PARAMS
 from .names import ascii_digits
 from .model_spec import BASE_CONFIG, MAX_PARAMETERS, PREDICTOR_CONFIGS, count_parameters, count_predictor_parameters
 from .checks import SEED_MAX
@@ -57,7 +57,7 @@ _SPEC: dict[str, tuple[Any, str]] = {
     "membership_gaps": ("split", "Index membership spans of one symbol: split (a window never crosses the gap between "
                                  "two spans) or join (the spans' bars form one series, as upstream)."),
     # ---- training (upstream names and defaults) ----
-    "stage": ("tokenizer", "What the run fine-tunes: tokenizer (stage one) or predictor (stage two: the Kronos "
+    "stage": (DEFAULT_STAGE, "What the run fine-tunes: tokenizer (stage one) or predictor (stage two: the Kronos "
                            "predictor on the frozen tokens of finetuned_tokenizer_path)."),
     "epochs": (30, "Training epochs."),
     "log_interval": (100, "Optimizer steps between console summaries."),
@@ -193,8 +193,8 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-from .stage_keys import (DATA_WINDOW_KEYS, EVALUATION_KEYS, PREDICTOR_ONLY_KEYS, STAGE_ALIASES, STAGE_CONFIG,  # noqa: E402,F401
-                         STAGES, StageKeys, stage_keys)
+from .stage_keys import (DATA_WINDOW_KEYS, EVALUATION_KEYS, STAGE_ALIASES, StageKeys,  # noqa: E402,F401
+                         registered, stage_keys, stage_names, stage_of)
 
 TIME_RANGE_KEYS = ("train_time_range", "val_time_range", "test_time_range")
 #: Time ranges that may be empty ([] = a default range chosen where the key is used).
@@ -214,7 +214,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "adamw_impl": ("auto", "fused", "foreach", "for-loop"),
     "resume": ("auto", "never", "must"),
     "system_metrics": ("on", "off"),
-    "stage": STAGES,
     "predictor_validation": ("causal", "upstream"),
     "cycle_momentum": ("on", "off"),
     "evaluate": ("on", "off"),
@@ -266,14 +265,14 @@ _SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secr
 _SECRET_PAIRS = re.compile(r"(api|access|private|secret)[_-]?key", re.IGNORECASE)
 
 
-def canonical_key(name: str, stage: str = "tokenizer") -> str:
+def canonical_key(name: str, stage: str = DEFAULT_STAGE) -> str:
     """Map a flag or parameter name (dashes or underscores, alias or key) onto a config key;
     ``learning_rate`` names the learning rate of ``stage``."""
     key = name.strip().lstrip("-").replace("-", "_")
     if key not in DEFAULTS:  # upstream's inference_T keeps its case; every other name is lower-case
         key = key.lower()
-    if key in STAGE_ALIASES and stage in STAGE_CONFIG:
-        return getattr(STAGE_CONFIG[stage], STAGE_ALIASES[key])
+    if key in STAGE_ALIASES and stage in registered():
+        return getattr(registered()[stage], STAGE_ALIASES[key])
     return ALIASES.get(key, key)
 
 
@@ -404,7 +403,7 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     checks.mlflow_experiment_name("experiment_name", out["experiment_name"])
     checks.mlflow_model_name("registered_model_name", out["registered_model_name"])
     checks.mlflow_run_name("run_name", out["run_name"])
-    for key, choices in CHOICES.items():
+    for key, choices in {**CHOICES, "stage": stage_names()}.items():
         if out[key] not in choices:
             raise ConfigError(f"{key}: '{checks.shown(out[key])}' is not one of {', '.join(choices)}")
     if out["backtest_n_symbol_hold"] and out["backtest_n_symbol_drop"] > out["backtest_n_symbol_hold"]:
@@ -497,7 +496,7 @@ def lora_targets(config: Mapping[str, Any]) -> tuple[str, ...]:
     names = [part.strip() for part in raw.split(",")]
     if not raw or not all(name in known for name in names):
         bad = next((name for name in names if name not in known), raw)
-        raise ConfigError(f"lora_targets: '{checks.shown(bad)}' matches no Linear layer of the {config.get('stage', 'tokenizer')}; "
+        raise ConfigError(f"lora_targets: '{checks.shown(bad)}' matches no Linear layer of the {stage_of(config)}; "
                           f"expected {', '.join(LORA_GROUPS)}, or names among {', '.join(known)}")
     return tuple(dict.fromkeys(names))
 
@@ -528,7 +527,7 @@ def load_config(overrides: Mapping[str, Any] | None = None, path: str | os.PathL
         sources.append(read_mapping(path, "config file", "must hold a mapping of key: value"))
     if overrides:
         sources.append(overrides)
-    stage = "tokenizer"
+    stage = DEFAULT_STAGE
     for source in sources:  # the stage decides what learning_rate names: read it first
         for name, value in source.items():
             if canonical_key(str(name)) == "stage":
@@ -590,7 +589,7 @@ def run_params(config: Mapping[str, Any]) -> dict[str, str]:
     """What a run records as params: the MLproject names (``learning_rate`` the stage's own),
     then the whole resolved config."""
     flat = flatten(config)
-    stage = str(config.get("stage", "tokenizer"))
+    stage = stage_of(config)
     names = list(MLPROJECT_PARAMS) + list(stage_keys(config).mlproject_params)
     params = {name: flat[canonical_key(name, stage)] for name in names}
     params.update(flat)

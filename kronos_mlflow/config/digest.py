@@ -14,7 +14,7 @@ from typing import Any
 
 from . import published
 from .core import is_secret_key
-from .stage_keys import STAGE_CONFIG
+from .stage_keys import registered, stage_of
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "digest_config", "config_digest"]
 
@@ -62,8 +62,9 @@ def digest_config(config: Mapping[str, Any], *, world_size: int | None = None) -
     """The part of ``config`` that decides the numbers: :data:`RESULT_NEUTRAL_KEYS` and
     credential-looking keys removed, ``world_size`` added when given. JSON types only."""
     out: dict[str, Any] = {}
-    # A tokenizer run's digest leaves the predictor's keys out: the same as before they existed.
-    keys = STAGE_CONFIG.get(str(config.get("stage", "tokenizer")))
+    # A stage leaves out the keys it never reads (a tokenizer run the predictor's: its digest is
+    # the same as before they existed).
+    keys = registered().get(stage_of(config))
     other_stage = keys.digest_excludes if keys is not None else ()
     for key in sorted(config):
         if key in RESULT_NEUTRAL_KEYS or key in other_stage or is_secret_key(str(key)):

@@ -26,12 +26,9 @@ from typing import Any
 
 from . import names
 from ..errors import UserError, short_reason
-from .stage_keys import stage_keys
+from .stage_keys import PUBLISHED, stage_keys
 
 AUTO, FRESH = "auto", "fresh"
-#: The keys that may be ``auto``, and the published checkpoint ``auto`` looks for.
-PUBLISHED = {"pretrained_tokenizer_path": "NeoQuasar/Kronos-Tokenizer-base",
-             "pretrained_predictor_path": "NeoQuasar/Kronos-small"}
 _FILES = ("config.json", "model.safetensors")
 #: a ref holds a commit hash (40 hex characters); what is read of one (a longer one is refused)
 _REF_BYTES = 128

@@ -1,8 +1,5 @@
-"""The config keys of each stage: which key plays which role (its learning rate, run folder,
-gradient clipping, starting checkpoint), what each model it builds is loaded from, its entry
-point's own MLproject parameters and the keys left out of its digest. Data only, read by
-:mod:`kronos_mlflow.config.core` while a config is loaded and by each stage's spec
-(:mod:`kronos_mlflow.stages`)."""
+"""The config keys of each stage (which key plays which role, what its models load from, its
+published starting points), as the stage's own folder declares them; docs/code-map.md."""
 
 from __future__ import annotations
 
@@ -58,13 +55,6 @@ DATA_WINDOW_KEYS = ("qlib_data_path", "instrument", "freq", "membership_gaps", "
 #: (its config file, flags, defaults), never taken from a run's recorded settings.
 PLACES_TO_WRITE = ("dataset_path", "save_path", "comet_offline_directory", "tokenizer_save_folder_name",
                    "predictor_save_folder_name")
-#: What only a predictor run reads: left out of a tokenizer run's digest, so that a tokenizer
-#: run's directory and training state do not depend on them.
-PREDICTOR_ONLY_KEYS = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
-                       "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path",
-                       "n_layers", *EVALUATION_KEYS)
-
-
 @dataclass(frozen=True)
 class StageKeys:
     """The config keys of one stage, resolved when a config is loaded (``learning_rate`` names
@@ -81,29 +71,68 @@ class StageKeys:
     digest_excludes: tuple[str, ...] = ()  # keys it never reads: left out of its config digest
     #: the names of its model's Linear layers (what ``lora_targets`` may name)
     linear_layers: tuple[str, ...] = ()
+    #: key -> the hub id of the published checkpoint ``auto`` looks for (upstream's starting points)
+    published: Mapping[str, str] = field(default_factory=dict)
 
 
-#: Each stage's keys (upstream's names).
-STAGE_CONFIG: dict[str, StageKeys] = {
-    "tokenizer": StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
-                           "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
-                           digest_excludes=PREDICTOR_ONLY_KEYS,
-                           linear_layers=("embed", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
-                                          "quant_embed", "post_quant_embed_pre", "post_quant_embed", "head")),
-    "predictor": StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
-                           "pretrained_predictor_path",
-                           models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
-                                   "predictor": ("pretrained_predictor_path",)},
-                           mlproject_params=("tokenizer", "pretrained_predictor_path"),
-                           linear_layers=("fusion_proj", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
-                                          "proj_s1", "proj_s2")),
-}
-STAGES = tuple(STAGE_CONFIG)
+#: The default of the ``stage`` key: what a config that names no stage trains.
+DEFAULT_STAGE = "tokenizer"
 #: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
 #: ``predictor_learning_rate``).
 STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
+#: Each registered stage's keys, in registration order. A stage's folder declares them on its
+#: spec and :func:`kronos_mlflow.stages.registry.register` enters them here (:func:`register_keys`).
+STAGE_CONFIG: dict[str, StageKeys] = {}
+
+
+def register_keys(name: str, keys: StageKeys) -> None:
+    """Enter stage ``name``'s keys (its spec's registration does: one stage, one folder)."""
+    if name in STAGE_CONFIG:
+        raise ValueError(f"stage {name!r} is registered twice")
+    STAGE_CONFIG[name] = keys
+
+
+def registered() -> dict[str, StageKeys]:
+    """Every registered stage's keys. The first ask loads the stages (the package's own and the
+    plugins of the ``kronos_mlflow.stages`` entry-point group): a config is read before anything
+    else asks for them, and config sits below the stages (docs/code-map.md)."""
+    if not STAGE_CONFIG:
+        import importlib  # lazy: a plugin load, not an import of a layer above
+
+        importlib.import_module("kronos_mlflow.stages")
+    return STAGE_CONFIG
+
+
+def stage_names() -> tuple[str, ...]:
+    """The registered stages, in registration order (what the ``stage`` key accepts)."""
+    return tuple(registered())
+
+
+def stage_of(config: Mapping[str, Any]) -> str:
+    """The name of the config's stage (the default one when the mapping names none)."""
+    return str(config.get("stage") or DEFAULT_STAGE)
 
 
 def stage_keys(config: Mapping[str, Any]) -> StageKeys:
-    """The keys of the config's stage (a loaded config's ``stage`` is one of :data:`STAGES`)."""
-    return STAGE_CONFIG[str(config.get("stage", "tokenizer"))]
+    """The keys of the config's stage (a loaded config's ``stage`` is a registered one)."""
+    return registered()[stage_of(config)]
+
+
+class _PublishedIds(Mapping):
+    """Key -> the hub id of its published checkpoint, over every registered stage's keys."""
+
+    def _ids(self) -> dict[str, str]:
+        return {k: v for keys in registered().values() for k, v in keys.published.items()}
+
+    def __getitem__(self, key: str) -> str:
+        return self._ids()[key]
+
+    def __iter__(self):
+        return iter(self._ids())
+
+    def __len__(self) -> int:
+        return len(self._ids())
+
+
+#: The keys that may be ``auto``, and the published checkpoint ``auto`` looks for there.
+PUBLISHED: Mapping[str, str] = _PublishedIds()

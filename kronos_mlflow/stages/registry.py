@@ -2,18 +2,18 @@
 for it. Everything outside ``kronos_mlflow/stages/`` asks the spec (``stages.get(name)`` or
 ``stages.spec_of(config)``) instead of comparing stage names.
 
-A stage is one folder under ``stages/`` whose ``__init__`` defines a :class:`StageSpec`
-subclass and registers it (``stages/__init__.py`` imports the folders in pipeline order).
-Specs import no torch at module level: ``--help`` and the config checks stay fast; their
-methods import the stage's training, held-out and model pieces when called.
+A stage is one folder whose ``__init__`` defines a :class:`StageSpec` subclass and registers
+it: the package's own under ``stages/``, others as plugins (docs/stages.md). Specs import no
+torch at module level; their methods import the stage's pieces when called.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..config.stage_keys import STAGE_CONFIG, StageKeys
+from ..config.stage_keys import StageKeys, register_keys, stage_of
 from ..errors import ConfigError
 
 
@@ -24,6 +24,8 @@ class StageSpec:
     """
 
     name: str = ""
+    #: its config keys (learning rate, run folder, what its models load from, ...)
+    config_keys: StageKeys | None = None
     #: metric names: the per-step loss and learning rate, the epoch's validation loss, the
     #: starting weights' validation loss; the held-out loss (unprefixed: ``test_<name>``)
     train_loss: str = ""
@@ -39,11 +41,19 @@ class StageSpec:
     #: and its alias moves only when this verdict tag says ``better``
     champion_suffix: str = ""
     pipeline_verdict_tag: str = "verdict"
+    #: where the stage trains in a pipeline (ascending; each step is handed the model of the one
+    #: before it) and the pipeline's flags that go to it only: flag -> (help, config key)
+    pipeline_position: float = 0.0
+    pipeline_flags: Mapping[str, tuple[str, str]] = {}
+    #: whether a walk-forward fold trains it on the fold's own ranges under the default
+    #: ``walkforward_retrain: predictor`` (else it trains once, on the first fold's)
+    retrained_every_fold: bool = False
 
     @property
     def keys(self) -> StageKeys:
         """The config keys of the stage (its learning rate, run folder, ...)."""
-        return STAGE_CONFIG[self.name]
+        assert self.config_keys is not None, f"stage {self.name!r} declares no config_keys"
+        return self.config_keys
 
     @property
     def test_loss(self) -> str:
@@ -110,21 +120,23 @@ class StageSpec:
 
 
 REGISTRY: dict[str, StageSpec] = {}
+NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def register(spec: StageSpec) -> StageSpec:
-    """Add a stage (once per name; its config keys must be in ``stage_keys.STAGE_CONFIG``)."""
+    """Add a stage and its config keys (once per name)."""
     if spec.name in REGISTRY:
         raise ValueError(f"stage {spec.name!r} is registered twice")
-    if spec.name not in STAGE_CONFIG:
-        raise ValueError(f"stage {spec.name!r} has no config keys in kronos_mlflow.config.stage_keys.STAGE_CONFIG")
+    if not NAME.fullmatch(spec.name) or not isinstance(spec.config_keys, StageKeys):
+        raise ValueError(f"stage {spec.name!r}: a stage needs a lower-case name and its config_keys (a StageKeys)")
+    register_keys(spec.name, spec.config_keys)
     REGISTRY[spec.name] = spec
     return spec
 
 
 def names() -> tuple[str, ...]:
-    """The registered stages, in pipeline order."""
-    return tuple(REGISTRY)
+    """The registered stages, in pipeline order (:attr:`StageSpec.pipeline_position`)."""
+    return tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].pipeline_position))
 
 
 def get(name: str) -> StageSpec:
@@ -132,9 +144,9 @@ def get(name: str) -> StageSpec:
     try:
         return REGISTRY[str(name)]
     except KeyError:
-        raise ConfigError(f"stage: '{name}' is not one of {', '.join(REGISTRY)}") from None
+        raise ConfigError(f"stage: '{name}' is not one of {', '.join(names())}") from None
 
 
 def spec_of(config: Mapping[str, Any]) -> StageSpec:
     """The spec of the config's stage."""
-    return get(str(config.get("stage", "tokenizer")))
+    return get(stage_of(config))

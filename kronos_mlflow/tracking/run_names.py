@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..config.stage_keys import stage_keys
+from ..config.stage_keys import stage_keys, stage_of
 
 #: What MLflow calls a run it was given no name for (``bright-owl-123``): a name this project may replace.
 GENERATED = re.compile(r"[a-z]+-[a-z]+-[0-9]{1,3}")
@@ -51,7 +51,7 @@ def training(config: Mapping[str, Any], *, fold: Fold | None = None) -> str:
     """A training run's name (a loaded config: its stage's learning rate is known)."""
     if given(config):
         return given(config)
-    stage = str(config.get("stage") or "tokenizer")
+    stage = stage_of(config)
     lr = float(config[stage_keys(config).learning_rate])
     return " ".join([*_fold(fold), stage, *mode_words(config), f"lr={lr:.0e}",
                      f"wd={float(config['adam_weight_decay']):g}", market(config)])

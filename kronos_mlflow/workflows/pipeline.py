@@ -52,40 +52,57 @@ from ..runtime.stopping import TrainingStopped
 from .sweep.champion import PROMOTE
 from ..training.run import check_resume
 
-STEPS = ("tokenizer", "predictor", "evaluation")
+EVALUATION = "evaluation"  # the last step: the scorecard of the last training step's model
 TAG_STEP = "pipeline.step"
-#: flag -> (help, the steps it goes to and the config key it sets there)
+#: config keys every training step takes from the flag of the same name
 SHARED = ("batch_size", "accumulation_steps", "n_train_iter", "n_val_iter", "n_test_iter", "seed", "comet",
           "pretrained_tokenizer_path",
           # what each training step trains (docs/finetune-modes.md)
           "finetune_mode", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "freeze_layers")
+#: ... and every step, the evaluation's included
 DATA = ("qlib_data_path", "instrument", "freq", "membership_gaps", "dataset_begin_time", "dataset_end_time",
         "train_time_range", "val_time_range", "test_time_range")
-FLAGS: dict[str, tuple[str, dict[str, str]]] = {
-    "epochs": ("tokenizer epochs", {"tokenizer": "epochs"}),
-    "predictor_epochs": ("predictor epochs", {"predictor": "epochs"}),
-    "learning_rate": ("tokenizer peak learning rate", {"tokenizer": "tokenizer_learning_rate"}),
-    "predictor_learning_rate": ("predictor peak learning rate", {"predictor": "predictor_learning_rate"}),
-    "weight_decay": ("AdamW weight decay of both stages", {"tokenizer": "adam_weight_decay",
-                                                           "predictor": "adam_weight_decay"}),
-    "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; auto: the published one when at "
-                                  "hand, else fresh; fresh: fresh weights)",
-                                  {"predictor": "pretrained_predictor_path"}),
-    **{k: (f"config key {k}, both training steps", {"tokenizer": k, "predictor": k}) for k in SHARED},
-    **{k: (f"config key {k}, every step", {"tokenizer": k, "predictor": k, "evaluation": k}) for k in DATA},
+#: the evaluation step's flags, flag -> (help, config key); a stage's own are on its spec
+EVALUATION_FLAGS = {
     "backtest_signal_stride": ("trading days between two backtest signal dates (evaluation step; 1: daily, 0: the "
-                               "scorecard's origin dates)", {"evaluation": "backtest_signal_stride"}),
+                               "scorecard's origin dates)", "backtest_signal_stride"),
     "calibration": ("on: the predictor's logged model carries a calibrator fit on validation origins and the "
                     "evaluation scores the calibrated forecaster too; off: neither (docs/calibration.md)",
-                    {"predictor": "calibration", "evaluation": "calibration"}),
+                    "calibration"),
 }
+
+
+def steps() -> tuple[str, ...]:
+    """The pipeline's steps in order: every registered stage (:attr:`StageSpec.pipeline_position`),
+    then the evaluation."""
+    return (*names(), EVALUATION)
+
+
+def flags() -> dict[str, tuple[str, dict[str, str]]]:
+    """flag -> (help, the steps it goes to and the config key it sets there): each stage's own
+    flags (its spec's ``pipeline_flags``), ``weight_decay``, :data:`SHARED`, :data:`DATA`, the
+    evaluation's (``calibration`` also goes to every stage that reads it)."""
+    trained = names()
+    out: dict[str, tuple[str, dict[str, str]]] = {}
+    for stage in trained:
+        for flag, (help_text, key) in get(stage).pipeline_flags.items():
+            out.setdefault(flag, (help_text, {}))[1][stage] = key
+    out["weight_decay"] = ("AdamW weight decay of every training step", {s: "adam_weight_decay" for s in trained})
+    out.update({k: (f"config key {k}, every training step", {s: k for s in trained}) for k in SHARED})
+    out.update({k: (f"config key {k}, every step", {s: k for s in steps()}) for k in DATA})
+    for flag, (help_text, key) in EVALUATION_FLAGS.items():
+        _, readers = out.pop(flag, ("", {}))  # a stage that reads it too says so in its pipeline_flags
+        out[flag] = (help_text, {**readers, EVALUATION: key})
+    return out
+
+
 SWITCH = {"true": True, "on": True, "1": True, "yes": True, "false": False, "off": False, "0": False, "no": False}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", dest="config_file", default="", metavar="FILE.yaml",
                         help="YAML config for every step")
-    for name, (help_text, _) in FLAGS.items():
+    for name, (help_text, _) in flags().items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
                             help=f"{help_text} (default: the config's)")
     parser.add_argument("--nproc-per-node", default="1", help="processes per training step (torchrun when > 1)")
@@ -116,7 +133,7 @@ def _overrides(args, step: str) -> dict[str, str]:
     """The step's config overrides: the flags that go to it, then ``args.step_overrides[step]``
     (a walk-forward fold's time ranges, per step)."""
     out = {}
-    for name, (_, targets) in FLAGS.items():
+    for name, (_, targets) in flags().items():
         value = getattr(args, name, None)
         if value is not None and step in targets:
             out[targets[step]] = value
@@ -151,14 +168,15 @@ def check(args, command: str = "pipeline", data: DataView | None = None) -> None
     args.nproc_per_node = checks.integer("nproc_per_node", args.nproc_per_node, 1, 256, what="argument --nproc-per-node")
     checks.mlflow_model_name("argument --registered-model-name", args.registered_model_name, error=UserError)
     configs = {}
-    for step in STEPS:
+    for step in steps():
         with _step_named(step):  # the predictor's `epochs` is --predictor-epochs: say which step
             configs[step] = _load(args, check_overrides(args, step))
     from ..tracking.gate import check_handed  # lazy: numpy, urllib/http
 
-    check_handed(command, configs["tokenizer"].get("experiment_name"))  # before any data is read
+    first = configs[names()[0]]
+    check_handed(command, first.get("experiment_name"))  # before any data is read
 
-    check_tracking(configs["tokenizer"])  # the parent's experiment (experiment_name, MLFLOW_EXPERIMENT_NAME)
+    check_tracking(first)  # the parent's experiment (experiment_name, MLFLOW_EXPERIMENT_NAME)
     check_steps(args, configs, data)  # the last check: its data cache is written once every check passed
 
 
@@ -170,7 +188,7 @@ def check_overrides(args, step: str) -> dict[str, Any]:
     """The overrides of ``step``'s config as the checks see it: the step's own, with the
     process count; the predictor's tokenizer is the one the tokenizer step will hand over (the
     checks pass it in: :func:`check_steps`)."""
-    if step == "evaluation":
+    if step == EVALUATION:
         return _overrides(args, step)
 
     extra = get(step).handed_over(HANDED_OVER)  # what the step before hands it ({} for the first)
@@ -207,9 +225,9 @@ def check_steps(args, configs: Mapping[str, dict], data: DataView | None = None)
                 if index == 0 and not args.force:  # the next step's folder is named after the first step's run
                     check_resume(config, world)
             handed = built if built is not None else get(step).build_model(config, tokenizer=handed)
-        with _step_named("evaluation"):
-            check_context(configs["evaluation"])
-            check_scorecard(data.config(configs["evaluation"]))
+        with _step_named(EVALUATION):
+            check_context(configs[EVALUATION])
+            check_scorecard(data.config(configs[EVALUATION]))
 
 
 def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
@@ -231,14 +249,14 @@ def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
 def evaluation_step(args, model: str) -> Step:
     from ..data import data_digest  # lazy: numpy
 
-    overrides = _overrides(args, "evaluation")
+    overrides = _overrides(args, EVALUATION)
     config = _load(args, overrides)
     flags = (["--config", args.config_file] if args.config_file else []) + as_flags(overrides)
     run_name = run_names.evaluation(config, fold=getattr(args, "run_name_fold", None))
     if not run_names.given(config):
         flags += ["--run-name", run_name]
     command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
-    return Step("evaluation", config, command, evaluation_digest(config, model), data_digest(config), resume=False,
+    return Step(EVALUATION, config, command, evaluation_digest(config, model), data_digest(config), resume=False,
                 run_name=run_name)
 
 
@@ -305,7 +323,8 @@ class Pipeline:
         """The step's run id: a FINISHED match, or a run made (or continued) now. The step is
         claimed first (:func:`claim_step`): a second identical pipeline waits for this one and
         then reuses what it finished."""
-        number = f"{STEPS.index(step.name) + 1}/{len(STEPS)}" if step.name in STEPS else "?"
+        order = steps()
+        number = f"{order.index(step.name) + 1}/{len(order)}" if step.name in order else "?"
         print(f"[pipeline] step {number}: {step.name}", flush=True)
         with claim_step(step):
             return self._run_step(step)
@@ -392,16 +411,15 @@ class Pipeline:
 
     def summarize(self) -> None:
         """The verdicts and the scorecard's skills on the parent run."""
-        tokenizer = self.client.get_run(self.runs["tokenizer"])
-        predictor = self.client.get_run(self.runs["predictor"])
-        evaluation = self.client.get_run(self.runs["evaluation"])
-        tags = {"tokenizer_verdict": tokenizer.data.tags.get(VERDICT_TAG, "missing"),
-                "predictor_verdict": predictor.data.tags.get(VERDICT_TAG, "missing")}
+        trained = {name: self.client.get_run(self.runs[name]) for name in names()}
+        forecaster = trained[names()[-1]]  # the model the evaluation scored
+        evaluation = self.client.get_run(self.runs[EVALUATION])
+        tags = {f"{name}_verdict": run.data.tags.get(VERDICT_TAG, "missing") for name, run in trained.items()}
         tags.update({k: v for k, v in evaluation.data.tags.items() if k.startswith("verdict_vs_")})
         for key, value in tags.items():
             self.client.set_tag(self.parent_id, key, value)
             if key.startswith("verdict_vs_"):  # as a stand-alone predictor run (evaluate: on) has them
-                self.client.set_tag(predictor.info.run_id, key, value)
+                self.client.set_tag(forecaster.info.run_id, key, value)
         for key, value in evaluation.data.metrics.items():
             if key.startswith("skill_vs_"):
                 self.client.log_metric(self.parent_id, key, value)
@@ -419,7 +437,7 @@ class Pipeline:
         """The parent's description (MLflow's note) links every step's run: a reused one stays under
         the parent that made it, so the UI shows this parent's steps through these links."""
         lines = ["Steps of this pipeline (a reused step stays under the pipeline that made it):", ""]
-        for name in STEPS:
+        for name in steps():
             run_id = self.runs.get(name)
             if run_id:
                 reused = " (reused)" if self.reused.get(name) else ""
@@ -436,7 +454,7 @@ def open_store(args: argparse.Namespace):
 
     ensure_sqlite_store(mlflow.get_tracking_uri())
     client = MlflowClient()
-    base = step_config(args, "tokenizer")
+    base = step_config(args, names()[0])
     return client, experiment_id_of(client, base.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
 
 
@@ -481,7 +499,7 @@ def run(args: argparse.Namespace) -> int:
     client, experiment_id = open_store(args)
     install_stops()  # SIGTERM / Ctrl-C: sent on to a step's process, then every run of this command ends KILLED
     parent_id = run_started(command_run(client, experiment_id, command="pipeline",
-                                        run_name=run_names.pipeline(step_config(args, "tokenizer")),
+                                        run_name=run_names.pipeline(step_config(args, names()[0])),
                                     tags={"pipeline.role": "parent"}))
     for key in ("force", "promote", "registered_model_name", "nproc_per_node"):
         log_param_once(client, parent_id, key, getattr(args, key))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...config.stage_keys import StageKeys
 from ...errors import UserError, same_on_every_rank
 from ...evaluation.sources import resolve_model, resolve_tokenizer
 from ...tracking.keys import (
@@ -24,6 +25,14 @@ from ..registry import StageSpec, register
 
 class PredictorSpec(StageSpec):
     name = "predictor"
+    config_keys = StageKeys("predictor_learning_rate", "predictor_save_folder_name", "predictor_grad_clip_norm",
+                            "pretrained_predictor_path",
+                            models={"tokenizer": ("finetuned_tokenizer_path", "pretrained_tokenizer_path"),
+                                    "predictor": ("pretrained_predictor_path",)},
+                            mlproject_params=("tokenizer", "pretrained_predictor_path"),
+                            linear_layers=("fusion_proj", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
+                                           "proj_s1", "proj_s2"),
+                            published={"pretrained_predictor_path": "NeoQuasar/Kronos-small"})
     train_loss = PREDICTOR_TRAIN_LOSS
     learning_rate = PREDICTOR_LEARNING_RATE
     val_metric = PREDICTOR_VAL_METRIC
@@ -32,6 +41,15 @@ class PredictorSpec(StageSpec):
     default_study = "kronos-predictor-lr-wd"  # never the tokenizer's study
     champion_suffix = "-predictor"
     pipeline_verdict_tag = "verdict_vs_zeroshot"  # the scorecard's verdict against the zero-shot pair
+    pipeline_position = 2.0  # on the tokenizer step's logged model
+    pipeline_flags = {
+        "predictor_epochs": ("predictor epochs", "epochs"),
+        "predictor_learning_rate": ("predictor peak learning rate", "predictor_learning_rate"),
+        "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; auto: the published one "
+                                      "when at hand, else fresh; fresh: fresh weights)", "pretrained_predictor_path"),
+        "calibration": ("its logged model's calibrator (the evaluation's flag)", "calibration"),
+    }
+    retrained_every_fold = True  # walkforward_retrain: predictor
 
     def training(self, config, layout, info):
         """The frozen tokenizer is written once, by rank 0, into ``checkpoints/tokenizer/``

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config.core import model_kwargs
+from ...config.stage_keys import EVALUATION_KEYS, StageKeys
 from ...errors import UserError
 from ...config.published import source
 from ...evaluation.sources import resolve_tokenizer
@@ -19,8 +20,21 @@ from ...tracking.keys import (
 from ..registry import StageSpec, register
 
 
+#: What a tokenizer run never reads (the predictor's keys and the scorecard's): left out of its
+#: digest, so that its run directory and training state do not depend on them.
+NOT_READ = ("stage", "predictor_learning_rate", "predictor_grad_clip_norm", "predictor_validation",
+            "predictor_save_folder_name", "pretrained_predictor_path", "finetuned_tokenizer_path", "n_layers",
+            *EVALUATION_KEYS)
+
+
 class TokenizerSpec(StageSpec):
     name = "tokenizer"
+    config_keys = StageKeys("tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm",
+                            "pretrained_tokenizer_path", models={"tokenizer": ("pretrained_tokenizer_path",)},
+                            digest_excludes=NOT_READ,
+                            linear_layers=("embed", "q_proj", "k_proj", "v_proj", "out_proj", "w1", "w2", "w3",
+                                           "quant_embed", "post_quant_embed_pre", "post_quant_embed", "head"),
+                            published={"pretrained_tokenizer_path": "NeoQuasar/Kronos-Tokenizer-base"})
     train_loss = TOKENIZER_TRAIN_LOSS
     learning_rate = TOKENIZER_LEARNING_RATE
     val_metric = TOKENIZER_VAL_METRIC
@@ -29,6 +43,9 @@ class TokenizerSpec(StageSpec):
     default_study = "kronos-lr-wd"
     champion_suffix = "-tokenizer"
     pipeline_verdict_tag = VERDICT_TAG  # held-out token loss against the starting weights
+    pipeline_position = 1.0  # the pipeline's first step
+    pipeline_flags = {"epochs": ("tokenizer epochs", "epochs"),
+                      "learning_rate": ("tokenizer peak learning rate", "tokenizer_learning_rate")}
 
     def training(self, config, layout, info):
         from .training import TokenizerStage  # lazy: torch, mlflow, pandas

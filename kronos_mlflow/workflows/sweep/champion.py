@@ -1,14 +1,7 @@
-"""The sweep's champion: the registered model version the alias ``champion`` names, and the
-rule that moves it (docs/sweeps.md, "The champion").
-
-With ``--promote better`` (the default) the alias moves to the study's best trial (lowest
-``best_val_loss``, or highest ``best_val_skill`` in a sweep on ``objective: val_skill``) only when that trial's test verdict is ``better`` (its best checkpoint beat
-its starting weights on the test windows by more than noise and ``verdict_min_change``) and,
-when a champion trained on the same data (tag ``data_digest``) exists, the trial's
-``test_tokenizer_loss`` is below the champion's on the same test windows: read from the
-champion's run when it was judged on the same windows (tag ``test_windows_digest``), else
-scored again here on the trial's windows. Otherwise the alias stays and the parent run's tag
-``champion_unchanged`` says why. ``--promote always`` moves it to the best trial regardless.
+"""The sweep's champion: the registered model version the alias ``champion`` names, and the rule that
+moves it (:func:`promotion`): with ``--promote better`` (the default) only to a best trial whose test
+verdict is ``better`` and that beats a champion trained on the same data on the same test windows,
+else the parent's tag ``champion_unchanged`` says why (docs/sweeps.md#the-champion).
 """
 
 from __future__ import annotations
@@ -21,6 +14,7 @@ from typing import Any, NamedTuple
 from ...tracking.keys import TEST_WINDOWS_DIGEST_TAG, TOKENIZER_URI_TAG, VERDICT_TAG
 from ...errors import UserError
 from ...config.names import RUN_ID, shown
+from ...config.stage_keys import stage_of
 from ..reuse import model_problem
 from ...stages import get, names, spec_of
 
@@ -51,13 +45,14 @@ def current_champion(client, registered_model_name: str):
 
 def promotion(client, registered_model_name: str, run, config: Mapping[str, Any], promote: str = "better",
               verdict_tag: str = VERDICT_TAG) -> Decision:
-    """May the alias move to ``run``'s model (a trial's or a pipeline step's MLflow run)? See the
-    module doc; ``verdict_tag`` is the verdict that must be ``better`` (a predictor step's:
-    ``verdict_vs_zeroshot``). A model whose files are missing or do not load never moves it."""
+    """May the alias move to ``run``'s model (a trial's or a pipeline step's MLflow run)? By the rule
+    of docs/sweeps.md#the-champion; ``verdict_tag`` is the verdict that must be ``better`` (a
+    predictor step's: ``verdict_vs_zeroshot``). A model whose files are missing or do not load never
+    moves it."""
     tags, metrics = run.data.tags, run.data.metrics
     number = tags.get("optuna.trial_number")
     who = f"best trial {number}" if number is not None else f"run {run.info.run_id}"
-    broken = model_problem(f"runs:/{run.info.run_id}/best_model", run.data.params.get("stage", "tokenizer"),
+    broken = model_problem(f"runs:/{run.info.run_id}/best_model", stage_of(run.data.params),
                            client.tracking_uri)
     if broken is not None:  # never a champion whose files are missing: checked whatever --promote says
         return Decision(False, f"{who} cannot be the champion: {broken}")

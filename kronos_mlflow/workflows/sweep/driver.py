@@ -40,7 +40,7 @@ from ...runtime.distributed import resolve_device
 from ...errors import EXIT_USAGE, UserError
 from ...training.preflight import DataView, check_processes, check_start, check_tracking, check_training
 from ...config.settings import check_environment
-from ...stages import get, spec_of
+from ...stages import get, names, spec_of
 from ...runtime.stopping import TrainingStopped
 from ...tracking.comet import check_comet
 from ...tracking.gate import check_handed, command_run, named_run
@@ -53,19 +53,25 @@ from .study import (DuplicateTrial, default_storage, open_storage, open_study, o
                     redact_url, repeated_trial)
 from ...training.trial import DEFAULT_PRUNER, make_pruner, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL_ID, EXIT_PRUNED
 
-TRAIN_PASSTHROUGH = (
-    "epochs", "batch_size", "n_train_iter", "n_val_iter", "n_test_iter", "qlib_data_path", "instrument",
-    "train_time_range", "val_time_range", "test_time_range", "comet", "pretrained_tokenizer_path",
-    "seed", "accumulation_steps", "freq", "membership_gaps", "stage", "finetuned_tokenizer_path",
-    "pretrained_predictor_path", "objective", "dataset_begin_time", "dataset_end_time",
-)
-#: Values the MLproject sweep entry passes when a parameter is not given: they override nothing.
-UNSET_BY_DEFAULT = {"stage": "tokenizer", "finetuned_tokenizer_path": "", "pretrained_predictor_path": "auto",
-                    "objective": "val_loss", "finetune_mode": "full", "lora_rank": "8", "freeze_layers": "2",
-                    "dataset_begin_time": "auto", "dataset_end_time": "auto"}
-DEFAULT_STUDY = get("tokenizer").default_study  # the --study-name default (a tokenizer sweep's)
-#: A predictor sweep's study when --study-name is left at its default: never the tokenizer's.
-PREDICTOR_STUDY = get("predictor").default_study
+#: The MLproject sweep entry's parameters besides every stage's own (``mlproject_params``):
+#: the value it passes when one is not given is the config's default, which overrides nothing.
+SWEEP_PARAMS = ("stage", "objective", "finetune_mode", "lora_rank", "freeze_layers", "dataset_begin_time",
+                "dataset_end_time")
+DEFAULT_STUDY = get(cfg.DEFAULTS["stage"]).default_study  # the --study-name default (the default stage's)
+
+
+def unset_by_default(stage: str) -> dict[str, str]:
+    """What the MLproject sweep entry passes for a parameter that is not given (its default):
+    config key -> the text it passes."""
+    own = [cfg.canonical_key(name, stage) for keys in cfg.registered().values() for name in keys.mlproject_params]
+    return {key: str(cfg.DEFAULTS[key]) for key in (*SWEEP_PARAMS, *own)}
+
+
+def chosen_keys() -> set[str]:
+    """The keys the sweep draws (every stage's learning rate, the weight decay): never flags."""
+    return {keys.learning_rate for keys in cfg.registered().values()} | {"adam_weight_decay"}
+
+
 #: What each objective's trial value is (a metric of the trial's run) and the study's direction.
 OBJECTIVE_METRIC = {"val_loss": "best_val_loss", "val_skill": "best_val_skill"}
 DIRECTION = {"val_loss": "minimize", "val_skill": "maximize"}
@@ -111,7 +117,7 @@ class SweepWorker:
 
     def __init__(self, args: argparse.Namespace, train_flags: list[str], space, storage, study, client,
                  experiment_id: str, parent_run_id: str, config: Mapping[str, Any] | None = None):
-        config = config or {"stage": "tokenizer"}
+        config = config or {}
         spec = spec_of(config)
         self.args, self.train_flags, self.space = args, train_flags, space
         self.folder_key = spec.keys.save_folder  # each trial's run folder
@@ -312,8 +318,8 @@ def build_parser():
     p.on_error = record_failure  # under `mlflow run -e sweep`: the parent run ends FAILED with this line
     p.add_argument("--n-trials", default=8, help="trials this worker runs (default 8)")
     p.add_argument("--timeout", default=0, help="stop starting trials after this many seconds (0: none)")
-    p.add_argument("--study-name", default=DEFAULT_STUDY, help="Optuna study (resumed when it exists; a "
-                   f"predictor sweep's default is {PREDICTOR_STUDY})")
+    p.add_argument("--study-name", default=DEFAULT_STUDY, help="Optuna study (resumed when it exists; another "
+                   "stage's sweep defaults to its own: " + ", ".join(get(n).default_study for n in names()[1:]) + ")")
     p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
     p.add_argument("--pruner", default=DEFAULT_PRUNER, help="successive_halving (default), hyperband, median, "
                    "percentile[:P], none; options as median:n_startup_trials=3,n_warmup_steps=1")
@@ -346,7 +352,7 @@ def _stage_of(extra: Sequence[str]) -> str:
         name, eq, value = flag.lstrip("-").partition("=")
         if name == "stage":
             return value if eq else (extra[i + 1] if i + 1 < len(extra) else "")
-    return "tokenizer"
+    return cfg.DEFAULTS["stage"]
 
 
 def parse(argv: Sequence[str] | None):
@@ -382,6 +388,7 @@ def parse(argv: Sequence[str] | None):
     # Pass-through flags: every training key, validated now so a typo fails before any trial.
     overrides: dict[str, str] = {}
     stage = _stage_of(extra)
+    unset, chosen = unset_by_default(stage), chosen_keys()
     i = 0
     while i < len(extra):
         flag = extra[i]
@@ -395,9 +402,9 @@ def parse(argv: Sequence[str] | None):
             i += 1
         i += 1
         key = cfg.canonical_key(name, stage)
-        if key in ("tokenizer_learning_rate", "predictor_learning_rate", "adam_weight_decay"):
+        if key in chosen:
             parser.error(f"argument --{name}: the sweep chooses it; edit the search space instead")
-        if UNSET_BY_DEFAULT.get(key) == value:
+        if unset.get(key) == value:
             continue  # the MLproject default: what the config file (or the config's default) says stands
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)

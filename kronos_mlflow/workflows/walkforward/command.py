@@ -42,6 +42,7 @@ from ...runtime.stopping import TrainingStopped
 from ...tracking.ownership import OwnershipError
 from ...evaluation.next_steps import look_command
 from ..pipeline_champions import move_champions
+from ...stages import get, names as stage_names
 from . import aggregate as agg, folds as fl
 
 ROLE_TAG, FOLD_TAG, PLAN_TAG = "walkforward.role", "walkforward.fold", "walkforward.plan_digest"
@@ -86,9 +87,10 @@ def calendar_of(config) -> np.ndarray:
 def fold_args(args, folds: list[fl.Fold], settings: fl.Settings, fold: fl.Fold):
     """The pipeline's arguments for ``fold``: its ranges per step, no champion of its own."""
     out = copy.copy(args)
-    ranges = {k: format_time_range(v) for k, v in fold.ranges.items()}
-    tokenizer = {k: format_time_range(v) for k, v in fl.tokenizer_ranges(folds, settings, fold).items()}
-    out.step_overrides = {"tokenizer": tokenizer, "predictor": ranges, "evaluation": ranges}
+    out.step_overrides = {name: {k: format_time_range(v) for k, v in
+                                 fl.stage_ranges(folds, settings, fold, get(name).retrained_every_fold).items()}
+                          for name in stage_names()}
+    out.step_overrides[pl.EVALUATION] = {k: format_time_range(v) for k, v in fold.ranges.items()}
     out.registered_model_name, out.check = "", False
     out.run_name_fold = (fold.fold, len(folds))  # its runs' names start with the fold (kronos_mlflow/tracking/run_names.py)
     return out
@@ -97,7 +99,7 @@ def fold_args(args, folds: list[fl.Fold], settings: fl.Settings, fold: fl.Fold):
 def plan_of(args) -> tuple[fl.Settings, list[fl.Fold], int]:
     """The settings, the fold table and the fold asked for (0: all), every value checked."""
     settings = settings_of(args)
-    base = pl.step_config(args, "predictor")
+    base = pl.step_config(args, stage_names()[-1])  # the forecaster's: the folds are its test periods
     folds = fl.plan(base, settings, calendar_of(base))
     only = checks.integer("fold", args.fold, 0, len(folds), what="fold", error=UserError)
     return settings, folds, only
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parent_run_id:
         args.parent_run_id = names.run_id(args.parent_run_id, "--parent-run-id")
     if gate.handed_run_id():  # the run MLFLOW_RUN_ID hands over, before the fold table reads any data
-        gate.check_handed("walk-forward", pl.step_config(args, "tokenizer").get("experiment_name"))
+        gate.check_handed("walk-forward", pl.step_config(args, stage_names()[0]).get("experiment_name"))
     settings, folds, only = plan_of(args)
     print(f"[walk-forward] {fl.describe(folds)}, {settings.mode}, retraining {settings.retrain}:", flush=True)
     print(fl.table(folds), flush=True)
@@ -195,7 +197,7 @@ def open_parent(client, experiment_id: str, args, folds, settings) -> str:
             client.set_tag(launcher, "walkforward.ran_into", parent_id)
     else:
         parent_id = gate.command_run(client, experiment_id, command="walk-forward",
-                                     run_name=run_names.walkforward(pl.step_config(args, "predictor"), len(folds)))
+                                     run_name=run_names.walkforward(pl.step_config(args, stage_names()[-1]), len(folds)))
     client.set_tag(parent_id, ROLE_TAG, "parent")
     client.set_tag(parent_id, PLAN_TAG, digest)
     for key, value in (("folds", settings.folds), ("fold_length", settings.fold_length),
@@ -237,7 +239,7 @@ def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold, to
 
     print(f"[walk-forward] fold {fold.fold}/{total or '?'}: train {fold.train[0]}..{fold.train[1]}, "
           f"val {fold.val[0]}..{fold.val[1]}, test {fold.test[0]}..{fold.test[1]}", flush=True)
-    name = run_names.fold_run(pl.step_config(args, "predictor"),
+    name = run_names.fold_run(pl.step_config(args, stage_names()[-1]),
                               getattr(args, "run_name_fold", None) or (fold.fold, total or fold.fold))
     fold_id = create_child(client, experiment_id, parent_id, name,
                            {"pipeline.role": "parent", FOLD_TAG: str(fold.fold)})

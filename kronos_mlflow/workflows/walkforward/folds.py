@@ -220,11 +220,12 @@ def _fold(k, calendar, train, val, test, embargo, lookback, horizon) -> Fold:
                 (_day(calendar[t0]), _day(calendar[t1])), t1 - t0 + 1, v1 - v0 + 1, tr1 - tr0 + 1, ranges)
 
 
-def tokenizer_ranges(folds: list[Fold], settings: Settings, fold: Fold) -> dict[str, list[str]]:
-    """The tokenizer step's ranges for ``fold``: its own (``walkforward_retrain: both``) or the
-    first fold's (``predictor``: one tokenizer, fine-tuned on data that ends before every
-    fold's test period, shared by all folds)."""
-    return dict(fold.ranges if settings.retrain == "both" else folds[0].ranges)
+def stage_ranges(folds: list[Fold], settings: Settings, fold: Fold, every_fold: bool) -> dict[str, list[str]]:
+    """A training step's ranges for ``fold``: its own when the stage is retrained in every fold
+    (``every_fold``, or ``walkforward_retrain: both``), else the first fold's (under the default
+    ``predictor``: one tokenizer, fine-tuned on data that ends before every fold's test period,
+    shared by all folds)."""
+    return dict(fold.ranges if every_fold or settings.retrain == "both" else folds[0].ranges)
 
 
 def table(folds: list[Fold]) -> str:
@@ -315,4 +316,4 @@ def _fold_read(row: Any, k: int, source: str):
 
 
 __all__ = ["Fold", "Length", "Settings", "as_json", "describe", "format_time_range", "parse_length", "plan",
-           "plan_digest", "read_folds_json", "table", "tokenizer_ranges"]
+           "plan_digest", "read_folds_json", "stage_ranges", "table"]
