@@ -44,7 +44,7 @@ def measure(tokenizer_dir: str, predictor_dir: str, config_file: str | None = No
         ds = QlibDataset("val", config)
         ds.set_epoch_seed(0)
         torch.manual_seed(seed)
-        result = PredictorStage(tokenizer, config).validate(model, val_loader_for(ds, config, 0, 1), "cpu")
+        result = PredictorStage(tokenizer, config).run_validation(model, val_loader_for(ds, config, 0, 1), "cpu")
         figures[f"val_predictor_loss_{mode}"] = result.loss
         figures.update({f"{k}_{mode}": v for k, v in result.metrics.items()})
         figures["windows"] = len(ds)

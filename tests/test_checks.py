@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from kronos_mlflow.config import checks as validate
+from kronos_mlflow.config import checks
 from kronos_mlflow.errors import ConfigError, UserError
 
 
@@ -30,7 +30,7 @@ def test_registered_model_names_mlflow_refuses_are_refused(name):
     read; the names MLflow takes pass."""
     refused = True
     try:
-        validate.mlflow_model_name("registered_model_name", name)
+        checks.mlflow_model_name("registered_model_name", name)
         refused = False
     except ConfigError as exc:
         assert "registered_model_name" in str(exc) and "\n" not in str(exc)
@@ -38,22 +38,22 @@ def test_registered_model_names_mlflow_refuses_are_refused(name):
 
 
 def test_longer_names_than_the_store_columns_are_refused():
-    validate.mlflow_model_name("m", "m" * 256)
+    checks.mlflow_model_name("m", "m" * 256)
     with pytest.raises(ConfigError, match="256"):
-        validate.mlflow_model_name("m", "m" * 257)
-    validate.mlflow_experiment_name("e", "e" * 256)
+        checks.mlflow_model_name("m", "m" * 257)
+    checks.mlflow_experiment_name("e", "e" * 256)
     with pytest.raises(ConfigError, match="256"):
-        validate.mlflow_experiment_name("e", "e" * 257)
+        checks.mlflow_experiment_name("e", "e" * 257)
     with pytest.raises(ConfigError, match="250"):
-        validate.mlflow_run_name("r", "r" * 251)
+        checks.mlflow_run_name("r", "r" * 251)
 
 
 def test_tracking_schemes_are_those_mlflow_serves():
     from mlflow.tracking._model_registry.utils import _get_store_registry
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-    assert set(validate.TRACKING_SCHEMES) == set(_tracking_store_registry._registry)
-    assert set(validate.TRACKING_SCHEMES) == set(_get_store_registry()._registry)
+    assert set(checks.TRACKING_SCHEMES) == set(_tracking_store_registry._registry)
+    assert set(checks.TRACKING_SCHEMES) == set(_get_store_registry()._registry)
 
 
 @pytest.mark.parametrize("uri, needle", [
@@ -65,16 +65,16 @@ def test_tracking_schemes_are_those_mlflow_serves():
 ])
 def test_tracking_uris(uri, needle):
     if needle is None:
-        assert validate.tracking_uri(uri, "MLFLOW_TRACKING_URI") == uri
+        assert checks.tracking_uri(uri, "MLFLOW_TRACKING_URI") == uri
         return
     with pytest.raises(UserError) as info:
-        validate.tracking_uri(uri, "MLFLOW_TRACKING_URI")
+        checks.tracking_uri(uri, "MLFLOW_TRACKING_URI")
     assert needle in str(info.value) and "MLFLOW_TRACKING_URI" in str(info.value)
 
 
 def test_a_uri_password_is_never_shown():
     with pytest.raises(UserError) as info:
-        validate.tracking_uri("ftp://user:pw-NOT-SHOWN@host/x", "MLFLOW_TRACKING_URI")
+        checks.tracking_uri("ftp://user:pw-NOT-SHOWN@host/x", "MLFLOW_TRACKING_URI")
     assert "pw-NOT-SHOWN" not in str(info.value)
 
 
@@ -82,29 +82,29 @@ def test_seeds_are_what_numpy_and_optuna_take():
     import numpy as np
     import optuna
 
-    top = validate.seed("seed", validate.SEED_MAX)
+    top = checks.seed("seed", checks.SEED_MAX)
     np.random.seed(top)
     optuna.samplers.TPESampler(seed=top)
     with pytest.raises(ConfigError, match="4,294,967,295"):
-        validate.seed("seed", validate.SEED_MAX + 1)
+        checks.seed("seed", checks.SEED_MAX + 1)
     with pytest.raises(ValueError):
-        np.random.seed(validate.SEED_MAX + 1)  # the limit is numpy's, not ours
+        np.random.seed(checks.SEED_MAX + 1)  # the limit is numpy's, not ours
 
 
 @pytest.mark.parametrize("value, ok", [("12", True), ("1e3", True), (7, True), ("1.5", False), ("nan", False),
                                        ("inf", False), ("1e400", False), ("abc", False), (True, False), ("-1", False)])
 def test_integers(value, ok):
     if ok:
-        assert isinstance(validate.integer("k", value, 0, 10**6), int)
+        assert isinstance(checks.integer("k", value, 0, 10**6), int)
     else:
         with pytest.raises(ConfigError, match="k:"):
-            validate.integer("k", value, 0, 10**6)
+            checks.integer("k", value, 0, 10**6)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", float("nan"), "x", True])
 def test_numbers_are_finite(value):
     with pytest.raises(ConfigError):
-        validate.number("k", value, 0.0, 1.0)
+        checks.number("k", value, 0.0, 1.0)
 
 
 @pytest.mark.parametrize("name, ok", [("run-1", True), ("../x", False), ("a/b", False), ("a\\b", False),
@@ -112,19 +112,19 @@ def test_numbers_are_finite(value):
                                       ("x" * 300, False), ("tab\there", False)])
 def test_child_names_stay_inside(name, ok):
     if ok:
-        assert validate.child_name("folder", name, "save_path") == name
+        assert checks.child_name("folder", name, "save_path") == name
     else:
         with pytest.raises(ConfigError, match="save_path"):
-            validate.child_name("folder", name, "save_path")
+            checks.child_name("folder", name, "save_path")
 
 
 def test_directories(tmp_path):
     (tmp_path / "f").write_text("x")
-    assert validate.directory("p", tmp_path / "new" / "deeper")  # creatable
+    assert checks.directory("p", tmp_path / "new" / "deeper")  # creatable
     with pytest.raises(ConfigError, match="is a file"):
-        validate.directory("p", tmp_path / "f")
+        checks.directory("p", tmp_path / "f")
     with pytest.raises(ConfigError, match="lies under"):
-        validate.directory("p", tmp_path / "f" / "sub")
+        checks.directory("p", tmp_path / "f" / "sub")
 
 
 def test_process_count_fits_the_machine():

@@ -98,7 +98,7 @@ def test_validation_is_causal_and_upstreams_number_is_one_option_away(tiny):
     for mode in ("causal", "upstream"):
         stage = PredictorStage(tokenizer, tiny(stage="predictor", predictor_validation=mode))
         torch.manual_seed(7)
-        results[mode] = stage.validate(model, loader, "cpu")
+        results[mode] = stage.run_validation(model, loader, "cpu")
     assert results["causal"].loss == pytest.approx(upstream_mode(True), rel=1e-6)  # what training sees
     assert results["upstream"].loss == pytest.approx(upstream_mode(False), rel=1e-6)  # upstream's eval mode
     assert results["causal"].loss != pytest.approx(results["upstream"].loss, rel=1e-4)

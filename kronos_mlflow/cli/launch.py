@@ -1,17 +1,7 @@
 """``python -m kronos_mlflow.launch``: torchrun, with the training's own errors kept to one line.
 
-It takes torchrun's arguments unchanged (the MLproject runs it in place of ``torchrun``)::
-
-    python -m kronos_mlflow.launch --standalone --nproc_per_node 2 -m kronos_mlflow.train --epochs 3
-
-Before any worker starts, the training flags after ``-m kronos_mlflow.train`` are parsed: an
-unknown flag (``mlflow run . -P epoch=3`` appends ``--epoch 3`` to the command) is one line and
-exit code 2, recorded on the ``mlflow run`` run as its ``failure_reason``. Then torchrun runs
-in this process. When the launcher is stopped (SIGTERM, Ctrl-C) it forwards the signal to every
-worker, as torchrun does; each worker ends the run KILLED and rank 0 prints one line, and the
-launcher exits ``128 + signal`` without torchrun's traceback. A worker that exits with a usage
-error (2) or after a stop signal has already printed its line; other failures keep torchrun's
-report.
+It takes torchrun's arguments unchanged (the MLproject runs it in place of ``torchrun``) and
+parses the training flags before any worker starts: docs/configuration.md#flags.
 """
 
 from __future__ import annotations
@@ -21,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..config import checks as validate
+from ..config import checks
 from ..config.argparsing import OneLineParser
 from ..errors import UserError
 from ..runtime.stopping import KEEP_KILLED, alive, keep_killed_status, mlflow_run_pid
@@ -68,14 +58,20 @@ def check_launcher_flags(argv: Sequence[str]) -> None:
     nproc = _launcher_value(argv, "--nproc-per-node", "--nproc_per_node")
     try:
         if restarts is not None:
-            validate.integer("--max-restarts", restarts, 0, MAX_RESTARTS)
+            checks.integer("--max-restarts", restarts, 0, MAX_RESTARTS)
         if nproc is not None and nproc not in ("auto", "cpu", "gpu", "xpu"):
-            validate.integer("--nproc-per-node", nproc, 1, 256)
+            checks.integer("--nproc-per-node", nproc, 1, 256)
     except UserError as exc:
         parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Check torchrun's numbers and the training flags (an unknown flag: one line, exit code 2,
+    recorded on the ``mlflow run`` run as its ``failure_reason``), then run torchrun in this process.
+    A stop (SIGTERM, Ctrl-C) is forwarded to every worker, as torchrun does; each ends its run KILLED,
+    rank 0 prints one line, and the launcher exits ``128 + signal`` without torchrun's traceback. A
+    worker that exits with a usage error (2) or after a stop signal has already printed its line;
+    other failures keep torchrun's report."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [KEEP_KILLED]:
         return keep_killed(argv[1], int(argv[2]))

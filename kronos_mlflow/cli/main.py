@@ -11,8 +11,7 @@ from collections.abc import Sequence
 
 from ..config.argparsing import OneLineParser
 from ..runtime.console import install_warning_format, terminal_only_bars
-from ..errors import EXIT_USAGE, UserError
-from ..runtime.stopping import TrainingStopped, exit_code, report, stop_reason
+from ..errors import EXIT_USAGE
 
 #: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
 NO_SETTINGS = {"import-csv", "compare"}
@@ -67,26 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else EXIT_USAGE
-    from ..tracking.project_run import record_failure  # lazy: tracking package, http/urllib/ssl: ~60 ms on --help
+    from ..tracking.project_run import exit_in_one_line  # lazy: tracking package, http/urllib/ssl: ~60 ms on --help
 
-    try:
+    def work() -> int:
         if args.command not in NO_SETTINGS:
             from ..config.settings import check_environment  # lazy: ~10 ms on --help
 
             check_environment()
         return int(args._run(args) or 0)
-    except UserError as exc:
-        line = f"kronos-mlflow {args.command}: error: {exc}"
-        print(line, file=sys.stderr)
-        record_failure(line, exc)  # under `mlflow run` (or as a pipeline's step): the run ends FAILED saying why
-        return EXIT_USAGE
-    except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training run: it ended KILLED
-        report(f"kronos-mlflow {args.command}: {stop_reason(exc.signum, None)}")
-        return exit_code(exc.signum)
-    except KeyboardInterrupt:  # Ctrl-C of a command with no stop handling of its own (evaluate)
-        report(f"kronos-mlflow {args.command}: interrupted")
-        return 130
-    except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
-        record_failure(f"kronos-mlflow {args.command}: {type(exc).__name__}: {exc}")
-        raise
+
+    return exit_in_one_line(f"kronos-mlflow {args.command}", work)
 

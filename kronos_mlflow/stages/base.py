@@ -76,7 +76,7 @@ class TrainingStage:
         """The per-step metrics (besides the learning rate) from the read loss and parts."""
         raise NotImplementedError
 
-    def validate(self, model, loader, device, *, detailed: bool = True) -> Validation:
+    def run_validation(self, model, loader, device, *, detailed: bool = True) -> Validation:
         """Validation over every rank's windows (a collective); ``detailed`` adds the metrics."""
         raise NotImplementedError
 

@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any
 
-from ..config import settings, checks as validate
+from ..config import settings, checks
 from ..runtime import stopping
 from ..errors import UserError
 from ..config.secrets import redact, redact_uri
@@ -43,7 +43,7 @@ def env_float(name: str, default: float) -> float:
         return settings.seconds(name)
 
     text = os.environ.get(name, "").strip()
-    return validate.number(name, text, 0.0, what=f"environment variable {name}") if text else default
+    return checks.number(name, text, 0.0, what=f"environment variable {name}") if text else default
 
 
 def is_store_locked(exc: BaseException) -> bool:

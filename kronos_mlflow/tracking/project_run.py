@@ -5,16 +5,51 @@ non-zero MLflow marks it FAILED but says nothing about why. :func:`record_failur
 one-line error on that run as ``failure_reason`` and ends it FAILED, so the UI and ``compare``
 show the reason (e.g. ``unknown flag --epoch (did you mean --epochs?)``). :func:`end_failed` is
 how every other place that ends a run FAILED (a pipeline's parent and steps, a sweep's trials
-and parent) records why.
+and parent) records why. :func:`exit_in_one_line` is every command's way out.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
+
+from ..errors import EXIT_USAGE, UserError
+from ..runtime.stopping import TrainingStopped, exit_code, report, stop_reason
 
 from ..config.secrets import redact
 from .protocol import FAILURE_REASON_MAX_CHARS, one_line
 from .server import hide_uri_printing
+
+
+def exit_in_one_line(name: str, work: Callable[[], int | None], *, speaks: bool = True, rank: str | None = None) -> int:
+    """Every command's way out: ``work()``'s exit code; a refusal (UserError) one line
+    ``NAME: error: ...`` on stderr, recorded on the launcher's run, exit 2; a stop signal one
+    line, exit 128 + its number; Ctrl-C where nothing stops more gently, 130; a crash recorded,
+    then raised (its traceback). ``speaks``: this process says it (one rank of a group; another
+    rank names itself only for a refusal of its own)."""
+    try:
+        return int(work() or 0)
+    except UserError as exc:
+        line = f"{name}: error: {exc}"
+        if speaks:
+            print(line, file=sys.stderr)
+            record_failure(line, exc)  # under `mlflow run` (or as a step): the run ends FAILED saying why
+        elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
+            print(f"[rank {rank}] {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training: it ended KILLED
+        if speaks:
+            report(f"{name}: {stop_reason(exc.signum, None)}")
+        return exit_code(exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C of a command with no stop handling of its own
+        if speaks:
+            report(f"{name}: interrupted")
+        return 130
+    except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
+        if speaks:
+            record_failure(f"{name}: {type(exc).__name__}: {exc}")
+        raise
 
 
 def record_failure(line: str, exc: BaseException | None = None) -> bool:

@@ -1,17 +1,8 @@
-"""The training loop: loss, step, validation and ``fit``, with no rank branches.
-
-The semantics are upstream Kronos's ``finetune/train_tokenizer.py`` and ``train_predictor.py``:
-AdamW, one-cycle learning rate, gradient accumulation, gradient clipping, the best checkpoint
-kept. What differs per stage (the loss, the validation and its metrics, the plots, the held-out
-comparison) is a small piece from :mod:`kronos_mlflow.stages`. Every rank runs the same code: what only rank 0 does (print, write files,
-log) is decided once by the caller, through the :class:`~kronos_mlflow.runtime.console.Console`, the
-:class:`RunFiles` and the logger it passes in (silent, no-op and :class:`NullLogger` elsewhere).
-
-``fit`` reads as the loop itself; what it does once is in named pieces: :func:`load_data`,
-:func:`resume_or_start` (a killed run's state, or the starting weights' validation),
-:func:`validate_epoch` (validation, its metrics, the best checkpoint), :func:`save_progress`
-(the training state), :func:`finish_run` (the result and the plots) and :func:`judge_on_test`
-(the best checkpoint against the starting weights on the test windows: the verdict).
+"""The training loop of both stages (upstream Kronos's ``finetune/train_*.py`` semantics), with no rank
+branches: what only rank 0 does (print, write files, log) is decided once by the caller, through the
+:class:`~kronos_mlflow.runtime.console.Console`, :class:`RunFiles` and logger it passes in (silent,
+no-op and :class:`~kronos_mlflow.tracking.protocol.NullLogger` elsewhere); what differs per stage is
+a piece from :mod:`kronos_mlflow.stages` (docs/code-map.md#where-each-concern-lives).
 """
 
 from __future__ import annotations
@@ -267,7 +258,7 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
     """The progress of the killed run that ``resume_state`` names, loaded into the model,
     optimizer and scheduler; without one, a fresh start after validating the starting weights."""
     if resume_state is None:
-        initial = (stage.validate(raw_model, val_batches(data, console, "starting weights: validation"), device,
+        initial = (stage.run_validation(raw_model, val_batches(data, console, "starting weights: validation"), device,
                                   detailed=False).loss if data.has_val else None)
         if initial is not None:
             logger.log_metrics({stage.initial_val_metric: initial}, step=0)
@@ -342,7 +333,7 @@ def validate_epoch(raw_model, data: RunData, device, epoch: int, progress: Progr
                    desc: str = "validation") -> EpochValidation:
     """The epoch's validation (a collective) and its metrics; the best checkpoint when it improved.
     Without a validation split every epoch is the best, so the last one is kept."""
-    val = (stage.validate(raw_model, val_batches(data, console, desc), device) if data.has_val
+    val = (stage.run_validation(raw_model, val_batches(data, console, desc), device) if data.has_val
            else Validation(None, {}, None))
     improved = False
     if val.loss is not None:
@@ -399,7 +390,13 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         rank: int = 0, world_size: int = 1, should_stop: Callable[[int, float | None], bool] | None = None,
         resume_state: Mapping[str, Any] | None = None, run_ids: Mapping[str, Any] | None = None,
         stage: TrainingStage, hooks: Sequence[EpochHook] = ()) -> dict[str, Any]:
-    """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint.
+    """Train ``model`` (DDP-wrapped or plain) for ``config["epochs"]`` and keep the best checkpoint:
+    upstream's AdamW, one-cycle learning rate, gradient accumulation and gradient clipping. It reads
+    as the loop itself; what it does once is in named pieces: :func:`load_data`,
+    :func:`resume_or_start` (a killed run's state, or the starting weights' validation),
+    :func:`validate_epoch` (validation, its metrics, the best checkpoint), :func:`save_progress` (the
+    training state), :func:`finish_run` (the result and the plots) and :func:`judge_on_test` (the best
+    checkpoint against the starting weights on the test windows: the verdict).
 
     ``stage`` (:mod:`kronos_mlflow.stages`: its spec's ``training``) supplies the loss, the
     validation and its metrics, the plots and the held-out comparison. ``hooks`` run after each

@@ -33,19 +33,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import core as cfg, published, checks as validate
+from ..config import core as cfg, published, checks
 from ..tracking import run_names
 from ..runtime import stopping
 from ..config.argparsing import OneLineParser
 from ..runtime.console import Console, install_warning_format, terminal_only_bars
 from ..config.digest import config_digest
-from ..errors import EXIT_USAGE, UserError, same_on_every_rank
+from ..errors import UserError, same_on_every_rank
 from ..config.flags import add_config_arguments, config_from_args
 from ..config.layout import RunLayout
 from ..evaluation.next_steps import training_lines
@@ -142,32 +141,44 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
     Returns ``(model, result)`` with ``result["best_val_loss"]``. ``logger`` is an experiment
     logger on rank 0 and may be ``None`` elsewhere; every rank takes part in the collectives.
     Such callers pass their ``rank`` in, so it decides here, once, who prints and writes files
-    (see :func:`kronos_mlflow.training.loop.fit`).
+    (see :func:`kronos_mlflow.training.loop.fit`). The command's :func:`main` trains through the
+    same :func:`fit_stage`.
     """
-    from ..model import finetune  # lazy: torch
     from ..data import provide_qlib_data  # lazy: numpy
-    from ..evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
     from ..tracking.protocol import NullLogger  # lazy: numpy, urllib/http
-    from .loop import RunFiles, fit
 
     import torch
     import torch.distributed as dist
 
     from ..runtime.distributed import DistInfo  # lazy: torch, numpy
 
-    main = rank == 0
     provide_qlib_data(config)  # the front door: the demo market made here (once, safe on every rank), not in the loop
     grouped = dist.is_available() and dist.is_initialized()  # the caller's process group, if any
     layout = RunLayout(Path(save_dir))
     info = DistInfo(rank, rank, world_size, torch.device(device), dist.get_backend() if grouped else None)
-    spec = spec_of(config)
-    stage = spec.training(config, layout, info)
-    model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
-    files = RunFiles(layout, enabled=main, config=config)
-    console = Console(main)
-    hooks = epoch_hooks(config, stage, device, rank=rank, world_size=world_size, console=console)
-    result = fit(model, device, config, logger if logger is not None else NullLogger(), files, console,
-                 rank=rank, world_size=world_size, should_stop=epoch_callback, resume_state=resume_state,
+    stage = spec_of(config).training(config, layout, info)
+    return fit_stage(model, stage, config, layout, info, logger if logger is not None else NullLogger(),
+                     Console(rank == 0), should_stop=epoch_callback, resume_state=resume_state, run_ids=run_ids)
+
+
+def fit_stage(model, stage, config: Mapping[str, Any], layout, info, logger, console: Console, *, should_stop=None,
+              resume_state=None, run_ids=None, steps: int | None = None):
+    """Every training's wiring once its stage piece and model are built: the fine-tune mode, the
+    stage's epoch hooks, the loop. ``steps`` (the command's): the run's optimizer steps; it also
+    records and prints what trains, and compiles or wraps the model for its speed settings.
+    Returns ``(model, result)``."""
+    from ..model import finetune  # lazy: torch
+    from ..evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
+    from .loop import RunFiles, fit, prepare_model
+
+    model = finetune.apply(model, config, spec_of(config))  # finetune_mode: the parts that train
+    if steps is not None:
+        logger.log_hyperparams({k: str(v) for k, v in finetune.counts(model).items()})
+        console.print(finetune.describe(model, config))
+        model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
+    hooks = epoch_hooks(config, stage, info.device, rank=info.rank, world_size=info.world_size, console=console)
+    result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main, config=config), console,
+                 rank=info.rank, world_size=info.world_size, should_stop=should_stop, resume_state=resume_state,
                  run_ids=run_ids, stage=stage, hooks=hooks)
     return model, result
 
@@ -294,15 +305,13 @@ def main(config: Mapping[str, Any]) -> dict:
     import torch
 
     from ..data import data_digest  # lazy: numpy
-    from ..model import finetune  # lazy: torch
     from ..runtime import perf  # lazy: torch
     from ..runtime.distributed import barrier, broadcast_object, init_distributed, seed_everything, teardown  # lazy: torch
-    from ..evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
     from ..evaluation.verdict import run_metrics_of
     from ..tracking import Tracking  # lazy: numpy, urllib/http
     from ..serving.model_logging import log_dataset_input, record_result
     from ..tracking.protocol import NullLogger
-    from .loop import RunFiles, TrainingPruned, fit, prepare_model
+    from .loop import TrainingPruned
 
     stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
     config = cfg.validate(dict(config))
@@ -338,15 +347,9 @@ def main(config: Mapping[str, Any]) -> dict:
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         announce_starts(config, logger, console)  # what auto chose, and why
-        model = finetune.apply(model, config, spec)  # finetune_mode: the parts that train
-        logger.log_hyperparams({k: str(v) for k, v in finetune.counts(model).items()})
-        console.print(finetune.describe(model, config))
-        model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
-        hooks = epoch_hooks(config, stage, info.device, rank=info.rank, world_size=info.world_size, console=console)
-        result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main, config=config), console,
-                     rank=info.rank, world_size=info.world_size,
-                     should_stop=TrialReporter.from_env() if info.is_main else None,
-                     resume_state=resume_state, run_ids=tracking.run_ids(), stage=stage, hooks=hooks)
+        _, result = fit_stage(model, stage, config, layout, info, logger, console, steps=steps,
+                              should_stop=TrialReporter.from_env() if info.is_main else None,
+                              resume_state=resume_state, run_ids=tracking.run_ids())
         if tracking.mlflow is not None:
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
@@ -409,7 +412,7 @@ def config_of(args: argparse.Namespace) -> dict:
     try:
         check_environment()
         if getattr(args, "_max_restarts", None) is not None:
-            validate.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
+            checks.integer("max_restarts", args._max_restarts, 0, MAX_RESTARTS)
         return config_from_args(args)
     except UserError as exc:  # flags, config files and the environment: every rank reads the same
         raise same_on_every_rank(exc) from None
@@ -432,7 +435,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
 
     from .loop import TrainingPruned  # lazy: torch, mlflow, pandas
 
-    from ..tracking.project_run import record_failure  # lazy: numpy, urllib/http
+    from ..tracking.project_run import exit_in_one_line, record_failure  # lazy: numpy, urllib/http
 
     install_warning_format()
     terminal_only_bars()
@@ -443,28 +446,16 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
     parser.silent = not main_rank  # torchrun: every rank parses the same flags; rank 0 says what is wrong
     add_arguments(parser, stage)
     args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (TrainingStopped, KeyboardInterrupt) as exc:
-        signum = exc.signum if isinstance(exc, TrainingStopped) else signal.SIGINT
-        if os.environ.get("RANK") in (None, "0"):  # a sweep's or pipeline's training: the command says it
-            stopping.report(f"{name}: {stopping.stop_reason(signum, None)}")
-        return stopping.exit_code(signum)
-    except TrainingPruned:
-        # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's
-        # KILLED status and stop_reason already tell the sweep, so workers exit cleanly there.
-        return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else EXIT_PRUNED
-    except UserError as exc:
-        if main_rank:
-            print(f"{name}: error: {exc}", file=sys.stderr)
-            # the launcher's run (`mlflow run`, a sweep, a pipeline) says why, unless a training
-            # already claimed it (its logger then ended it FAILED with this reason)
-            record_failure(f"{name}: error: {exc}", exc)
-        elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
-            print(f"[rank {rank}] {name}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as exc:  # a crash before the run was opened: its run says why (the traceback follows)
-        if main_rank:
-            record_failure(f"{name}: {type(exc).__name__}: {exc}")
-        raise
+
+    def work() -> int:
+        try:
+            return run(args)
+        except KeyboardInterrupt:  # before the stop handler is installed: a stop all the same
+            raise TrainingStopped(signal.SIGINT) from None
+        except TrainingPruned:
+            # Under torchrun a non-zero exit becomes a noisy ChildFailedError report; the run's
+            # KILLED status and stop_reason already tell the sweep, so workers exit cleanly there.
+            return 0 if os.environ.get("TORCHELASTIC_RUN_ID") else EXIT_PRUNED
+
+    return exit_in_one_line(name, work, speaks=main_rank, rank=rank)
 

@@ -69,7 +69,7 @@ class PredictorStage(TrainingStage):
     def step_metrics(self, loss, parts):
         return {PREDICTOR_TRAIN_LOSS: loss, PREDICTOR_TRAIN_S1: parts["s1"], PREDICTOR_TRAIN_S2: parts["s2"]}
 
-    def validate(self, model, loader, device, *, detailed=True):
+    def run_validation(self, model, loader, device, *, detailed=True):
         model = unwrap(model)
         was_training, causal = model.training, model.dep_layer.cross_attn.causal
         model.eval()
@@ -107,7 +107,7 @@ class PredictorStage(TrainingStage):
                 f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})")
 
     def best_validation(self, best_dir, loader, device):
-        return self.validate(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
+        return self.run_validation(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
 
     def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step, reused=None):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``); with

@@ -86,7 +86,7 @@ class TokenizerStage(TrainingStage):
         return {TOKENIZER_TRAIN_LOSS: loss, TOKENIZER_TRAIN_BSQ_LOSS: parts["bsq"],
                 TOKENIZER_TRAIN_RECON_PRE: parts["recon_pre"], TOKENIZER_TRAIN_RECON: parts["recon_all"]}
 
-    def validate(self, model, loader, device, *, detailed=True):
+    def run_validation(self, model, loader, device, *, detailed=True):
         stats = ValidationStats.for_model(model, device) if detailed else None
         loss = global_val_loss(model, loader, device, stats)
         return Validation(loss, stats.metrics() if stats is not None else {}, stats)
@@ -98,7 +98,7 @@ class TokenizerStage(TrainingStage):
         return describe_quality(validation.metrics, stats.s1_bits, stats.s2_bits)
 
     def best_validation(self, best_dir, loader, device):
-        return self.validate(KronosTokenizer.from_pretrained(best_dir, map_location=device), loader, device)
+        return self.run_validation(KronosTokenizer.from_pretrained(best_dir, map_location=device), loader, device)
 
     def forecast_pair(self, raw_model, config, device):
         """The epoch's tokenizer with ``pretrained_predictor_path``'s predictor (loaded once)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,14 +36,14 @@ from ...tracking.command_runs import end_stopped, install as install_stops, run_
 from ...runtime.console import install_warning_format, terminal_only_bars
 from ...evaluation.next_steps import sweep_lines
 from ...runtime.distributed import resolve_device
-from ...errors import EXIT_USAGE, UserError
+from ...errors import UserError
 from ...training.preflight import DataView, check_processes, check_start, check_tracking, check_training
 from ...config.settings import check_environment
 from ...stages import get, names, spec_of
 from ...runtime.stopping import TrainingStopped
 from ...tracking.comet import check_comet
 from ...tracking.gate import check_handed, command_run, named_run
-from ...tracking.project_run import end_failed, end_run, record_failure
+from ...tracking.project_run import end_failed, end_run, exit_in_one_line, record_failure
 from ...tracking.server import ensure_sqlite_store
 from .champion import PROMOTE, best_trial_record, set_champion
 from .dashboard import study_tags
@@ -587,12 +586,4 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     install_warning_format()
     terminal_only_bars()
-    try:
-        return run_sweep(argv)
-    except UserError as exc:
-        print(f"sweep: error: {exc}", file=sys.stderr)
-        record_failure(f"sweep: error: {exc}", exc)  # under `mlflow run -e sweep`: the parent's failure_reason
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("sweep: interrupted", file=sys.stderr)
-        return 130
+    return exit_in_one_line("sweep", lambda: run_sweep(argv))
