@@ -1,42 +1,8 @@
 """``kronos-mlflow compare``: the fine-tunes of an experiment (or one sweep's trials), best first.
 
-    kronos-mlflow compare                                  # experiment from MLFLOW_EXPERIMENT_NAME/ID, else Default
-    kronos-mlflow compare --experiment lr-sweep --top 5
-    kronos-mlflow compare --parent <sweep parent run id>   # the trials of one sweep
-    kronos-mlflow compare --top 3 --url                    # the MLflow UI page comparing them
-    kronos-mlflow compare --json                           # everything, machine-readable
-
-Runs are read through MLflow's API (``MlflowClient.search_runs``; ``--parent`` filters on
-``tags.mlflow.parentRunId``) and grouped: the fine-tunes of each stage (``tokenizer``,
-``predictor``: the run's ``stage`` param), ``evaluation`` (``kronos-mlflow evaluate`` runs,
-the pipeline's evaluation step) and ``parent`` (pipeline parents). Each group is ranked by its
-own number: a stage's runs by ``best_val_loss`` ascending (the trials of a sweep on ``objective:
-val_skill``: by ``best_val_skill`` descending), evaluations by ``skill_vs_zeroshot``
-descending, parents newest first; runs without the number (failed, still running, pruned
-before an epoch ended) come last, newest first. ``--top N`` keeps the N best of each group.
-When more than one group is listed, each table follows a line naming the group and its order.
-A sweep's parent run is not a fine-tune and is left out of an experiment listing (``--parent``
-lists its trials).
-
-Columns (a group shows only those that apply to it: an evaluation has no learning rate or epochs,
-a predictor no codebook usage): run name, learning_rate, weight_decay, epochs (done/planned), best_val_loss (and
-best_val_skill when a listed run has one), the test
-verdict's numbers (``test_loss``: the best checkpoint's ``test_tokenizer_loss``, a predictor
-run's ``test_predictor_loss``; ``base_loss``: the starting weights' ``base_test_tokenizer_loss``
-(``base_test_predictor_loss``); ``change``: ``test_loss_change`` with its
-95% interval; ``verdict``), the s1 and full codebook usage at the best epoch
-(``val_codebook_usage_*``; ``used/2^s1_bits`` for s1), duration, status, a sweep trial's number
-and Optuna state when there are trials, the scorecard's ``skill_vs_zeroshot`` and
-``skill_vs_persistence``, ``wql_skill_vs_persistence`` with their 95% intervals and verdicts,
-and ``win_rate_vs_persistence``, when a listed run has them
-(docs/forecast-evaluation.md), and the run id.
-
-``--url`` prints, after the table, the MLflow UI's run-comparison address for the listed runs:
-``<server>/#/compare-runs?runs=<url-encoded JSON list>&experiments=<url-encoded JSON list>``.
-For a tracking URI that is not an http(s) server (sqlite, a directory) the address is for
-``mlflow ui --backend-store-uri <uri>`` at http://127.0.0.1:5000, and that command is printed on
-stderr. Bad input (unknown experiment or parent run, ``--top`` below 1, an unreachable server,
-a missing database file) is one line on stderr and exit code 2.
+Runs are read through MLflow's API, grouped (each stage's fine-tunes, evaluations, pipeline
+parents) and each group ranked by its own number; the columns, the order and ``--url``:
+docs/comparing-runs.md#comparing-runs.
 """
 
 from __future__ import annotations
@@ -88,7 +54,7 @@ def _positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (parser.description or "") + (
-        ". Reads MLflow through its API; the columns and sorting are described in kronos_mlflow/cli/compare.py."
+        ". Reads MLflow through its API; the columns and sorting: docs/comparing-runs.md."
     )
     parser.add_argument("--experiment", metavar="NAME",
                         help="experiment name (or id); default: MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, "
@@ -413,7 +379,8 @@ def sort_rows(rows: list[RunRow], by_skill: bool = False) -> list[RunRow]:
 
 
 def sort_group(group: str, rows: list[RunRow], by_skill: bool = False) -> list[RunRow]:
-    """One group ranked by its own number (the module's docstring)."""
+    """One group ranked by its own number: a stage's runs by :func:`sort_rows`, evaluations by
+    ``skill_vs_zeroshot`` descending, parents newest first; runs without the number last, newest first."""
     if group == EVALUATION:
         def skill(r: RunRow) -> float | None:
             return r.skills.get("skill_vs_zeroshot", (None,))[0]

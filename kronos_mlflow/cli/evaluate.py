@@ -1,27 +1,7 @@
 """``kronos-mlflow evaluate``: the scorecard of a logged forecaster, recorded as its own MLflow run.
 
-    kronos-mlflow evaluate --model runs:/<run id>/best_model
-    kronos-mlflow evaluate --model models:/kronos-forecaster@champion \\
-        --zeroshot-tokenizer NeoQuasar/Kronos-Tokenizer-base --zeroshot-predictor NeoQuasar/Kronos-small
-    mlflow run . -e evaluate -P model=runs:/<run id>/best_model
-
-``--model`` is a logged forecaster (``runs:/<id>/best_model``, ``models:/NAME@ALIAS``) or a
-directory holding ``tokenizer/`` and ``predictor/`` checkpoints, or a predictor run's
-directory (``checkpoints/tokenizer/`` and ``checkpoints/best_model/``). The zero-shot pair is
-``--zeroshot-tokenizer`` / ``--zeroshot-predictor`` (each a checkpoint directory or hub id;
-one given alone pairs with the model's other half); without them, the predictor run's
-``pretrained_tokenizer_path`` / ``pretrained_predictor_path`` params, else that run's
-``checkpoints/start/`` when its directory is on this machine; else no zero-shot pair is scored
-(one line says so). Every config key is a flag (the data, the window sizes, the inference keys).
-A ``--model`` that names a run is scored, by default, on the data, windows and scorecard
-settings that run recorded (:data:`INHERITED_KEYS`, under the config file and the flags; a
-console line names those that differ from the defaults), the settings of the scorecard the run
-itself ended with; where it writes (``dataset_path``, ``save_path``) is never the run's: always
-this command's config file, flags or defaults. The flags, the store and the run are checked
-before anything is downloaded. The run (``MLFLOW_RUN_ID``'s under ``mlflow run``, else a new
-one) gets the metrics, tags and ``evaluation/`` artifacts of docs/forecast-evaluation.md, and the
-tag ``predictor_run_id``.
-Bad input is one line on stderr and exit code 2.
+What ``--model`` may be, the zero-shot pair, the settings a run's model is scored on
+(:data:`INHERITED_KEYS`) and what the run records: docs/forecast-evaluation.md#forecasters.
 """
 
 from __future__ import annotations

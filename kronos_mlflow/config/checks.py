@@ -1,21 +1,7 @@
 """One validator per kind of value, used wherever a value enters (config keys, flags of every
-subcommand, the sweep's own flags, environment variables, spool files).
-
-Each raises a :class:`~kronos_mlflow.errors.UserError` (``error`` picks the subclass) whose one
-line names the value and what is accepted:
-
-- :func:`integer` / :func:`number`: whole numbers in a range, finite numbers in a range
-  (``nan``, ``inf`` and numbers no library can hold are refused);
-- :func:`child_name`: a name that becomes one file or folder inside a parent directory
-  (``../x``, ``a/b``, ``.`` or an absolute path would escape it);
-- :func:`directory`: a path that must be a directory, or one that can be created (a regular
-  file at the path or above it, or a parent that is not writable, is refused);
-- :func:`mlflow_model_name`, :func:`mlflow_experiment_name`: names MLflow would refuse at the
-  end of a run (registered model) or at its start (experiment);
-- :func:`tracking_uri`, :func:`storage_url`: URIs whose scheme some store serves, with a
-  sqlite database's directory present.
-
-Nothing here imports torch, mlflow or pandas.
+subcommand, the sweep's own flags, environment variables, spool files): each raises a
+:class:`~kronos_mlflow.errors.UserError` (``error`` picks the subclass) whose one line names the
+value and what is accepted (docs/hostile-input.md). Nothing here imports torch, mlflow or pandas.
 """
 
 from __future__ import annotations

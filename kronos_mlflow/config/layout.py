@@ -1,20 +1,7 @@
-"""Where a run keeps its files, in one place: ``{save_path}/{tokenizer_save_folder_name}/{run key}/``.
-
-The run key is ``cfg-`` and the first 12 hex digits of the config digest
-(:func:`kronos_mlflow.config.digest.config_digest`, world size included): a run with another
-config never touches this run's files, and the same command again (after a crash or a stop)
-finds its own training state and resumes. When that directory holds a finished run
-(``summary.json``), the same config again gets ``cfg-<digest>-2``, ``-3``, ...: a finished
-run's best checkpoint is never overwritten.
-
-    checkpoints/best_model/   the best epoch's checkpoint (config.json + model.safetensors)
-    checkpoints/best_adapter/ a LoRA run's best adapters alone (peft's adapter_config.json + adapter_model.safetensors)
-    checkpoints/last/         the training state a killed run resumes from
-    checkpoints/start/        the starting weights (written when the run starts; the test verdict's base)
-    checkpoints/tokenizer/    a predictor run's frozen tokenizer (written when the run starts)
-    mlflow-spool/             what MLflow could not send during a tracking-server outage
-    plots/                    reconstruction.png, token_usage.png
-    summary.json              the result, config and run id
+"""Where a run keeps its files, in one place: ``{save_path}/{tokenizer_save_folder_name}/{run key}/``,
+the run key ``cfg-`` and 12 hex digits of :func:`kronos_mlflow.config.digest.config_digest`
+(docs/run-records.md#where-a-runs-files-are: what each file is, and why a finished run's
+directory is never reused).
 """
 
 from __future__ import annotations
@@ -36,7 +23,7 @@ class RunLayout:
     @classmethod
     def of(cls, config: Mapping[str, Any], world_size: int = 1) -> RunLayout:
         """This run's directory: the first ``cfg-<digest>[-N]`` under the run folder that holds
-        no finished run (see the module doc)."""
+        no finished run (docs/run-records.md#where-a-runs-files-are)."""
         base = cls.folder(config)
         key = run_key(config, world_size)
         for n in range(1, 10_000):

@@ -1,15 +1,6 @@
-"""What a name read from outside may be.
-
-A tag, a param, a JSON or parquet file, a run or a cache can hand this project a value that
-becomes part of a path or picks a run: a fold number, a run id, a snapshot's name. Such a value
-is a name, never a path: each goes through one function here that accepts only the plain form
-(a fold number is a small integer, a run id is MLflow's 32 hex characters, a file name has no
-separator and is not ``.`` or ``..``) and refuses anything else in one line naming the value and
-where it came from. A path resolved from outside (a Hugging Face cache's snapshot) must lie
-inside the directory it was resolved in, compared as real paths.
-
-Digits are ASCII digits only: ``"٣".isdigit()`` is True in Python, ``int("٣")`` is 3, and a
-file name made of it is not the file a user would type.
+"""What a name read from outside may be: a fold number, a run id, a file name (never a path), each
+accepted in its plain form only by one function here, else refused in one line naming the value
+and where it came from (docs/reliability.md#what-a-name-may-be).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Keep credentials out of params, tags, failure reasons and log lines.
-
-Credentials only ever come from the environment (``COMET_API_KEY``, ``MLFLOW_TRACKING_TOKEN``,
-``MLFLOW_TRACKING_PASSWORD``, a password inside ``MLFLOW_TRACKING_URI``...). This module
-finds their current values and replaces them with ``***`` wherever text leaves the process:
-
-- :func:`secret_values` lists the values to hide (read from ``os.environ`` on every call, so
-  a key set after import is still caught);
-- :func:`redact` hides them (and any ``scheme://user:password@host`` password) in a string;
-- :func:`scrub_params` drops credential-named keys from a params mapping and redacts values;
-- :class:`SecretFilter` is a ``logging.Filter`` that redacts log records.
+"""Keep credentials out of params, tags, failure reasons and log lines: credentials only ever come
+from the environment, and their current values (and any ``scheme://user:password@host``
+password) become ``***`` wherever text leaves the process (docs/reliability.md#hostile-input-and-secrets).
 """
 
 from __future__ import annotations
@@ -67,7 +59,8 @@ def uri_passwords(text: str) -> list[str]:
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Current secret values from the environment, longest first, without duplicates.
+    """Current secret values from the environment, longest first, without duplicates (read on
+    every call, so a key set after import is still caught).
 
     Includes ``COMET_API_KEY``, ``MLFLOW_TRACKING_PASSWORD``, ``MLFLOW_TRACKING_TOKEN``, every
     variable whose name looks like a credential (:func:`is_secret_name`), and the password of

@@ -1,20 +1,7 @@
-"""The package's own settings from the environment, ``KRONOS_MLFLOW_*``: each parsed here, and
-a malformed value refused (one line naming the variable and what it accepts), never replaced by
-its default with a warning.
-
-=================================  ===========================================  ======================
-variable                           accepts                                      unset or empty
-=================================  ===========================================  ======================
-``KRONOS_MLFLOW_HOME``             a directory, or a path where one can be made  ``~/.cache/kronos_mlflow``
-``KRONOS_MLFLOW_SPOOL_DIR``        a directory, or a path where one can be made  ``$KRONOS_MLFLOW_HOME/spool``
-``KRONOS_MLFLOW_HTTP_TIMEOUT_S``   seconds, a number > 0 and <= 3600            10
-``KRONOS_MLFLOW_FINALIZE_WAIT_S``  seconds, a number >= 0 and <= 86400          30
-=================================  ===========================================  ======================
-
-:func:`check_environment` reads them all; every command that reads one calls it before it does
-any work (``kronos-mlflow`` subcommands, ``python -m kronos_mlflow.train`` and its ``--check``,
-``sweeps/sweep.py``), so a typo costs one line and exit code 2 at the start, not a warning, or a
-failure at the end of a run. Nothing here imports more than the standard library.
+"""The package's own settings from the environment, ``KRONOS_MLFLOW_*``: each parsed here, and a
+malformed value refused in one line at the start of every command (:func:`check_environment`),
+never replaced by its default (docs/configuration.md#settings-from-the-environment). Nothing here
+imports more than the standard library.
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Reading a user's YAML file (a config, a sweep's search space) with limits: one line for every
 way it can be wrong, and nothing in it can cost time or memory out of proportion to its size.
-
-The file is parsed twice. The first pass reads only the parser's event stream and refuses, before
-any value is built:
-
-- an alias (``*name``): aliases repeat a value without its bytes (a 427-byte "billion laughs"
-  file expands to gigabytes), and a config never needs one;
-- an explicit tag (``!!python/object``, ``!!binary``, ``!!set``, ``!foo``, ``!``): a value is
-  plain text, a number, true/false, empty, a list or a mapping, nothing else;
-- a key that is not text: a list or mapping used as a key (``? [a, b]``, ``{a: 1}: x``), or a
-  plain key that YAML reads as a number, a boolean or null (``1:``, ``true:``, ``~:``);
-- a key given twice in one mapping (PyYAML would keep the last one silently);
-- lists and mappings nested more than ``MAX_DEPTH`` deep, or more than ``MAX_NODES`` values,
-  keys, lists and mappings in all (the size cap alone would let a 1 MiB file of short items cost
-  seconds and hundreds of megabytes to build);
-- a number of more than ``MAX_NUMBER_CHARS`` characters (Python refuses to read, or takes very long
-  to compute, integers of thousands of digits);
-- more than one YAML document (``---``).
-
-Only then is the value built, from plain mappings, lists and scalars. Dates stay text (the
-config reads them itself), and ``=`` and ``<<`` are plain text too (YAML 1.1's "value" and
-"merge" keys are not used). A refusal names the file, the line and what kind of thing is not
-allowed, never the value itself.
+The parser's events are checked first (:func:`_check_events`), then the value is built from plain
+mappings, lists and scalars; what is refused: docs/configuration.md#the-config-file.
 """
 
 from __future__ import annotations
@@ -65,7 +45,8 @@ _loader_classes: dict[bool, type] = {}
 
 def _loader(libyaml: bool = True):
     """A safe loader class (libyaml's parser when PyYAML has it and ``libyaml``) whose implicit
-    types are text, int, float, bool and null only."""
+    types are text, int, float, bool and null only: dates stay text (the config reads them itself),
+    and ``=`` and ``<<`` are plain text too (YAML 1.1's "value" and "merge" keys are not used)."""
     if libyaml in _loader_classes:
         return _loader_classes[libyaml]
     import yaml
@@ -108,8 +89,13 @@ def _loader(libyaml: bool = True):
 
 
 def _check_events(text: str, libyaml: bool = True) -> None:
-    """The first pass: every event of ``text``, checked; raises :class:`_Refused` at the first
-    rule broken (``yaml.YAMLError`` for text that is not YAML)."""
+    """The first pass: every event of ``text``, checked before any value is built; raises
+    :class:`_Refused` at the first rule broken (``yaml.YAMLError`` for text that is not YAML).
+
+    The node cap is there because the size cap alone would let a 1 MiB file of short items cost
+    seconds and hundreds of megabytes to build; the number cap because Python refuses to read, or
+    takes very long to compute, integers of thousands of digits; a key given twice is refused
+    because PyYAML would keep the last one silently."""
     import yaml
 
     loader = _loader(libyaml)(text)

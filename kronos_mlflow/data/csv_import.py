@@ -1,36 +1,6 @@
-"""Turn K-line CSV files (daily or 1- to 60-minute bars) into a Qlib provider directory.
-
-    kronos-mlflow import-csv prices/*.csv --out ./my_qlib                  # one file per symbol
-    kronos-mlflow import-csv all_prices.csv --out ./my_qlib --instrument mine  # long file, `symbol` column
-    kronos-mlflow prepare --qlib-data-path ./my_qlib --instrument mine
-
-Accepted columns (names case-insensitive): a date column named ``timestamps`` (upstream's
-``finetune_csv`` format), ``date`` or ``datetime``, or else a first column without a name (or
-named ``index``) that holds times, as pandas' ``DataFrame.to_csv()`` writes a frame indexed by
-date (the summary line says so); ``open, high, low, close, volume``; optional
-``amount`` (missing: ``mean(open, high, low, close) * volume`` as upstream computes it); optional
-``symbol`` (otherwise the file name without ``.csv`` is the symbol). Other columns are ignored.
-The time column holds dates and times (ISO 8601 in any layout, such as ``2024-01-31`` or
-``2024-01-31 09:30:00``, or every value in the first value's format: ``20240131``,
-``01/31/2024``), or epoch timestamps as exchanges export them: whole seconds, milliseconds,
-microseconds or nanoseconds since 1970-01-01 UTC, the unit detected from their size (the one in
-which they fall between 1971 and 2262) or given with ``--time-unit s|ms|us|ns``; numbers of two
-units in one file, or in none, are refused. Epoch times are UTC clock times.
-One row per symbol and bar, sorted by time (duplicated or unsorted timestamps are refused). The
-frequency is inferred: ``day`` when no symbol has two rows on one date, otherwise the spacing of
-bars within a day (1, 5, 15, 30 or 60 minutes; a missing bar is fine, a spacing that is not a
-multiple of the frequency is refused); ``--freq`` overrides it. Timestamps may carry a UTC
-offset, the same one throughout a file (two offsets in one file are refused); bars keep their
-local clock time. Empty cells are kept as missing bars (NaN), which ``prepare`` drops. A bar with
-a value that is infinite or beyond float32 (``inf``, ``1e39``), or with its high below its low,
-is stored as a missing bar, with one warning line per symbol saying how many
-(``docs/hostile-input.md``, Data sanity).
-
-The output holds ``calendars/<freq>.txt`` (the union of all timestamps, in ``dump_bin.py``'s
-formats), ``instruments/all.txt`` (each
-symbol's first and last date) and, with ``--instrument NAME``, ``instruments/NAME.txt``;
-``features/<symbol>/{open,high,low,close,volume,amount,vwap,factor}.<freq>.bin``. It is written to a
-temporary directory and renamed, and a non-empty ``--out`` is refused unless ``--force``.
+"""Turn K-line CSV files (daily or 1- to 60-minute bars) into a Qlib provider directory:
+``kronos-mlflow import-csv``. The columns and timestamps it accepts, how the frequency is inferred
+and what is refused or dropped: docs/data.md#your-own-csv-files and docs/hostile-input.md.
 """
 
 from __future__ import annotations
@@ -408,7 +378,9 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
 
     The frequency is inferred from the timestamps (:func:`infer_freq`) unless ``freq`` is given;
     epoch timestamps are in ``time_unit`` (s, ms, us, ns), or the unit their size says
-    (:func:`parse_times`)."""
+    (:func:`parse_times`). ``calendars/<freq>.txt`` is the union of all timestamps, in
+    ``dump_bin.py``'s formats. The directory is written to a temporary directory and renamed; a
+    non-empty ``out`` is refused unless ``force``."""
     check_time_unit(time_unit)
     paths = _expand([files] if isinstance(files, (str, Path)) else files)
     if instrument is not None:

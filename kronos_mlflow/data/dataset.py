@@ -1,31 +1,6 @@
-"""Training windows: ``QlibDataset``. How the training loop uses it (its loaders come from
-:mod:`kronos_mlflow.data.loaders`)::
-
-    train_ds = QlibDataset("train", config)            # prepares the cache on first use
-    val_ds = QlibDataset("val", config)                # len(val_ds) == 0: no validation split
-    train_loader = train_loader_for(train_ds, config, rank, world_size)
-    for epoch in range(config["epochs"]):
-        train_ds.set_epoch_seed(epoch)                 # BEFORE iterating (workers copy the dataset)
-        val_ds.set_epoch_seed(0)                       # the same validation windows every epoch
-        for x, x_stamp in train_loader: ...            # (B, window, 6), (B, window, 5) float32
-
-Sampling. An epoch is a deterministic permutation of all windows of the split, drawn by
-``numpy.random.default_rng((seed, epoch_seed, split))`` (above two million windows: a sample
-without replacement, ``Generator.choice(..., replace=False)``); ``ds[i]`` is its i-th window and
-``len(ds) = min(n_train_iter | n_val_iter, windows available)``. So an epoch never repeats a
-window, is the same whatever ``num_workers``, and ``DistributedSampler(shuffle=False,
-drop_last=True)`` gives each rank a disjoint slice (``loaders.make_loader`` does that when
-``world_size > 1``). Upstream's dataset ignored the index and drew from a random generator each
-worker copied, repeating samples across workers.
-
-Speed. ``__getitems__`` (called by ``DataLoader`` with a whole batch of indices) gathers the
-batch with one fancy index and normalises it in one vectorised call, returning a lazy
-:class:`WindowBatch`; ``collate_windows`` (the dataset's ``collate_fn``, used by ``loaders.make_loader``) turns it into the two batch
-tensors without copying. ``default_collate`` also accepts it (it stacks per-sample views).
-
-Empty splits. ``QlibDataset("train", ...)`` with no windows raises ``DataError`` (from the
-preparation step). An empty ``val``/``test`` split gives a dataset of length 0 and a
-``DataWarning``; callers check ``len(ds) == 0`` and skip validation.
+"""Training windows: :class:`QlibDataset`, each epoch a deterministic permutation of a split's
+windows read from the memory-mapped prepared splits (its loaders come from
+:mod:`kronos_mlflow.data.loaders`; docs/data.md#scale-memory-mapped-splits).
 """
 
 from __future__ import annotations
@@ -84,7 +59,21 @@ class QlibDataset(Dataset):
     ``ds[i]`` -> ``(x, x_stamp)``: float32 tensors of shapes ``(window, len(feature_list))`` and
     ``(window, len(time_feature_list))``, window = lookback_window + predict_window + 1. ``x`` is
     z-scored with its lookback part's mean and std (+1e-5) and clipped to +-clip; ``x_stamp`` is
-    the raw calendar features. See the module docstring for the sampling contract.
+    the raw calendar features.
+
+    Sampling: an epoch is a deterministic permutation of all windows of the split, drawn by
+    ``numpy.random.default_rng((seed, epoch_seed, split))`` (above two million windows: a sample
+    without replacement, ``Generator.choice(..., replace=False)``); ``ds[i]`` is its i-th window
+    and ``len(ds) = min(n_train_iter | n_val_iter, windows available)``. So an epoch never repeats
+    a window, is the same whatever ``num_workers``, and ``DistributedSampler(shuffle=False,
+    drop_last=True)`` gives each rank a disjoint slice (``loaders.make_loader`` does that when
+    ``world_size > 1``). Upstream's dataset ignored the index and drew from a random generator each
+    worker copied, repeating samples across workers. Call :meth:`set_epoch_seed` before iterating
+    (workers copy the dataset); validation uses epoch seed 0, the same windows every epoch.
+
+    Empty splits: no training window raises ``DataError`` (from the preparation step); an empty
+    ``val``/``test`` split gives a dataset of length 0 and a ``DataWarning``, and callers check
+    ``len(ds) == 0`` and skip validation.
     """
 
     def __init__(self, split: str, config: Mapping[str, Any], *, progress: bool = True):
@@ -188,6 +177,9 @@ class QlibDataset(Dataset):
         return torch.from_numpy(x), torch.from_numpy(self.x_stamp[start : start + self.window].astype(np.float32))
 
     def __getitems__(self, indices) -> WindowBatch:
+        """A whole batch (``DataLoader`` asks for one): gathered with one fancy index and normalised
+        in one vectorised call, as a lazy :class:`WindowBatch` that :func:`collate_windows` turns
+        into the two batch tensors without copying."""
         rows = self._rows(indices)[:, None] + self._steps  # (B, T)
         x = normalize_windows(self.x[rows], self.lookback, self.clip)
         return WindowBatch(torch.from_numpy(x), torch.from_numpy(self.x_stamp[rows].astype(np.float32)))

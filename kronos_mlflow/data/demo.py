@@ -1,26 +1,6 @@
-"""The built-in demo market: deterministic synthetic daily K-lines as a real Qlib directory.
-
-    kronos-mlflow demo-data --out ./demo_market          # 80 symbols, 2010-01-04 .. 2025-06-30
-    kronos-mlflow demo-data --out ./small --symbols 8 --start 2020-01-01 --end 2021-12-31
-
-With ``qlib_data_path: ""`` the data layer generates the default market once into
-``$KRONOS_MLFLOW_HOME/demo_market/<version-size-seed>/`` (default home ``~/.cache/kronos_mlflow``),
-atomically and under a lock, so concurrent torchrun ranks share one copy.
-
-The market is built to look like daily A-share data to a model, not to be tradeable:
-
-- log returns = beta x market factor + idiosyncratic part, each a GARCH(1,1) process driven by
-  unit-variance Student-t shocks (volatility clustering, fat tails);
-- opens gap from the previous close; highs/lows extend beyond max/min(open, close);
-- volume rises with the day's absolute return (plus an AR(1) liquidity factor);
-- amount = vwap x volume with vwap inside [low, high]; factor = 1.0 (prices are "adjusted");
-- about a quarter of the symbols list late (one only 60 days before the end), about one in
-  eight is delisted before the end, and suspension spells leave NaN days inside a series
-  (as Qlib stores them);
-- ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans);
-- ``SH000300`` (upstream's benchmark for csi300, in no instrument file) is an index of the csi300
-  members: each day's equal-weight mean of their close-to-close returns, compounded from 1000.
-  Only its ``close`` is stored; Qlib's backtest reads it as the benchmark.
+"""The built-in demo market: deterministic synthetic daily K-lines as a real Qlib directory
+(``kronos-mlflow demo-data``, and the market a run reads when ``qlib_data_path`` is empty),
+generated once into ``$KRONOS_MLFLOW_HOME/demo_market/`` (docs/data.md#the-demo-market).
 """
 
 from __future__ import annotations
@@ -146,7 +126,21 @@ def _symbol_series(rng: np.random.Generator, name: str, i: int, a: int, b: int,
 
 def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
                          start: str = DEFAULT_START, end: str = DEFAULT_END) -> DemoMarket:
-    """The market as arrays (deterministic in its arguments); see the module docstring."""
+    """The market as arrays (deterministic in its arguments), built to look like daily A-share
+    data to a model, not to be tradeable:
+
+    - log returns = beta x market factor + idiosyncratic part, each a GARCH(1,1) process driven by
+      unit-variance Student-t shocks (volatility clustering, fat tails);
+    - opens gap from the previous close; highs/lows extend beyond max/min(open, close);
+    - volume rises with the day's absolute return (plus an AR(1) liquidity factor);
+    - amount = vwap x volume with vwap inside [low, high]; factor = 1.0 (prices are "adjusted");
+    - about a quarter of the symbols list late (one only 60 days before the end), about one in
+      eight is delisted before the end, and suspension spells leave NaN days inside a series
+      (as Qlib stores them);
+    - ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans);
+    - :data:`BENCHMARK` (upstream's benchmark for csi300, in no instrument file) is an index of
+      the csi300 members (:func:`benchmark_series`); only its ``close`` is stored.
+    """
     _check_size(n_symbols, seed)
     n = int(n_symbols)
     calendar = _business_days(start, end)

@@ -1,36 +1,6 @@
-"""Read Qlib once and cache the train/val/test splits in safe formats (numpy + JSON, no pickle).
-
-    kronos-mlflow prepare                                # default config: csi300 of ~/.qlib/...
-    kronos-mlflow prepare --qlib-data-path ''            # the built-in demo market
-    kronos-mlflow prepare --qlib-data-path ./my_qlib --instrument all --train-time-range 2015-01-01:2021-12-31
-
-What it does (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised):
-
-1. ``qlib.init`` on the provider directory and ``D.features(..., freq=freq)`` of ``$open $high
-   $low $close $volume`` for the instrument's symbols from ``dataset_begin_time`` -
-   ``lookback_window`` bars to ``dataset_end_time`` + ``predict_window`` bars (``auto``, the default:
-   the earliest start and the latest end of the time ranges), a chunk of symbols
-   (about two million bars) at a time; each symbol's membership spans applied, each span its own
-   series (``membership_gaps: split``, the default) or all spans one series (``join``, upstream);
-2. per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
-   (:func:`~kronos_mlflow.config.features.amount_from_ohlcv`); rows with a NaN feature (Qlib's "no
-   bar") dropped and counted; damaged bars (an infinite value, a high below the low) dropped
-   with one warning line per symbol (:func:`bar_sanity`, ``docs/hostile-input.md``, Data sanity);
-   symbols shorter than one window (lookback + predict + 1 rows) dropped; calendar features
-   (:func:`~kronos_mlflow.config.features.time_features`);
-3. per split: each series' rows whose times lie in the split's range (a date as a range end
-   covers all its bars), and the start row of every window of consecutive rows inside them (the
-   ranges may overlap, as upstream's do), appended to the split's ``.npy`` files as they come:
-   memory holds one chunk, never the market; ``QlibDataset`` opens the files memory-mapped.
-
-The cache lives in ``{dataset_path}/kronos-<digest>/`` where the digest covers everything that
-produced it (:func:`data_digest`): the resolved data directory and a fingerprint of its files,
-the instrument, dates, ranges, window sizes, feature lists and the cache format version. It is
-written into a temporary directory and renamed into place under a file lock, so torchrun ranks
-starting together prepare it once and never read a half-written cache.
-
-An empty training split is an error (:class:`~kronos_mlflow.errors.DataError`); an empty
-validation or test split is a :class:`DataWarning` and ``QlibDataset`` for it has length 0.
+"""Read Qlib once and cache the train/val/test splits in safe formats (numpy + JSON, no pickle):
+``kronos-mlflow prepare``, and the front door every command passes before it reads data
+(:func:`prepare_splits`). What is read, the cache and its key: docs/data.md#the-prepared-cache.
 """
 
 from __future__ import annotations
@@ -306,7 +276,15 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
 
 def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any], digest: str, progress: bool) -> dict:
     """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
-    never the market. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
+    never the market (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised).
+
+    Per symbol: ``vol = $volume``, ``amt = mean(open, high, low, close) * vol``
+    (:func:`~kronos_mlflow.config.features.amount_from_ohlcv`); rows with a NaN feature dropped and
+    counted, damaged bars dropped (:func:`bar_sanity`), symbols shorter than one window (lookback +
+    predict + 1 rows) dropped, calendar features (:func:`~kronos_mlflow.config.features.time_features`).
+    Per split: each series' rows whose times lie in the split's range (a date as a range end covers
+    all its bars) and the start row of every window of consecutive rows inside them (the ranges may
+    overlap, as upstream's do), appended to the split's files as they come. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
     (bar times); ``starts`` int64 (each window's first row); ``offsets`` (each series' first row)."""
     t0 = time.perf_counter()
     lookback, predict = cfg["lookback_window"], cfg["predict_window"]

@@ -1,15 +1,8 @@
-"""Qlib provider directories on disk: layout, checks, atomic writes, fingerprints.
-
-A Qlib provider directory (what ``qlib.init(provider_uri=...)`` reads) holds
-
-- ``calendars/day.txt``: one trading date a line (``YYYY-MM-DD``);
-- ``instruments/<name>.txt``: ``SYMBOL<TAB>START<TAB>END`` lines, one per listing span;
-- ``features/<symbol lowercase>/<field>.day.bin``: little-endian float32; the first value is the
-  calendar index of the series' first day, then one value per calendar day (NaN = no trade).
-
-This module writes such directories (demo market, CSV import) without Qlib's ``dump_bin.py``,
-checks a user's directory before Qlib sees it, and computes the fingerprint that keys the
-prepared-split cache. Nothing here imports qlib, torch or pandas at module level.
+"""Qlib provider directories on disk (what ``qlib.init(provider_uri=...)`` reads: ``calendars/<freq>.txt``,
+``instruments/<name>.txt``, ``features/<symbol lowercase>/<field>.<freq>.bin`` of little-endian
+float32, NaN = no trade): written without Qlib's ``dump_bin.py``, checked before Qlib sees a user's
+directory (docs/hostile-input.md#qlib-provider-directories), fingerprinted for the split cache.
+Nothing here imports qlib, torch or pandas at module level.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Judging a model: the held-out verdict against its base, the forecast scorecard, calibration, backtests, the tokenizer's plots.
 May import ``serving``, ``tracking``, ``data``, ``model``, ``config``, ``runtime`` and ``errors`` (docs/code-map.md).
-
-    from kronos_mlflow.evaluation import heldout_windows, compare_on
-    windows = heldout_windows(config, "test")              # from the data and config only
-    result = compare_on(windows, "outputs/.../best_model", "./Kronos-Tokenizer-base", "cpu",
-                        config=config, label="./Kronos-Tokenizer-base",
-                        stage=kronos_mlflow.stages.get("tokenizer").heldout())
-    print(result.line(), result.verdict)                   # better / worse / inconclusive / unavailable
-
-docs/verdict.md and docs/forecast-evaluation.md say what the numbers mean.
+What the numbers mean: docs/verdict.md and docs/forecast-evaluation.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
-"""Qlib's own backtest of forecast signals, as upstream's ``finetune/qlib_test.py`` runs it.
-
-    from kronos_mlflow.evaluation.backtest import backtest_signals
-    result = backtest_signals(config, {"fine-tuned": scores, "zero-shot": base_scores}, "out/")
-    if result.skipped:
-        print(result.skipped)           # one line: the benchmark has no series there
-    else:
-        print(result.metrics)           # backtest_fine_tuned_excess_return_with_cost, ...
-
-Each signal is a DataFrame indexed by (datetime, instrument) with a ``score`` column: the
-forecast return of that symbol, known at that date's close. Qlib's ``TopkDropoutStrategy``
-trades on it the next day at the open (``backtest_n_symbol_hold`` symbols held,
-``backtest_n_symbol_drop`` swapped a day, each held ``backtest_hold_thresh`` days at least),
-with upstream's exchange: 0.1% to buy, 0.15% to sell, 5 minimum, no trade at +-9.5%, one
-hundred million to start, against ``backtest_benchmark``. Per signal, Qlib's ``risk_analysis``
-of the daily excess return over the benchmark (with and without cost) gives the metrics;
-``backtest.png`` draws the cumulative curves. docs/backtest.md says how to read them.
-
-The top-k is ``backtest_n_symbol_hold``, or (0, the default) upstream's 50 capped at a fifth of
-the symbols with a signal (10 on the 51-symbol demo market); ``backtest_n_symbol_drop`` is capped
-at the top-k. A top-k holding half of those symbols or more is skipped (:func:`breadth_reason`):
-such a portfolio holds nearly the whole universe whatever the signal says.
-
-With ``control`` (a signal's name), the same backtest runs on controls of that signal, on its
-days and symbols: ``backtest_n_random`` random signals (independent standard normal scores drawn
-from ``CONTROL_SEED``) and the signal negated. ``backtest_random_excess_return_with_cost`` is the
-random signals' median, ``_p05`` / ``_p95`` their 5% and 95% points (numpy's linear
-percentiles); ``backtest_negated_*`` are the negated signal's metrics; the tag
-``backtest_verdict`` is ``better`` when the controlled signal's excess return with cost lies
-above the random signals' 95% point, ``worse`` below their 5% point, else ``inconclusive``: a
-strategy that makes as much with any signal says nothing of the forecasts.
+"""Qlib's own backtest of forecast signals, as upstream's ``finetune/qlib_test.py`` runs it
+(:func:`backtest_signals`): ``TopkDropoutStrategy`` on each signal against the benchmark, with
+random and negated controls (:func:`breadth_reason` skips a top-k too broad to depend on the
+signal). What it computes and how to read it: docs/backtest.md.
 """
 
 from __future__ import annotations
@@ -175,7 +148,9 @@ def _quiet():
 
 
 def portfolio(config: Mapping[str, Any], n_symbols: int) -> tuple[int, int]:
-    """``(topk, n_drop)`` of the strategy on ``n_symbols`` symbols with a signal (the module doc)."""
+    """``(topk, n_drop)`` of the strategy on ``n_symbols`` symbols with a signal: the top-k is
+    ``backtest_n_symbol_hold``, or (0) upstream's 50 capped at a fifth of the symbols;
+    ``backtest_n_symbol_drop`` is capped at the top-k."""
     hold = int(config.get("backtest_n_symbol_hold") or 0) or max(1, min(UPSTREAM_TOPK, int(n_symbols) // 5))
     return hold, min(int(config["backtest_n_symbol_drop"]), hold)
 
@@ -258,7 +233,9 @@ def _excess(report) -> tuple[Any, dict[str, float]]:
 
 def _controls(signal, run, n_random: int, value: float) -> tuple[dict[str, float], dict[str, str]]:
     """The random and negated controls of ``signal`` whose excess return with cost is ``value``
-    (the module doc): their metrics and the ``backtest_verdict`` tag (none without randoms)."""
+    (docs/backtest.md#does-it-depend-on-the-signal-controls): their metrics and the
+    ``backtest_verdict`` tag (none without randoms). The random signals are independent standard
+    normal scores drawn from ``CONTROL_SEED``."""
     import numpy as np
     import pandas as pd
 
@@ -317,7 +294,7 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
     the excess return with cost; and ``backtest_benchmark_return`` (annualised).
 
     With ``control`` (one of the signals' names), its random and negated controls and the
-    ``backtest_verdict`` tag (the module doc).
+    ``backtest_verdict`` tag (docs/backtest.md#does-it-depend-on-the-signal-controls).
 
     A provider without the benchmark's series, a config with intraday bars, or a top-k holding
     half of the symbols with a signal gives a result with ``skipped`` set (one line) instead.

@@ -1,35 +1,7 @@
-"""The calibrated forecaster: the fine-tuned pair's quantiles and probability of a rise, fit on
-forecasts of validation origins and applied unchanged to the test origins and to what the logged
-model serves (docs/calibration.md).
-
-Calibration origins: the validation split's forecast origins (the scorecard's construction on
-``val_time_range``, forecasting bars after ``train_time_range``, at most ``n_val_skill_windows``:
-the origins ``objective: val_skill`` scores), keeping only those whose last forecast bar lies
-before the first test forecast bar, so that no test bar is ever used.
-
-The quantiles: normalised conformalised quantile regression, per forecast step ``h`` and per
-central interval ``(l, 1 - l)`` of :data:`~kronos_mlflow.evaluation.probabilistic.INTERVALS`
-(nominal coverage ``1 - alpha``). On the ``n`` calibration origins the score
-``s = max(q_l - y_h, y_h - q_{1-l}) / (c_L sigma)`` (``c_L`` the origin's close, ``sigma`` the
-historical-volatility baseline's: the std of the last 20 log returns, floored at
-:data:`SIGMA_FLOOR`); ``s_hat`` its ``min(1, (1 - alpha)(1 + 1/n))`` empirical quantile (the
-``ceil((1 - alpha)(n + 1))``-th smallest). A forecast's interval becomes
-``[q_l - s_hat c_L sigma, q_{1-l} + s_hat c_L sigma]`` (narrower for a negative ``s_hat``), the
-median is kept, and the quantiles are put back in order (the lower ones at most the median,
-the upper ones at least, each side sorted). When calibration and test origins are exchangeable
-each interval covers at least ``1 - alpha`` of the test outcomes, marginally. Steps past the
-fitted horizon (a served ``pred_len`` longer than the run's ``predict_window``) take the last
-step's ``s_hat`` times ``sqrt(h / H)``.
-
-The probability of a rise ``p_up`` (a share of the sample paths, so one of ``S + 1`` values): an
-isotonic regression of the calibration origins' outcomes on their ``p_up`` (scikit-learn's
-``IsotonicRegression``, clipped to [0, 1]), stored as its thresholds and applied by linear
-interpolation. Isotonic rather than Platt: it estimates the observed frequency at each of the few
-values ``p_up`` takes, pooling neighbours only where the order would break, and assumes no
-sigmoid shape; like Platt it keeps the order of the forecasts.
-
-The calibrator is JSON (:meth:`Calibrator.to_json`), never pickle: ``evaluation/calibrator.json``
-and, beside the checkpoints, the logged forecaster's ``calibrator`` artifact.
+"""The calibrated forecaster: the fine-tuned pair's quantiles (normalised conformalised quantile
+regression) and probability of a rise (isotonic regression), fit on forecasts of validation
+origins and applied unchanged to the test origins and to what the logged model serves; the
+method, its guarantee and why isotonic: docs/calibration.md#the-calibrated-forecaster-finetuned_calibrated.
 """
 
 from __future__ import annotations
@@ -62,7 +34,7 @@ def score_quantile(scores: np.ndarray, coverage: float) -> float:
 def fit(levels: np.ndarray, last_close: np.ndarray, sigma: np.ndarray, actual: np.ndarray, p_up: np.ndarray,
         time_range: tuple[str, str] = ("", "")) -> Calibrator:
     """A calibrator from the calibration origins' raw quantiles ``(n, 13, H)``, closes, sigmas,
-    actual closes ``(n, H)`` and raw ``p_up`` ``(n,)`` (see the module doc)."""
+    actual closes ``(n, H)`` and raw ``p_up`` ``(n,)`` (docs/calibration.md#the-calibrated-forecaster-finetuned_calibrated)."""
     from sklearn.isotonic import IsotonicRegression  # lazy: scikit-learn
 
     y = np.asarray(actual, dtype=np.float64)
@@ -97,7 +69,9 @@ def calibrated(cal: Calibrator, raw: Mapping[str, np.ndarray], last_close: np.nd
 
 
 def origins_for(config: Mapping[str, Any], test) -> Any:
-    """The calibration origins (see the module doc) for the test origins ``test``."""
+    """The calibration origins for the test origins ``test``: the validation split's forecast origins
+    (at most ``n_val_skill_windows``), keeping only those whose last forecast bar lies before the
+    first test forecast bar, so that no test bar is ever used (docs/calibration.md#calibration-origins)."""
     from .origins import forecast_origins  # lazy: the data package (qlib, torch)
 
     val = forecast_origins(config, "val")

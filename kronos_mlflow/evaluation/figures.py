@@ -1,14 +1,6 @@
-"""The scorecard's pictures (PNG, matplotlib's object API on the Agg canvas).
-
-- :func:`scorecard_figure`: each skill (1 - MASE ratio, 1 - WQL ratio, fev's geometric-mean
-  skill) as a dot with its 95% interval, and the zero line (no better than the baseline).
-- :func:`horizons_figure`: MASE at each forecast step alone, per forecaster.
-- :func:`forecasts_figure`: a few origins: the lookback closes, the actual closes, the
-  fine-tuned pair's median path with its 10-90% band, the zero-shot pair's median, persistence.
-- :func:`pit_figure`: each forecaster's PIT histogram (ten bins; flat at 1 when calibrated; a U:
-  too narrow; a hump: too wide; a slope: biased), with its KS distance.
-- :func:`reliability_figure`: the observed frequency of a rise against the forecast ``p_up``
-  (ten bins, the count beside each point), the diagonal (calibrated) and the base rate.
+"""The scorecard's pictures (PNG, matplotlib's object API on the Agg canvas): ``scorecard.png``,
+``horizons.png``, ``forecasts.png``, ``pit.png`` and ``reliability.png`` of
+docs/forecast-evaluation.md#what-a-run-records (how to read the last two: docs/calibration.md#reading-the-two-pictures).
 """
 
 from __future__ import annotations
@@ -25,6 +17,8 @@ PIT_BINS = 10
 
 
 def scorecard_figure(card):
+    """Each skill (1 - MASE ratio, 1 - WQL ratio, fev's geometric-mean skill) as a dot with its 95%
+    interval, and the zero line (no better than the baseline)."""
     names = [k for k in card.metrics if k.startswith(SKILL_KINDS) and not k.endswith(("_ci_low", "_ci_high"))]
     fig = new_figure(6.4, 1.2 + 0.7 * max(1, len(names)))
     ax = fig.add_subplot(1, 1, 1)
@@ -66,6 +60,8 @@ def labels_inside(fig, ax, labels, rounds: int = 4) -> None:
 
 
 def forecasts_figure(card):
+    """A few origins: the lookback closes, the actual closes, the fine-tuned pair's median path with
+    its 10-90% band, the zero-shot pair's median, persistence."""
     sample = card.sample
     n = len(sample["labels"])
     fig = new_figure(9.0, 2.4 * max(1, n))
@@ -94,6 +90,7 @@ def forecasts_figure(card):
 
 
 def horizons_figure(card):
+    """MASE at each forecast step alone, per forecaster."""
     fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     for name, values in card.horizon_mase.items():
@@ -107,6 +104,8 @@ def horizons_figure(card):
 
 
 def pit_figure(card):
+    """Each forecaster's PIT histogram (ten bins; flat at 1 when calibrated; a U: too narrow; a
+    hump: too wide; a slope: biased), with its KS distance."""
     names = [name for name, pit in card.pit.items() if np.isfinite(pit).any()]
     cols = min(3, max(1, len(names)))
     rows = max(1, -(-len(names) // cols))
@@ -127,6 +126,8 @@ def pit_figure(card):
 
 
 def reliability_figure(card):
+    """The observed frequency of a rise against the forecast ``p_up`` (ten bins, the count beside
+    each point), the diagonal (calibrated) and the base rate."""
     fig = new_figure(6.0, 5.0)
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([0, 1], [0, 1], color="k", lw=0.8, ls="--", label="calibrated")

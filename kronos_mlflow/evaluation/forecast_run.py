@@ -1,14 +1,7 @@
-"""The scorecard at the end of a predictor run (``evaluate: on``, the default), after the
-held-out verdict; every rank calls :func:`evaluate_predictor_run` (the forecasts are split
-across ranks and gathered), rank 0 writes ``evaluation/`` in the run's directory and logs it.
-
-The pairs: the fine-tuned pair is the run's frozen tokenizer (``checkpoints/tokenizer/``) with
-its best predictor (``checkpoints/best_model/``). The zero-shot pair is what the run started
-from: the predictor in ``checkpoints/start/`` (``pretrained_predictor_path``'s weights, or the
-fresh initial weights of a run that started fresh), with ``pretrained_tokenizer_path`` when it
-is given (the published tokenizer a fine-tuned tokenizer came from), else the run's frozen
-tokenizer. A fresh start's zero-shot pair is an untrained predictor: a floor, not a published
-model; the ``zeroshot_pair`` tag says which it was.
+"""The scorecard at the end of a predictor run (``evaluate: on``, the default), after the held-out
+verdict: every rank calls :func:`evaluate_predictor_run` (the forecasts are split across ranks and
+gathered), rank 0 writes ``evaluation/`` in the run's directory and logs it. Which pairs it
+scores: docs/forecast-evaluation.md#forecasters.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""The scorecard's forecasters, each giving sample paths of ``close`` on the same origins.
-
-- A Kronos pair (a tokenizer and a predictor in a :class:`~kronos_mlflow.model.KronosPredictor`)
-  forecasts exactly as ``KronosPredictor.predict`` does: the raw lookback bars and their
-  timestamps in, normalised by the lookback, denormalised out (through
-  :func:`kronos_mlflow.serving.forecasting.pyfunc.forecast`, the logged forecaster's own function),
-  sampled with ``inference_T``, ``inference_top_p``, ``inference_top_k`` and
-  ``inference_sample_count``. Batch ``b`` of ``batch_size`` origins is drawn from torch's
-  generator seeded with ``seed + (its first origin's position)``, so one seed, batch size and
-  process count give one set of paths.
-- Persistence: every future bar repeats the last observed close (one path).
-- Seasonal naive (intraday data): the close of the same bar of the previous session, ``m``
-  bars earlier in the series (``m`` the calendar's bars per session), one path.
-
-Under torchrun each rank forecasts its block of origins and the paths are summed over ranks
-(each origin is filled by exactly one rank), as validation gathers its numbers.
+"""The scorecard's forecasters, each giving sample paths of ``close`` on the same origins: a Kronos
+pair (forecasting exactly as ``KronosPredictor.predict`` does), persistence and, intraday,
+seasonal naive (docs/forecast-evaluation.md#forecasters).
 """
 
 from __future__ import annotations
@@ -37,8 +24,12 @@ def sampling(config: Mapping[str, Any]) -> dict[str, Any]:
 def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
                  progress: Callable | None = None, desc: str = "") -> np.ndarray:
     """Close sample paths ``(len(origins), sample_count, horizon)`` float64 of a Kronos pair,
-    over every rank (a collective when ``world_size > 1``). ``progress`` is
-    :meth:`~kronos_mlflow.runtime.console.Console.progress` (or None): it counts this rank's origins."""
+    over every rank (a collective when ``world_size > 1``: each rank forecasts its block of origins
+    and the paths are summed over ranks, each origin filled by exactly one rank). The forecast is
+    :func:`kronos_mlflow.serving.forecasting.pyfunc.forecast`, the logged forecaster's own function;
+    batch ``b`` is drawn from torch's generator seeded with ``seed + (its first origin's position)``.
+    ``progress`` is :meth:`~kronos_mlflow.runtime.console.Console.progress` (or None): it counts this
+    rank's origins."""
     from ..serving.forecasting.pyfunc import forecast  # lazy: mlflow
 
     settings = sampling(config)

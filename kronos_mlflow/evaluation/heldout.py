@@ -1,16 +1,6 @@
-"""The end of every training run: its best checkpoint against its starting weights on the test
-windows, recorded as metrics, tags and one console line.
-
-Every rank calls :func:`evaluate_run` (the scoring is a collective); what only rank 0 does
-(print, log) goes through the :class:`~kronos_mlflow.runtime.console.Console` and the logger the
-caller passes in, silent and no-op on other ranks.
-
-The starting weights are the run's ``checkpoints/start/`` (written when the run starts, so a
-resumed run is still compared with what it started from): the pretrained checkpoint, or the
-fresh initial weights. ``verdict_base`` names them: the pretrained path or hub id, or
-``fresh``. A run whose start was not saved falls back to ``pretrained_tokenizer_path``. The
-checkpoints are read from the run's directory on every rank (several nodes need a shared
-``save_path``); when some rank cannot read them the verdict is ``unavailable``, on every rank.
+"""The end of every training run: its best checkpoint against its starting weights
+(``checkpoints/start/``) on the test windows, recorded as metrics, tags and one console line
+(:func:`evaluate_run`; docs/verdict.md).
 """
 
 from __future__ import annotations
@@ -63,7 +53,13 @@ def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, co
 def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | None, device, *, rank: int,
                  world_size: int, logger, console, step: int, stage) -> HeldOut:
     """Judge the run's best checkpoint (``best_dir``) against its starting weights on the test
-    windows; log the metrics at ``step`` (the best epoch), the tags, and the console line."""
+    windows; log the metrics at ``step`` (the best epoch), the tags, and the console line.
+
+    Every rank calls it (the scoring is a collective); what only rank 0 does (print, log) goes
+    through ``console`` and ``logger``, silent and no-op on other ranks. A run whose start was not
+    saved falls back to the stage's pretrained path. The checkpoints are read from the run's
+    directory on every rank (several nodes need a shared ``save_path``); when some rank cannot read
+    them the verdict is ``unavailable``, on every rank."""
     started = time.time()
     label = base_label(config)
     windows = heldout_windows(config, "test")

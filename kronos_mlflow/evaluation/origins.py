@@ -1,21 +1,7 @@
-"""Forecast origins on the test split: where every forecaster of the scorecard forecasts from
-(and, for a sweep on ``objective: val_skill``, the same construction on the validation split).
-
-An origin is the last observed bar of a forecast. The candidates are the calendar bars
-``k = 0, s, 2s, ...`` of the test range's calendar (the provider's ``calendars/<freq>.txt``
-inside ``test_time_range``; ``k`` counted from its first bar; ``s = eval_stride``, 0 meaning
-``predict_window``) at which a series of the prepared test split has a bar, with
-``lookback_window`` bars of that series ending at it (the origin included) and
-``predict_window`` bars after it, all inside the test range. Origins are calendar positions, so
-on one date several symbols share an origin. On the test split, an origin whose first forecast
-bar is not after ``val_time_range``'s end is left out (validation chose the checkpoint: a test
-forecast of its bars would be flattered); ``in_validation`` counts them.
-
-When there are more than ``n_eval_windows`` candidates, whole origin dates are kept: the
-largest number ``k`` of dates, evenly spaced (``floor(i * D / k)`` of the ``D`` dates), whose
-origins number at most ``n_eval_windows`` (a single date with more symbols keeps its first
-``n_eval_windows`` series). Every symbol of a kept date stays, so the per-date correlations
-(IC) see the whole cross-section. No seed enters: origins depend on the data and config only.
+"""Forecast origins on the test split: where every forecaster of the scorecard forecasts from (and,
+for ``objective: val_skill`` and calibration, the same construction on the validation split).
+Origins are calendar positions chosen from the data and config only (no seed):
+docs/forecast-evaluation.md#origins.
 """
 
 from __future__ import annotations
@@ -61,8 +47,11 @@ def calendar_of_test_range(config: Mapping[str, Any]) -> np.ndarray:
 
 
 def thin_dates(dates: np.ndarray, limit: int) -> np.ndarray:
-    """A boolean mask over origins (given by their dates, ascending) keeping the most evenly
-    spaced whole dates whose origins number at most ``limit`` (see the module doc)."""
+    """A boolean mask over origins (given by their dates, ascending) keeping whole dates: the
+    largest number ``k`` of dates, evenly spaced (``floor(i * D / k)`` of the ``D`` dates), whose
+    origins number at most ``limit`` (a single date with more symbols keeps its first ``limit``
+    series). Every symbol of a kept date stays, so the per-date correlations (IC) see the whole
+    cross-section. No seed enters."""
     dates = np.asarray(dates)
     if len(dates) <= limit:
         return np.ones(len(dates), dtype=bool)
@@ -79,7 +68,7 @@ def thin_dates(dates: np.ndarray, limit: int) -> np.ndarray:
 
 @dataclass
 class Origins:
-    """The origins (see the module doc), in (calendar position, series) order.
+    """The origins (docs/forecast-evaluation.md#origins), in (calendar position, series) order.
 
     ``rows`` index the test split's arrays (the origin's own bar); :meth:`history`,
     :meth:`future` and :meth:`times` read the bars and timestamps around each origin.

@@ -1,17 +1,6 @@
-"""Pictures of what the tokenizer does, logged as PNG artifacts under ``plots/`` of each run.
-
-- ``plots/reconstruction.png``: one fixed validation window (window 0 of validation epoch seed 0,
-  the same window in every epoch and every run on the same data) as a candlestick chart with
-  volume, beside its s1-only reconstruction (``z_pre``: the coarse code alone) and its full
-  reconstruction (``z``), drawn by the best checkpoint. Reconstructions are de-normalised with
-  the window's lookback mean and std, so all three panels are in the data's price and volume
-  units; the titles give each reconstruction's MSE in normalised units (the training loss's).
-- ``plots/token_usage.png``: how the validation tokens spread over the codebook at the best
-  epoch: the count of every s1 code, and the rank-frequency curves of s1 and full codes.
-
-Drawn with matplotlib's object API on the Agg canvas (no pyplot, no display, no global backend
-change). :func:`log_validation_plots` is what training calls on rank 0 after the last epoch; a
-failure there is warned about and never fails the run.
+"""Pictures of what the tokenizer does, logged as PNG artifacts under ``plots/`` of each run:
+``reconstruction.png`` and ``token_usage.png`` (docs/comparing-runs.md#quality-metrics), drawn
+with matplotlib's object API on the Agg canvas (no pyplot, no display, no global backend change).
 """
 
 from __future__ import annotations
@@ -79,7 +68,10 @@ def time_ticks(stamps) -> tuple[list[int], list[str]]:
 
 def plot_reconstruction(raw: np.ndarray, x_norm: np.ndarray, z_pre: np.ndarray, z: np.ndarray, lookback: int,
                         out_path: str, title: str = "", stamps=None) -> str:
-    """Input window beside its s1-only and full reconstructions; see the module docstring.
+    """Input window beside its s1-only (``z_pre``: the coarse code alone) and full (``z``)
+    reconstructions, as candlesticks with volume. Reconstructions are de-normalised with the
+    window's lookback mean and std, so all three panels are in the data's price and volume units;
+    the titles give each reconstruction's MSE in normalised units (the training loss's).
 
     ``raw`` (T, 6) in data units; ``x_norm``, ``z_pre``, ``z`` (T, 6) normalised (what the model
     saw and gave back); ``stamps`` (T) the bars' timestamps, which label the time axis. Returns

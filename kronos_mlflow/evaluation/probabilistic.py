@@ -1,23 +1,7 @@
-"""Whether a forecast's probabilities can be traded on: the quantiles, PIT and probability of a
-rise of each forecaster, and the historical-volatility baseline (docs/calibration.md).
-
-Every forecaster of the scorecard becomes one distribution per (origin, step), held as:
-
-- ``levels`` (:data:`QLEVELS`): the quantiles ``q0.05 .. q0.95`` of the close, ``(n, 13, H)``:
-  the nine deciles WQL reads and the ends of the 50% and 90% central intervals;
-- ``pit``: the randomized probability integral transform of the actual close, ``(n, H)``;
-- ``p_up``: the probability that the close at the last step is above the origin's close, ``(n,)``;
-- ``crps_steps``: the CRPS of each step, ``(n, H)`` (NaN where the forecaster has none).
-
-From sample paths ``P`` (``S`` of them): numpy's linear-interpolation quantiles; the PIT
-``u = (#{P < y} + U (#{P = y} + 1)) / (S + 1)`` with ``U`` uniform (one draw per (origin,
-step) from the run's seed); ``p_up = #{P_H > c_L} / S``; the fair ensemble CRPS.
-
-The volatility baseline ``histvol``: the close at step ``h`` is log-normal around the origin's
-close ``c_L``, ``log(c_h / c_L) ~ N(0, sigma^2 h)``, ``sigma`` the sample standard deviation (ddof
-1) of the last :data:`HISTVOL_RETURNS` log returns of the close ending at the origin (fewer when
-the lookback is shorter). Quantiles ``c_L exp(sigma sqrt(h) z_l)``, mean ``c_L exp(sigma^2 h / 2)``,
-PIT its exact CDF, ``p_up`` 1/2, and its CRPS in closed form (Baran & Lerch 2015).
+"""Whether a forecast's probabilities can be traded on: the quantiles, PIT and probability of a rise
+of each forecaster, one distribution per (origin, step) held as ``levels`` ``(n, 13, H)`` at
+:data:`QLEVELS`, ``pit`` ``(n, H)``, ``p_up`` ``(n,)`` and ``crps_steps`` ``(n, H)`` (NaN where the
+forecaster has none), and the historical-volatility baseline ``histvol`` (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -51,7 +35,10 @@ def uniforms(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def from_paths(paths: np.ndarray, last_close: np.ndarray, actual: np.ndarray, u: np.ndarray) -> dict[str, np.ndarray]:
-    """The distribution of sample paths ``(n, S, H)`` (see the module doc)."""
+    """The distribution of sample paths ``P`` ``(n, S, H)``: numpy's linear-interpolation quantiles
+    at :data:`QLEVELS` (the nine deciles WQL reads and the ends of the 50% and 90% central
+    intervals), the randomized PIT ``u = (#{P < y} + U (#{P = y} + 1)) / (S + 1)`` (``U``: one
+    uniform per (origin, step) from the run's seed) and ``p_up = #{P_H > c_L} / S``."""
     paths = np.asarray(paths, dtype=np.float64)
     y = np.asarray(actual, dtype=np.float64)
     levels, p_up = path_quantiles(paths, last_close)
@@ -153,8 +140,11 @@ def lognormal_crps(y: np.ndarray, mu: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def histvol(history_close: np.ndarray, actual: np.ndarray, u: np.ndarray) -> dict[str, np.ndarray] | None:
-    """The volatility baseline's distribution (the module doc) with its ``mean`` ``(n, H)`` and
-    ``crps_steps``; None when no origin has a sigma (a lookback of under three bars)."""
+    """The volatility baseline's distribution with its ``mean`` ``(n, H)`` and ``crps_steps``;
+    None when no origin has a sigma (a lookback of under three bars). The close at step ``h`` is
+    log-normal around the origin's close ``c_L``, ``log(c_h / c_L) ~ N(0, sigma^2 h)``: quantiles
+    ``c_L exp(sigma sqrt(h) z_l)``, mean ``c_L exp(sigma^2 h / 2)``, PIT its exact CDF, ``p_up`` 1/2,
+    CRPS in closed form (:func:`lognormal_crps`); docs/calibration.md#the-volatility-baseline-histvol."""
     from scipy.stats import norm  # lazy: scipy
 
     c = np.asarray(history_close, dtype=np.float64)

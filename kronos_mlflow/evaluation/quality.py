@@ -1,37 +1,7 @@
-"""What a validation pass says about a tokenizer beyond its MSE: codebook use and per-feature error.
-
-A single validation MSE hides the two things that make a tokenizer good or bad for the Kronos
-forecaster: whether its codebook is used (a tokenizer that maps every K-line to a handful of
-codes reconstructs the average and nothing else), and which of open/high/low/close/vol/amt it
-reconstructs badly. :class:`ValidationStats` gathers both during the validation pass the
-training loop already makes (no second pass), and :meth:`ValidationStats.metrics` names them:
-
-=================================  =====================================================================
-``val_codebook_usage_full``        distinct full codes (s1 and s2 bits, 2^C possible) seen on validation
-``val_codebook_usage_s1``          distinct s1 (coarse) codes seen, out of 2^s1_bits
-``val_codebook_perplexity_full``   exp(entropy) of the full-code distribution: the "effective" number
-                                   of codes in use; equals the usage when every used code is equally
-                                   frequent, and is far below it when a few codes dominate
-``val_codebook_perplexity_s1``     the same for the s1 codes
-``val_recon_loss_pre_epoch``       MSE of the s1-only reconstruction ``z_pre`` (normalised units)
-``val_mse_<feature>``              MSE of the full reconstruction ``z`` for one feature, for feature
-                                   in open, high, low, close, vol, amt (normalised units)
-=================================  =====================================================================
-
-Every value is over the whole validation epoch of every rank: code counts are histograms summed
-over ranks (:meth:`CodeHistogram.all_reduce`), squared errors are summed over ranks and then
-divided by the global element count. The mean of the six ``val_mse_*`` is the full
-reconstruction's MSE, i.e. ``val_tokenizer_loss_epoch`` up to float rounding.
-
-Histograms. A code of ``bits`` bits is counted in a dense int64 histogram of ``2**bits`` bins
-when ``bits <= DENSE_MAX_BITS`` (20: 8 MiB, the base tokenizer's full code), summed over ranks
-with one all-reduce. Wider codes (up to the 62 bits a checkpoint may have) are counted sparsely
-(sorted unique ids and their counts) and merged over ranks by gathering every rank's ids: the
-cost then grows with the codes actually seen, never with 2^bits. Codes are buffered and counted
-in bulk, so a batch costs a list append, not a pass over 2^bits bins.
-
-Everything here is plain computation on tensors; the only collectives are in
-:mod:`kronos_mlflow.runtime.distributed` and are no-ops without a process group.
+"""What a validation pass says about a tokenizer beyond its MSE: codebook use and per-feature error,
+gathered by :class:`ValidationStats` during the pass the training loop already makes, over every
+rank (docs/comparing-runs.md#quality-metrics). Plain computation on tensors; the only collectives
+are in :mod:`kronos_mlflow.runtime.distributed` (no-ops without a process group).
 """
 
 from __future__ import annotations
@@ -132,7 +102,11 @@ class CodeHistogram:
 
     ``update(codes)`` per batch (any shape, int64, on any device), then ``all_reduce()`` on every
     rank, then read ``distinct``, ``perplexity``, ``total`` or ``ids_and_counts()``. Dense
-    (``2**n_bits`` bins) up to ``dense_max_bits``, sparse above; see the module docstring.
+    (``2**n_bits`` bins) up to ``dense_max_bits``, summed over ranks with one all-reduce; wider
+    codes (up to the 62 bits a checkpoint may have) are counted sparsely (sorted unique ids and
+    their counts) and merged over ranks by gathering every rank's ids: the cost then grows with
+    the codes actually seen, never with ``2**n_bits``. Codes are buffered and counted in bulk, so a
+    batch costs a list append, not a pass over ``2**n_bits`` bins.
     """
 
     def __init__(self, n_bits: int, device: torch.device | str | None = None,

@@ -1,22 +1,6 @@
-"""The scorecard: does the fine-tuned pair forecast better than its zero-shot pair and than
-persistence (and, intraday, seasonal naive), on the same test-split origins?
-
-    from kronos_mlflow.evaluation.scorecard import score_forecasters
-    card = score_forecasters(config, {"finetuned": predictor, "zeroshot": base_predictor})
-    card.metrics["skill_vs_persistence"], card.tags, card.signals["finetuned"]
-
-Metric names: ``test_<m>`` (fine-tuned), ``zeroshot_test_<m>``, ``persistence_test_<m>``,
-``seasonal_naive_test_<m>``; ``skill_vs_zeroshot`` / ``skill_vs_persistence`` (and
-``skill_vs_seasonal_naive``) = 1 - MASE ratio with ``_ci_low`` / ``_ci_high``;
-``wql_skill_vs_<base>`` = 1 - WQL ratio, ``gm_skill_vs_<base>`` (fev's geometric mean of the
-clipped ratios), both with intervals, and ``win_rate_vs_<base>``, for the zero-shot pair and
-persistence; tags ``verdict_vs_<base>`` and ``verdict_wql_vs_<base>``: ``better`` when the whole
-interval lies above ``verdict_min_change``, ``worse`` below ``-verdict_min_change``, else
-``inconclusive`` (the verdict's rule, :func:`~kronos_mlflow.evaluation.verdict.decide`). Every
-interval resamples whole origin dates (``bootstrap_unit: date``) or origins
-(``bootstrap_unit: origin``). ``Scorecard.forecasts`` is ``evaluation/forecasts.parquet``: one
-row per (origin, forecaster, step) with the actual close, the mean, the median and the nine
-deciles of the paths. docs/forecast-evaluation.md.
+"""The scorecard (:func:`score_forecasters`): does the fine-tuned pair forecast better than its
+zero-shot pair and than persistence (and, intraday, seasonal naive), on the same test-split
+origins? Its metrics, verdicts and artifacts: docs/forecast-evaluation.md.
 """
 
 from __future__ import annotations

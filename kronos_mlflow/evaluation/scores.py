@@ -1,31 +1,7 @@
-"""The scorecard's metrics on ``close``, per origin and over origins (formulas in
-docs/forecast-evaluation.md). Everything here takes arrays, never a model.
-
-Per origin, with ``c`` the lookback closes (the origin's close ``c[-1]`` last), ``y`` the
-``H`` actual closes after it, ``P`` the ``S`` sample paths ``(S, H)`` and ``f = mean(P)``:
-
-- ``mase = mean_h |f_h - y_h| / mean_t |c_t - c_{t-1}|`` (NaN when the lookback never moves),
-  and ``step_mase`` the same error at each step alone (``(n, H)``: the horizons);
-- ``crps = mean_h CRPS(P[:, h], y_h) / (std(c) + 1e-5)``, with the fair ensemble estimator
-  ``CRPS = mean_i |P_i - y| - sum_ij |P_i - P_j| / (2 S (S - 1))`` (Ferro 2014; unbiased for
-  the distribution the ``S`` paths are drawn from; ``S = 1``: the absolute error) and the
-  population std;
-- ``quantiles``: the nine deciles ``q0.1 .. q0.9`` of the paths at each step (numpy's linear
-  interpolation; one path: all equal to it), ``(n, 9, H)``;
-- ``quantile_loss = sum_h mean_l 2 max(l (y_h - q_l), (l - 1) (y_h - q_l))`` and
-  ``abs_actual = sum_h |y_h|``: WQL (GluonTS/Chronos) over origins is
-  ``sum quantile_loss / sum abs_actual``;
-- ``coverage_50`` / ``coverage_80`` / ``coverage_90``: the share of steps inside the central
-  interval (``q0.25..q0.75``, ``q0.1..q0.9``, ``q0.05..q0.95``), per step in ``coverage_steps_<c>``;
-- ``pit`` and ``p_up`` (:mod:`~kronos_mlflow.evaluation.probabilistic`), and ``up``, whether the
-  close rose by the last step;
-- ``direction = [sign(f_H - c[-1]) == sign(y_H - c[-1])]`` (NaN when ``y_H == c[-1]``);
-- forecast return ``f_H / c[-1] - 1`` and actual return ``y_H / c[-1] - 1``.
-
-Over origins: means (NaNs left out). ``ic`` / ``rank_ic``: per origin date with at least
-``MIN_SYMBOLS`` symbols, the Pearson / Spearman correlation across symbols of the forecast and
-the actual returns, then their mean over dates; ``icir`` = mean / std (ddof 1) over those dates,
-as Qlib's signal analysis computes them.
+"""The scorecard's metrics on ``close``, per origin (:func:`origin_scores`) and over origins
+(:func:`summary`; ``ic`` / ``rank_ic`` per date with at least ``MIN_SYMBOLS`` symbols, as Qlib's
+signal analysis computes them). Everything here takes arrays, never a model; the formulas:
+docs/forecast-evaluation.md#metrics.
 """
 
 from __future__ import annotations
@@ -47,8 +23,10 @@ GM_CLIP = (0.01, 100.0)  # fev's clipping of each relative error before the geom
 
 def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np.ndarray,
                   u: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per origin (see the module doc) of sample paths ``(n, S, H)``, ``history_close`` (n, L),
-    ``actual_close`` (n, H); ``u``: the PIT's uniforms ``(n, H)`` (default: from seed 0)."""
+    """Per origin (:func:`distribution_scores`) of sample paths ``(n, S, H)``, ``history_close``
+    (n, L), ``actual_close`` (n, H); ``u``: the PIT's uniforms ``(n, H)`` (default: from seed 0).
+    The CRPS is the fair ensemble estimator ``mean_i |P_i - y| - sum_ij |P_i - P_j| / (2 S (S - 1))``
+    (Ferro 2014; ``S = 1``: the absolute error)."""
     paths = np.asarray(paths, dtype=np.float64)
     c = np.asarray(history_close, dtype=np.float64)
     y = np.asarray(actual_close, dtype=np.float64)
@@ -64,9 +42,15 @@ def origin_scores(paths: np.ndarray, history_close: np.ndarray, actual_close: np
 def distribution_scores(dist: Mapping[str, np.ndarray], history_close: np.ndarray,
                         actual_close: np.ndarray) -> dict[str, np.ndarray]:
     """Per origin, of a forecaster's distribution (:mod:`~kronos_mlflow.evaluation.probabilistic`:
-    ``levels``, ``mean``, ``crps_steps``, ``pit``, ``p_up``): the module doc's scores, the
-    coverages of the 50, 80 and 90% central intervals (``coverage_<c>`` per origin,
-    ``coverage_steps_<c>`` per (origin, step)), ``pit`` and ``p_up``."""
+    ``levels``, ``mean``, ``crps_steps``, ``pit``, ``p_up``), with ``c`` the lookback closes (the
+    origin's close ``c[-1]`` last), ``y`` the ``H`` actual closes and ``f`` the mean (formulas in
+    docs/forecast-evaluation.md#metrics): ``mase`` (NaN when the lookback never moves) and
+    ``step_mase`` ``(n, H)``; ``crps`` (over ``std(c) + 1e-5``, the population std); ``quantiles``,
+    the nine deciles ``(n, 9, H)``, with ``quantile_loss`` and ``abs_actual`` (WQL over origins is
+    ``sum quantile_loss / sum abs_actual``); ``direction`` (NaN when ``y_H == c[-1]``),
+    ``forecast_return`` ``f_H / c[-1] - 1`` and ``actual_return``; the coverages of the 50, 80 and
+    90% central intervals (``coverage_<c>`` per origin, ``coverage_steps_<c>`` per (origin, step));
+    ``pit``, ``p_up`` and ``up``, whether the close rose by the last step."""
     c = np.asarray(history_close, dtype=np.float64)
     y = np.asarray(actual_close, dtype=np.float64)
     f = np.asarray(dist["mean"], dtype=np.float64)

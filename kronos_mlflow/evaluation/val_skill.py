@@ -1,24 +1,7 @@
-"""``objective: val_skill``: each epoch's weights scored as a forecaster on the validation split.
-
-A sweep that ranks trials by token loss can pick a model that forecasts no better. With
-``objective: val_skill`` a training run, after every epoch's validation, forecasts the
-validation split's origins (:func:`~kronos_mlflow.evaluation.origins.forecast_origins` with
-``split="val"``: the scorecard's construction and ``eval_stride``, at most
-``n_val_skill_windows`` origins, default 500) with the
-epoch's weights and scores them against persistence on the same origins:
-
-- ``val_skill_vs_persistence`` = 1 - MASE(model) / MASE(persistence), with ``_ci_low`` /
-  ``_ci_high`` (the scorecard's paired bootstrap), ``val_mase_close`` and
-  ``persistence_val_mase_close``, at step = epoch;
-- ``best_val_skill``: the value of the epoch whose checkpoint is kept (``best_val_loss``'s
-  epoch: the model the run logs), at that step. A sweep maximises it, and its pruner reads
-  each epoch's ``val_skill_vs_persistence``.
-
-The forecasting pair: a predictor run's epoch predictor with its frozen tokenizer; a tokenizer
-run's epoch tokenizer with ``pretrained_predictor_path``'s predictor (required: without a
-predictor a tokenizer does not forecast: the config refuses it empty). Forecasts sample with the ``inference_*`` keys from
-the run's seed inside a forked random state, so training draws exactly what it draws with
-``objective: val_loss``: the training numbers are the same, only the records differ.
+"""``objective: val_skill``: each epoch's weights scored as a forecaster on the validation split's
+origins against persistence (``val_skill_vs_persistence``, ``best_val_skill``), in a forked random
+state, so training draws exactly what it draws with ``objective: val_loss``
+(docs/sweeps.md#sweeping-on-forecast-skill-objective).
 """
 
 from __future__ import annotations
@@ -90,7 +73,8 @@ class ValSkill:
                                clip=float(self.config["clip"]))
 
     def score(self, raw_model) -> dict[str, float]:
-        """The metrics of the module doc for ``raw_model`` (finite values only)."""
+        """``val_skill_vs_persistence`` (with ``_ci_low`` / ``_ci_high``), ``val_mase_close`` and
+        ``persistence_val_mase_close`` for ``raw_model`` (finite values only)."""
         predictor = self.predictor(raw_model)
         device = torch.device(self.device)
         forked = [device] if device.type == "cuda" else []

@@ -1,19 +1,6 @@
-"""Is a model better than its base on the same windows, by more than noise? Stage-neutral.
-
-Everything here takes per-window losses (two arrays that line up window for window) and
-metric dicts, never a model: any stage that can say what one window's loss is reuses it.
-
-- :func:`paired_bootstrap`: the relative change of the mean loss, ``(test - base) / base``,
-  and its 95% interval from ``N_RESAMPLES`` (1,000) paired resamples of the windows, drawn
-  with a fixed seed (``BOOTSTRAP_SEED``): the same losses always give the same interval.
-  Paired: each resample draws windows, and both models' losses of those windows, so what the
-  windows have in common (an easy or a hard market) cancels out of the change.
-- :func:`grouped_bootstrap`: the same, resampling whole groups (the scorecard's origin dates:
-  the symbols of one date move together, so resampling them one by one understates the noise).
-- :func:`decide`: ``better`` when the whole interval lies below ``-min_change``, ``worse``
-  when it lies above ``+min_change``, else ``inconclusive``; ``unavailable`` is for no window.
-- :class:`HeldOut`: the result as a run records it (metric names, tags, the console line,
-  JSON for ``summary.json``).
+"""Is a model better than its base on the same windows, by more than noise? Stage-neutral: everything
+here takes per-window losses (two arrays that line up window for window) and metric dicts, never a
+model, so any stage that can say what one window's loss is reuses it (docs/verdict.md).
 """
 
 from __future__ import annotations
@@ -41,7 +28,10 @@ def relative_change(test_losses, base_losses) -> float:
 
 def paired_bootstrap(test_losses, base_losses, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                      level: float = LEVEL) -> tuple[float, float, float]:
-    """``(change, ci_low, ci_high)`` of the relative change of the mean loss (see the module doc).
+    """``(change, ci_low, ci_high)`` of the relative change of the mean loss, ``(test - base) / base``,
+    from ``n_resamples`` paired resamples of the windows drawn with a fixed seed: the same losses
+    always give the same interval. Paired: each resample draws windows, and both models' losses of
+    those windows, so what the windows have in common cancels out of the change (docs/verdict.md#the-interval).
 
     The interval is the percentile interval of the resampled changes. Raises ValueError when
     the two arrays differ in length or are empty.
@@ -118,7 +108,8 @@ def grouped_bootstrap(test_losses, base_losses, groups, n_resamples: int = N_RES
 
 
 def decide(ci_low: float, ci_high: float, min_change: float) -> str:
-    """``better`` / ``worse`` / ``inconclusive`` from the interval (see the module doc)."""
+    """``better`` when the whole interval lies below ``-min_change``, ``worse`` when it lies above
+    ``+min_change``, else ``inconclusive`` (``unavailable``, for no window, is :func:`unavailable`'s)."""
     if not (math.isfinite(ci_low) and math.isfinite(ci_high)):
         return "inconclusive"
     if ci_high < -min_change:
@@ -241,7 +232,8 @@ def run_metrics_of(heldout: Mapping[str, Any] | None) -> dict[str, float]:
 def judge(model_losses, base_losses, metrics: Mapping[str, float], base_metrics: Mapping[str, float], *,
           min_change: float, base_label: str, loss: str = "tokenizer_loss", split: str = "test",
           windows_digest: str = "", prefix: str = TEST_PREFIX) -> HeldOut:
-    """The comparison of two models' per-window losses on the same windows (see the module doc)."""
+    """The comparison of two models' per-window losses on the same windows (:func:`paired_bootstrap`,
+    :func:`decide`), as a :class:`HeldOut`."""
     n = int(np.asarray(model_losses).size)
     common = dict(base_label=base_label, windows=n, loss=loss, metrics=dict(metrics),
                   base_metrics=dict(base_metrics), min_change=float(min_change), split=split,

@@ -1,18 +1,6 @@
-"""The held-out windows a run is judged on: chosen from the data and the config only.
-
-Every window of a split is one start position of one series (``lookback_window +
-predict_window + 1`` consecutive bars), numbered in (series, start) order as the prepared
-split lists them. When the split has at most ``limit`` windows (``n_test_iter``, by default
-``n_val_iter``) all of them are used; otherwise the evenly spaced subset
-``floor(i * N / limit)`` for ``i = 0 .. limit - 1`` (N the split's windows). No seed enters:
-every run on the same data and config is judged on the same windows, whatever its seed,
-process count or epochs. Each window is normalised exactly as training normalises it
-(:func:`kronos_mlflow.config.features.normalize_windows`: lookback mean and std, clip).
-
-A window's position in the selection is its identity: per-window losses of two models line up
-index for index, which is what the paired bootstrap (:mod:`.verdict`) needs. ``digest`` names
-the selection (the prepared data's key, the split, the normalisation and the chosen start
-rows), so two runs can tell whether they were judged on the same windows.
+"""The held-out windows a run is judged on, chosen from the data and the config only (no seed):
+evenly spaced windows of the split, normalised exactly as training normalises them
+(:func:`kronos_mlflow.config.features.normalize_windows`; docs/verdict.md#which-windows).
 """
 
 from __future__ import annotations
@@ -51,7 +39,10 @@ def evenly_spaced(n_windows: int, limit: int) -> np.ndarray:
 
 @dataclass
 class HeldOutWindows:
-    """The selected windows of one split of the prepared data (see the module doc).
+    """The selected windows of one split of the prepared data (docs/verdict.md#which-windows).
+    A window's position in the selection is its identity: per-window losses of two models line up
+    index for index, which is what the paired bootstrap (:mod:`.verdict`) needs; :attr:`digest`
+    names the selection, so two runs can tell whether they were judged on the same windows.
 
     ``positions`` index the selection (0 .. len-1); :meth:`batches` yields normalised
     ``(x, x_stamp)`` float32 tensors of the given positions, in order.

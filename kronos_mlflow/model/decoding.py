@@ -1,25 +1,7 @@
-"""Incremental decoding of the predictor: a static key/value cache per attention layer.
-
-Upstream's forecasting loop runs the whole window through every layer for each new bar. The
-blocks are causal, so a position's keys and values never change once computed: gpt-fast's
-shape (pytorch-labs/gpt-fast, ``KVCache.update(input_pos, k, v)``) keeps them. One *prefill*
-runs the lookback window (for each series once, its sample paths then share the result), and
-each *step* runs one new position per sample path against the cached keys.
-
-The dependency-aware layer's keys and values are projections of the context ``h`` at each
-position, so they are cached too; only its query (the sampled s1 token) is new at each step.
-
-What the cache computes equals what recomputing the window computes, to float rounding: the
-same projections, the rotary rows a window of that length uses (:meth:`rotate_at`), attention
-over the same keys. It holds while positions do not move, that is while the window has not
-rolled (``lookback + step <= max_context``); the forecasting loop then recomputes, as upstream.
-
-``cross_rope`` says how the dependency-aware layer rotates at inference:
-
-- ``"upstream"`` (default): as upstream's forecasting does, no rotation at all (its rotary table
-  is sized by the one-position query, so every key gets position 0's rotation, the identity);
-- ``"positions"``: the query at the last position, each key at its own position, the rotation
-  training used.
+"""Incremental decoding of the predictor: a static key/value cache per attention layer (gpt-fast's
+``KVCache`` shape), the dependency-aware layer's included: one prefill over the lookback, then one
+position per step, equal to recomputing the window to float rounding while it has not rolled
+(docs/predictor.md#the-keyvalue-cache; ``cross_rope``: docs/predictor.md#upstreams-behaviours-kept-fixed).
 """
 
 from __future__ import annotations

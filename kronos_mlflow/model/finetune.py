@@ -1,23 +1,7 @@
-"""What a fine-tune trains (``finetune_mode``): every weight (``full``, upstream's), low-rank
-adapters through Hugging Face ``peft`` (``lora``), or the top of the model with its embeddings
-and bottom blocks frozen (``freeze``). docs/finetune-modes.md says what each model has.
-
-The loop, the checkpoints and the logged model see one rule each:
-
-- :func:`apply` turns the stage's starting model into the model the run trains: the frozen
-  parameters have ``requires_grad`` off, so AdamW (:mod:`kronos_mlflow.training.optim`) and DDP see the
-  trained ones only. The frozen weights are never written to during training.
-- :func:`merged` is what every file a colleague reads holds (``best_model``, the start the
-  verdict compares with, the forecasts of ``objective: val_skill``): the base with each adapter's
-  ``scale * B @ A`` added by peft's own merge, on a copy, in the model's hub layout. The training
-  model keeps its unmerged base bit for bit.
-- :func:`save_adapter` writes the adapters alone in peft's format (``adapter_config.json`` and
-  ``adapter_model.safetensors``, loaded by ``peft.PeftModel.from_pretrained(base, DIR)``).
-- :func:`frozen_digest` names the frozen weights: a resumed LoRA or freeze run's training state
-  holds the trained tensors only, so it resumes onto a base only when the digest is the one it
-  was trained on.
-
-peft loads only for ``lora`` (it imports transformers: seconds).
+"""What a fine-tune trains (``finetune_mode``): every weight (``full``, upstream's), low-rank adapters
+through Hugging Face ``peft`` (``lora``), or the top of the model with its embeddings and bottom
+blocks frozen (``freeze``); docs/finetune-modes.md. peft loads only for ``lora`` (it imports
+transformers: seconds).
 """
 
 from __future__ import annotations
@@ -124,7 +108,9 @@ def adapter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def merged(model: nn.Module) -> nn.Module:
     """A plain model with the same forward as ``model``: ``model`` itself without adapters, else a
     copy whose adapters peft merged into their base layers (``safe_merge`` refuses non-finite
-    weights), each base layer put back where its adapter was. ``model`` is not changed."""
+    weights), each base layer put back where its adapter was. ``model`` is not changed. It is what
+    every file a colleague reads holds (``best_model``, the start the verdict compares with, the
+    forecasts of ``objective: val_skill``)."""
     layers = adapter_layers(model)
     if not layers:
         return model

@@ -1,18 +1,7 @@
 """The forecasting loop: normalised lookback windows in, sampled token paths and their decoded
-K-lines out (upstream's ``auto_regressive_inference``, with a key/value cache).
-
-Per series: clip the normalised window, tokenize it (``encode(half=True)``), then for each of
-``pred_len`` steps score the next s1 from the last position, sample it, score s2 given it,
-sample it, append the pair; ``sample_count`` paths per series run side by side in one batch.
-At the end the tokenizer decodes the last ``<= max_context`` tokens of every path.
-
-Upstream recomputes the whole window at every step. Here, while the window has not rolled
-(``lookback + step <= max_context``), one prefill over the lookback and one position per step
-go through :class:`~kronos_mlflow.model.decoding.IncrementalDecoder`; once it rolls (every
-position moves), each step recomputes the window exactly as upstream. ``use_cache=False``
-recomputes every step, upstream's loop call for call. The sampling draws from torch's
-generator in upstream's order, so one seed gives one set of paths either way (to float
-rounding of the logits), and greedy ``top_k=1`` paths are the same.
+K-lines out (upstream's ``auto_regressive_inference``, with a key/value cache through
+:class:`~kronos_mlflow.model.decoding.IncrementalDecoder` while the window has not rolled;
+``use_cache=False`` is upstream's loop call for call): docs/predictor.md#forecasting-kronospredictor.
 """
 
 from __future__ import annotations

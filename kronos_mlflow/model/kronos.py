@@ -1,22 +1,7 @@
-"""The Kronos predictor: an autoregressive Transformer over the tokenizer's two-part tokens.
-
-``Kronos`` computes what upstream's ``Kronos`` (shiyu-coder/Kronos, ``model/kronos.py`` +
-``model/module.py``) computes, with the same module names, so that its ``state_dict`` holds
-exactly the tensors of a published checkpoint (Kronos-mini / -small / -base) and nothing else,
-and the same construction order, so that one seed gives the same fresh weights.
-``/work/shared/spec/kronos-predictor.md`` is the contract; ``docs/predictor.md`` the user's page.
-
-In one breath: each step's token is the pair (s1, s2) of the tokenizer's coarse and fine
-halves. ``embedding`` looks both up (scaled by sqrt(d_model)) and fuses them; ``time_emb`` adds
-learnt minute/hour/weekday/day/month tables; token dropout; ``n_layers`` causal pre-norm blocks
-(the tokenizer's :class:`~kronos_mlflow.model.network.TransformerBlock`); a final RMSNorm gives
-the context ``h``. ``head.proj_s1(h)`` scores the next s1. The next s2 is scored *given* an s1:
-the dependency-aware layer lets the s1 token's (unscaled) embedding attend over ``h`` and
-``head.proj_s2`` reads ``RMSNorm(h + attention)``.
-
-Upstream's behaviour is kept where it decides the numbers a published checkpoint gives; see
-the docstrings of :class:`MultiHeadCrossAttentionWithRoPE` (causal only in training; the rotary
-table sized by the query) and :meth:`Kronos.forward` (s2 conditioned on a sampled s1).
+"""The Kronos predictor (:class:`Kronos`): an autoregressive Transformer over the tokenizer's two-part
+tokens, computing what upstream's ``Kronos`` computes with its module names and construction order
+(a published checkpoint's exact tensors; one seed, the same fresh weights). The contract:
+``/work/shared/spec/kronos-predictor.md``; the user's page: docs/predictor.md.
 """
 
 from __future__ import annotations
@@ -181,6 +166,14 @@ class Kronos(HubCheckpoint, nn.Module):
     (``ConfigError`` on a bad value); ``self.config`` holds them, normalised, and is what
     ``save_pretrained`` writes. ``Kronos.published("Kronos-small")`` builds a fresh model of a
     published architecture; ``Kronos.from_pretrained(dir_or_hub_id)`` loads one strictly.
+
+    In one breath: each step's token is the pair (s1, s2) of the tokenizer's coarse and fine
+    halves. ``embedding`` looks both up (scaled by sqrt(d_model)) and fuses them; ``time_emb`` adds
+    learnt minute/hour/weekday/day/month tables; token dropout; ``n_layers`` causal pre-norm blocks
+    (the tokenizer's :class:`~kronos_mlflow.model.network.TransformerBlock`); a final RMSNorm gives
+    the context ``h``. ``head.proj_s1(h)`` scores the next s1. The next s2 is scored *given* an s1:
+    the dependency-aware layer lets the s1 token's (unscaled) embedding attend over ``h`` and
+    ``head.proj_s2`` reads ``RMSNorm(h + attention)``.
     """
 
     CONFIG_SCHEMA = PREDICTOR_SCHEMA

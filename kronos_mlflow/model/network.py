@@ -1,24 +1,7 @@
-"""The Kronos K-line tokenizer, bit for bit, and the Transformer blocks the predictor shares.
-
-``KronosTokenizer`` computes what the published Kronos tokenizer (shiyu-coder/Kronos,
-``model/kronos.py`` + ``model/module.py``) computes, with the same module names so that its
-``state_dict`` holds exactly the tensors of a published checkpoint (96 for the base config)
-and nothing else. ``/work/shared/spec/kronos-tokenizer.md`` is the contract.
-
-Architecture, in one breath: ``embed`` (d_in -> d_model), ``n_enc_layers - 1`` pre-norm
-Transformer blocks, ``quant_embed`` (d_model -> C = s1_bits + s2_bits), Binary Spherical
-Quantization (L2-normalise, keep the sign, scale to +-1/sqrt(C)), then two reconstructions that
-share the ``n_dec_layers - 1`` decoder blocks and the ``head``: ``z_pre`` from the first s1_bits
-channels only (``post_quant_embed_pre``) and ``z`` from all C channels (``post_quant_embed``).
-The coarse s1 code alone must already describe the K-line; that is what lets the Kronos
-forecaster predict s1 first and s2 conditioned on it.
-
-A fresh model with the published base hyper-parameters is ``KronosTokenizer(**BASE_CONFIG)``
-(or ``KronosTokenizer.base()``). Checkpoints are Hugging Face "model hub mixin" directories:
-``config.json`` (the 16 constructor arguments) and ``model.safetensors`` (float32 tensors).
-``save_pretrained`` writes them atomically; ``from_pretrained`` reads a directory or a hub id
-strictly and raises :class:`~kronos_mlflow.errors.CheckpointError` (one line naming the file)
-for anything it cannot use. Nothing here unpickles: weights are read with safetensors only.
+"""The Kronos K-line tokenizer (:class:`KronosTokenizer`), bit for bit the published one with its
+module names (a published checkpoint's exact tensors: 96 for the base config), and the Transformer
+blocks the predictor shares. The contract: ``/work/shared/spec/kronos-tokenizer.md``; checkpoints
+are read with safetensors only, strictly: docs/predictor.md#loading-the-published-checkpoints.
 """
 
 from __future__ import annotations
@@ -400,6 +383,14 @@ class KronosTokenizer(HubCheckpoint, nn.Module):
     Token indices are little-endian over the code channels: channel c contributes 2^c, so the
     s1 (coarse) token is the low ``s1_bits`` bits and the s2 token the high bits:
     ``s1 = idx & (2**s1_bits - 1)``, ``s2 = idx >> s1_bits``.
+
+    Architecture, in one breath: ``embed`` (d_in -> d_model), ``n_enc_layers - 1`` pre-norm
+    Transformer blocks, ``quant_embed`` (d_model -> C = s1_bits + s2_bits), Binary Spherical
+    Quantization (L2-normalise, keep the sign, scale to +-1/sqrt(C)), then two reconstructions that
+    share the ``n_dec_layers - 1`` decoder blocks and the ``head``: ``z_pre`` from the first s1_bits
+    channels only (``post_quant_embed_pre``) and ``z`` from all C channels (``post_quant_embed``).
+    The coarse s1 code alone must already describe the K-line; that is what lets the Kronos
+    forecaster predict s1 first and s2 conditioned on it.
     """
 
     def __init__(self, d_in, d_model, n_heads, ff_dim, n_enc_layers, n_dec_layers, ffn_dropout_p, attn_dropout_p,

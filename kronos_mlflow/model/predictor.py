@@ -1,28 +1,7 @@
-"""``KronosPredictor``: forecasts K-lines from pandas DataFrames, upstream's class and calls.
-
-A user's upstream script changes one import::
-
-    from kronos_mlflow.model import Kronos, KronosTokenizer, KronosPredictor
-
-Each series is normalised over its own lookback, per column (``(x - mean) / (std + 1e-5)``, the
-population std), clipped to ``+-clip``, forecast by :mod:`~kronos_mlflow.model.forecast`, and
-mapped back (``z * (std + 1e-5) + mean``); with several sample paths the mean is taken in
-normalised space, as upstream. Missing ``volume``: volume and amount are 0; missing
-``amount``: volume times the mean of open, high, low and close.
-
-Every bad argument is one line naming it, before any forecasting (docs/predictor.md, "Bad
-arguments"): :class:`~kronos_mlflow.errors.DataError` (a ``ValueError``, as upstream raises) for
-the data and timestamps, :class:`~kronos_mlflow.errors.ConfigError` (a ``ValueError``) for the
-settings and the device, :class:`~kronos_mlflow.errors.MemoryBudgetError` (a ``ConfigError``)
-for more paths than memory holds, :class:`~kronos_mlflow.errors.ArgumentTypeError` (a
-``TypeError``) for a model or tokenizer that is not a loaded one. A lookback longer than
-``max_context`` is forecast as upstream does (the predictor reads its last ``max_context``
-bars), with a :class:`~kronos_mlflow.model.forecast.ForecastWarning` saying so.
-
-What differs from upstream, and why, is in docs/predictor.md: the model and tokenizer are put
-in eval mode for the forecast (upstream forecasts in whatever mode they are in;
-``eval_mode=False`` keeps that), and the s1 transformer keeps a key/value cache
-(``kv_cache=False`` recomputes the window every step, as upstream).
+"""``KronosPredictor``: forecasts K-lines from pandas DataFrames, upstream's class and calls (an
+upstream script changes one import: ``from kronos_mlflow.model import Kronos, KronosTokenizer,
+KronosPredictor``). What it computes, its one-line refusals and what differs from upstream:
+docs/predictor.md#forecasting-kronospredictor.
 """
 
 from __future__ import annotations

@@ -1,35 +1,7 @@
-"""Speed settings for training, resolved from the config: threads, precision, compile, AdamW
-kernel, the model's fused path, and a device-side window loader for CUDA.
-
-Nothing here changes what is computed beyond float rounding, except ``precision: bf16``
-(autocast). ``benchmarks/bench_train.py`` measures the choices; the ``auto`` values are what
-measured fastest on a 2-core CPU, or what is standard for a GPU (not measured here):
-
-- ``num_threads: 0`` -> intra-op threads = the CPUs this process may use / processes per node
-  (torchrun's ``LOCAL_WORLD_SIZE``), so ranks on one machine never oversubscribe its cores; one
-  inter-op thread (eager training never runs ops in parallel at the inter-op level).
-- ``precision: auto`` -> bf16 autocast with TF32 matmuls on a CUDA GPU that supports bf16,
-  plain fp32 elsewhere (on CPU fp32 is exact and the fastest).
-- ``compile: auto`` -> ``torch.compile`` on CUDA; on CPU too for runs long enough to repay the
-  compile time (it measured about 1.3x faster per step: inductor fuses RMSNorm, rotary, SwiGLU
-  and the loss, the memory-bound third of an eager step), when a C++ compiler is present.
-- ``adamw_impl: auto`` -> torch's fused AdamW kernel (CUDA, and CPU in torch >= 2.4), the
-  foreach one where fused is unavailable.
-- ``fused_layers: auto`` -> the model's fused path (stacked projections, one batched decoder
-  pass) on CUDA, where it halves kernel launches; off on CPU, where it measured 1-3% slower.
-- ``malloc_reuse: auto`` -> under glibc, freed tensor memory stays in the process for the next
-  step instead of going back to the OS. With glibc's defaults large activations are ``mmap``-ed
-  and unmapped, or the heap top is trimmed, so steps keep faulting fresh zeroed pages in: in a
-  training process (compiled base model, 30 steps) 0.9-1.1 M minor faults without it against
-  0.44 M with it (start-up and compile included), i.e. 15-23 k fewer per step (~60-90 MB of page
-  zeroing); the eager plain path faults ~31 k times per step without it, 0 with it. Measured gain
-  per step: a few percent here, within this machine's noise in separate processes; 1.19x in one
-  process once the heap had grown and was then trimmed again. The cost: the process keeps its
-  peak heap (peak RSS 1.44 vs 1.39 GB in the same runs).
-
-:class:`~kronos_mlflow.data.loaders.DeviceWindowLoader` gathers and normalises training windows on the device itself, so a
-GPU is never held back by host-side batching; it yields what ``QlibDataset`` + the DataLoader
-yield, in the same order, for one rank's share of the epoch.
+"""Speed settings for training, resolved from the config: threads, precision, compile, AdamW kernel,
+the model's fused path and the allocator (``auto``: what measured fastest on a 2-core CPU, or what
+is standard for a GPU). Nothing here changes what is computed beyond float rounding, except
+``precision: bf16`` (autocast); docs/speed.md.
 """
 
 from __future__ import annotations
@@ -63,8 +35,9 @@ def local_world_size() -> int:
 
 
 def configure_threads(num_threads: int = 0, n_local_processes: int | None = None) -> dict[str, int]:
-    """Set torch's intra-op threads (``num_threads``, or CPUs / local processes when 0) and one
-    inter-op thread. Returns what is in effect. The inter-op pool can be sized only before its
+    """Set torch's intra-op threads (``num_threads``, or CPUs / local processes when 0, so ranks on
+    one machine never oversubscribe its cores) and one inter-op thread (eager training never runs
+    ops in parallel at the inter-op level). Returns what is in effect. The inter-op pool can be sized only before its
     first use; later calls leave it as it is."""
     n_local = n_local_processes if n_local_processes is not None else local_world_size()
     n = int(num_threads) if num_threads else max(1, available_cpus() // max(1, n_local))
@@ -200,8 +173,9 @@ def resolve_compile(choice: str, device: torch.device, run_steps: int | None = N
 
     ``auto``: on for CUDA (when triton is importable); on CPU when the run has at least
     :data:`CPU_COMPILE_MIN_STEPS` optimizer steps (``run_steps``; None = a long run) and a C++
-    compiler is on PATH. Under ``auto`` a compile failure falls back to eager (dynamo's
-    ``suppress_errors``); ``on`` lets it raise.
+    compiler is on PATH (on CPU it measured about 1.3x faster per step: inductor fuses RMSNorm,
+    rotary, SwiGLU and the loss, the memory-bound third of an eager step). Under ``auto`` a compile
+    failure falls back to eager (dynamo's ``suppress_errors``); ``on`` lets it raise.
     """
     if choice == "on":
         return True

@@ -1,13 +1,7 @@
-"""One writer at a time: a lock file that a process holds only as long as it lives.
-
-A training's run directory (``.writer.lock`` in it) and a pipeline's step (a lock file per step
-and config under ``{save_path}/.claims/``) are claimed before any work with ``flock``: the kernel
-drops the lock when the process ends, however it ends (a crash, SIGKILL, a dead machine's
-restart leaves no stale lock behind), so a torchrun restart or the same command typed again
-takes it at once, while a second process started next to a live one either waits for it
-(:func:`hold` with ``wait=True``: the pipeline, which then reuses what the first finished) or
-refuses in one line (:class:`Busy`). The file holds who holds it (pid, host, start time), for
-that line.
+"""One writer at a time: a lock file (``flock``) that a process holds only as long as it lives, for a
+training's run directory (``.writer.lock``) and a pipeline's steps (``{save_path}/.claims/``): the
+kernel drops it however the process ends, so no stale lock is left behind. The file names its holder
+(pid, host, start time) for the refusal's line; docs/reliability.md#who-may-write-a-run.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""SIGTERM and SIGINT (Ctrl-C) stop a training run cleanly.
-
-:func:`install` (main thread, once per process) turns the first SIGTERM or SIGINT into
-:class:`TrainingStopped`, raised wherever the process is; ``train.main`` catches it, ends the
-run KILLED with a ``stop_reason`` and lets it propagate, and the command line prints one line
-and exits ``128 + signal``. Later signals are ignored while the run is being ended (the
-training state on disk is the last finished epoch's; it is written atomically, so a stop never
-damages it). Under torchrun the launcher forwards SIGTERM to every worker, and each stops the
-same way (only rank 0 prints). A signal that arrives while a checkpoint is being written
-(:func:`deferred`) is held until the write is done, so that a stop never leaves the training
-state mid-swap.
-
-A command that runs its work in child processes (a sweep's trials, a pipeline's steps:
-:mod:`kronos_mlflow.tracking.command_runs`) registers each child while it waits for it
-(:func:`forwarding_to`): a stop signal then goes on to the children, as SIGTERM (which also
-ends quietly a child that has not installed these handlers yet, where SIGINT would print a
-``KeyboardInterrupt`` traceback), the wait goes on until they have ended their runs, and the
-stop is raised after. Such a child finds :data:`REPORTED_BY_PARENT` in its environment and
-prints nothing on a stop: the command's one line is its parent's.
+"""SIGTERM and SIGINT (Ctrl-C) stop a training run cleanly: :func:`install` turns the first signal into
+:class:`TrainingStopped`, the run ends KILLED with a ``stop_reason``, a checkpoint being written
+finishes first (:func:`deferred`), and a command's child processes get the stop forwarded
+(:func:`forwarding_to`); docs/configuration.md#stopping.
 """
 
 from __future__ import annotations
@@ -79,7 +64,9 @@ def deferred() -> Iterator[None]:
 
 
 def install() -> bool:
-    """Handle SIGTERM and SIGINT from now on (only possible in the main thread)."""
+    """Handle SIGTERM and SIGINT from now on (only possible in the main thread): the first raises
+    :class:`TrainingStopped` wherever the process is; later signals are ignored while the run is
+    being ended."""
     global _received, _pending
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -100,7 +87,9 @@ def _forward(proc) -> None:
 @contextmanager
 def forwarding_to(proc) -> Iterator[None]:
     """While the block waits for ``proc`` (a ``subprocess.Popen``), a stop signal is sent on to
-    it (as SIGTERM) instead of raising here; one that came before the block is sent on as it starts."""
+    it (as SIGTERM, which also ends quietly a child that has not installed these handlers yet,
+    where SIGINT would print a ``KeyboardInterrupt`` traceback) instead of raising here; one that
+    came before the block is sent on as it starts."""
     _children.append(proc)
     try:
         if _received is not None:

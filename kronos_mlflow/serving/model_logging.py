@@ -1,17 +1,8 @@
-"""The best checkpoint as an MLflow Model on the run, and the data as the run's input.
-
-Two models are logged the same way: the tokenizer stage's (:func:`log_best_model`, the
-checkpoint as a tokenizing pyfunc) and the predictor stage's forecaster
-(:func:`log_forecaster`, the tokenizer and the best predictor checkpoint as a forecasting pyfunc).
-
-The model is an MLflow 3 Logged Model of the run: created for the run (``source_run_id``),
-written by ``mlflow.pyfunc.log_model`` outside any active run (which would attach to the model
-every run metric that happens to share its step: per-step training losses and per-epoch
-metrics share step numbers), then linked to the run as an output at the best epoch, with the
-best epoch's validation metrics (``val_tokenizer_loss_epoch``, ``best_val_loss``, codebook and
-per-feature metrics) logged on the model: the model page shows what made it the best. It is
-reloaded and its prediction compared with the in-memory one before the run is tagged
-``best_model_uri`` and the model registered (``registered_model_name``)."""
+"""The best checkpoint as an MLflow Model on the run, and the data as the run's input: the tokenizer
+stage's model (:func:`log_best_model`, a tokenizing pyfunc) and the predictor stage's forecaster
+(:func:`log_forecaster`), each an MLflow 3 Logged Model linked to the run at the best epoch with that
+epoch's metrics (docs/run-records.md#params-metrics-tags-and-artifacts, docs/serving.md).
+"""
 
 from __future__ import annotations
 
@@ -156,8 +147,10 @@ def _metadata(config: Mapping[str, Any]) -> dict[str, str]:
 def _publish_model(mlflow_logger, files: _ModelFiles, config: Mapping[str, Any], step: int,
                    metrics: Mapping[str, float] | None, heldout_metrics: Mapping[str, float] | None,
                    heldout_dataset: tuple[str, str] | None, reproduces: Callable[[Any], bool]):
-    """Log ``files`` as the Logged Model ``best_model`` of the run (created for the run and
-    written outside any active run: see the module doc), an output of the run at ``step`` with
+    """Log ``files`` as the Logged Model ``best_model`` of the run (an MLflow 3 Logged Model created
+    for the run, ``source_run_id``, and written by ``mlflow.pyfunc.log_model`` outside any active
+    run, which would attach to the model every run metric that happens to share its step: per-step
+    training losses and per-epoch metrics share step numbers), an output of the run at ``step`` with
     ``metrics`` and ``heldout_metrics`` (linked to ``heldout_dataset``) on the model; reload it
     and require ``reproduces(loaded_pyfunc)``; then tag the run ``best_model_uri`` and, when the
     config names a registered model, register it (tag ``registered_model``). Returns the ``ModelInfo``."""

@@ -1,21 +1,7 @@
-"""What the logged MLflow Model is: a pyfunc over the safetensors checkpoint (how it is logged:
-:mod:`kronos_mlflow.serving.model_logging`).
-
-The model directory holds the checkpoint exactly as ``save_pretrained`` writes it
-(``artifacts/best_model/{config.json, model.safetensors}``), so ``KronosTokenizer.from_pretrained``
-and upstream Kronos load it directly. The pyfunc is defined "from code" (``pyfunc_model.py``)
-and ships this package under ``code/``: nothing is pickled, and it loads wherever torch,
-safetensors and mlflow are installed.
-
-``predict`` takes float32 windows ``(B, T, 6)`` of raw open, high, low, close, volume, amount,
-any window length ``T >= 2`` (the normalisation statistics come from the first
-``min(lookback_window, T)`` steps), normalises each window as training does (lookback
-statistics, clip), and returns a dict (below). The signature's input is ``(-1, -1, -1)``
-float32 so that a window of the wrong shape reaches ``predict``, which refuses it in one short
-line (MLflow's own schema check would print the whole array):
-
-- ``reconstruction``: ``(B, T, 6)`` float32, the full-code reconstruction in the input's units;
-- ``tokens``: ``(B, T)`` int64 full codes; ``s1_tokens`` / ``s2_tokens``: the two halves.
+"""What the logged tokenizer MLflow Model is: a pyfunc "from code" (``pyfunc_model.py``) over the
+safetensors checkpoint, nothing pickled (how it is logged: :mod:`kronos_mlflow.serving.model_logging`),
+and :func:`load_tokenizer`, the one loader of a tokenizer; what ``predict`` takes and returns:
+docs/serving.md#the-model.
 """
 
 from __future__ import annotations
@@ -99,7 +85,8 @@ try:  # the class needs mlflow; the helpers above do not
     import mlflow.pyfunc
 
     class KronosTokenizerPyfunc(mlflow.pyfunc.PythonModel):
-        """Loads the checkpoint directory from the model's artifacts; see the module doc."""
+        """Loads the checkpoint directory from the model's artifacts (``artifacts/best_model/``, as
+        ``save_pretrained`` writes it); ``predict`` is :func:`tokenize_windows` (docs/serving.md#the-model)."""
 
         def load_context(self, context):
             from ..model import KronosTokenizer  # lazy: torch, loaded with the model, not on import

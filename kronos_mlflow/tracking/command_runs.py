@@ -1,14 +1,7 @@
-"""The MLflow runs a command started, and how a stop ends them all KILLED.
-
-A sweep, a pipeline and a walk-forward each make runs of their own (the parent, a fold's run,
-a step's or a trial's child run) and run the work in child processes. :func:`started` records
-every such run of this process; :func:`run_child` runs a child process with the stop signals
-sent on to it (:func:`kronos_mlflow.runtime.stopping.forwarding_to`), waits for it to end its run,
-and raises the stop after. The command catches the stop and calls :func:`end_stopped`: every
-run it started that is still RUNNING ends KILLED with a ``stop_reason`` (a run its child ended
-KILLED already keeps its own), one line goes to stderr, and the exit code is ``128 + signal``.
-The same command again continues, as after any stop: finished steps are reused, a stopped
-training resumes from its last training state.
+"""The MLflow runs a command started (a sweep's, a pipeline's, a walk-forward's parent and child runs),
+and how a stop ends them all KILLED: :func:`started` records them, :func:`run_child` runs a child
+process with the stop signals sent on to it, :func:`end_stopped` ends what is still RUNNING
+(docs/configuration.md#stopping).
 """
 
 from __future__ import annotations

@@ -1,32 +1,7 @@
-"""The one gate to the tracking store: every run a command writes is obtained here.
-
-A command writes four kinds of run, and each comes through one function of this module:
-
-- its own new run (:func:`new_run`, :func:`child_run`: a pipeline's steps, a sweep's trials, a
-  walk-forward's folds);
-- the run ``mlflow run`` (or this project's parent process) made for it and hands over in
-  ``MLFLOW_RUN_ID`` (:func:`handed_run` read-only, :func:`command_run` to use it);
-- a parent it continues (:func:`continued_parent`: a walk-forward's ``--parent-run-id`` or
-  ``--aggregate``), which must be of this command's kind and plan;
-- a run it resumes, which must carry the token its training state or spool holds
-  (:func:`kronos_mlflow.tracking.ownership.check_writable`, through :func:`owned_run`).
-
-``MLFLOW_RUN_ID`` is accepted only when it names, in this store and in the experiment the
-command logs to, a run that is not deleted, not FINISHED, and one of
-
-- **handed over by this project**: a child run a pipeline, sweep or walk-forward created carries
-  the tag ``kronos.handover`` (the SHA-256 of a token that only the child's process gets, in its
-  environment);
-- **this command's own claim**: a run whose ``kronos.owner`` token is the one this run
-  directory's ``owner.json`` holds (a training restarted by torchrun);
-- **bare, as mlflow run makes it**: RUNNING, of this command's MLproject entry point when it
-  names one (``mlflow.project.entryPoint``), holding nothing but what ``mlflow run`` writes (its
-  ``mlflow.*`` tags and the -P parameters: no metric, no other tag, no owner).
-
-Anything else is one line naming the run and why (:class:`RunRefused`, exit code 2), before
-anything is written; ``--check`` makes the same call. The threat is the confused deputy: a run id
-is a capability in MLflow, and these rules keep an id from the environment, a file or a tag from
-making the user's command write a run the user did not give it.
+"""The one gate to the tracking store: every run a command writes (its own new run, the run
+``MLFLOW_RUN_ID`` hands over, a parent it continues, a run it resumes) is obtained here, or refused
+in one line (:class:`RunRefused`, exit code 2) before anything is written; the rules and the threat
+they answer: docs/reliability.md#who-may-write-a-run.
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
-"""Files another run hands over, each read through one reader that checks it whole.
-
-A walk-forward parent's ``walkforward/folds.json`` and an evaluation run's
-``evaluation/origins.parquet`` / ``evaluation/forecasts.parquet`` may come from a colleague's
-run, a copied store or a damaged upload: they are input, like a flag. Each kind of file has one
-reader here, and every command that reads such a file reads it through that reader:
-
-- :func:`kronos_mlflow.workflows.walkforward.folds.read_folds_json`: the fold table (written by
-  :func:`~kronos_mlflow.workflows.walkforward.folds.as_json`, read with this module's checks): exactly the
-  keys ``settings`` and ``folds``, each setting and each fold field of its type and range, fold
-  numbers 1..F in order (:func:`kronos_mlflow.config.names.fold_number`), dates as ISO dates, at most
-  1 MiB;
-- :func:`read_origins`: ``datetime`` (a timestamp without time zone, no missing value),
-  ``instrument`` (text, no missing value) and ``finetuned_mase`` plus any ``<forecaster>_mase``
-  (numbers, NaN allowed, never infinite); the table returned holds those columns only;
-- :func:`read_forecasts`: ``datetime``, ``instrument``, ``forecaster`` (one of the scorecard's
-  forecasters), ``step`` (an integer 1..10,000), ``actual`` and the nine deciles ``q0.1`` ..
-  ``q0.9`` (numbers, NaN allowed, never infinite); the table returned holds those columns only;
-- :func:`scorecard_rule`: the ``verdict_min_change`` and ``bootstrap_unit`` params a fold's
-  evaluation run recorded.
-
-A Parquet file is read from its footer first: its schema (names, types), its row count and the
-uncompressed size of the columns read are checked before any column is decoded. Any way a file
-can be wrong (missing, not a regular file, too large, not JSON or not Parquet, a key or column
-missing or extra or of the wrong type) is one :class:`~kronos_mlflow.errors.UserError` line
-naming the file (``source``: where it came from, e.g. ``run <id>'s walkforward/folds.json``)
-and what was expected; never another exception.
-
-:func:`download` fetches one of these artifacts of a run into a new folder the command made
-(``tempfile.mkdtemp`` under the command's scratch directory): the run id goes through
-:func:`kronos_mlflow.config.names.run_id`, the artifact path is one of this module's constants, and no
-path component comes from the file's content.
+"""Files another run hands over (a walk-forward parent's ``walkforward/folds.json``, an evaluation
+run's ``evaluation/origins.parquet`` and ``forecasts.parquet``), each read through one reader that
+checks it whole (the fold table's, :func:`kronos_mlflow.workflows.walkforward.folds.read_folds_json`,
+with this module's checks): any way it can be wrong is one :class:`~kronos_mlflow.errors.UserError`
+line naming the file and where it came from, never another exception (docs/reliability.md#what-a-name-may-be).
 """
 
 from __future__ import annotations
@@ -80,7 +53,8 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}(:[0-9]{2})?)?
 def download(client, run_id: Any, artifact_path: str, scratch: str | os.PathLike, source: str) -> Path:
     """``artifact_path`` (one of :data:`ARTIFACTS`) of the run ``run_id``, downloaded into a new
     folder under ``scratch`` (the command's own temporary directory); the local file's path.
-    A run id that is not one, or an artifact the run lacks, is one line naming ``source``."""
+    A run id that is not one (:func:`kronos_mlflow.config.names.run_id`), or an artifact the run
+    lacks, is one line naming ``source``; no path component comes from the file's content."""
     if artifact_path not in ARTIFACTS:
         raise ValueError(f"{artifact_path!r} is not a handed-over artifact this module reads")
     run_id = names.run_id(run_id, source)
@@ -197,7 +171,9 @@ def period(value: Any, source: str, where: str) -> tuple[str, str]:
 def _parquet(path: Path, source: str, required: Mapping[str, str], optional: Mapping[str, str]):
     """The pyarrow table of ``path``'s columns ``required`` (all) and ``optional`` (those it
     has), each checked against its kind (``time``, ``text``, ``number``, ``integer``), and the
-    columns read with their kinds."""
+    columns read with their kinds. The file is read from its footer first: its schema (names,
+    types), its row count and the uncompressed size of the columns read are checked before any
+    column is decoded."""
     import pyarrow.parquet as pq
 
     _regular_file(path, source, MAX_PARQUET_BYTES)

@@ -1,24 +1,7 @@
-"""Which MLflow run owns a run directory, a training state or a spool: the run itself says so.
-
-A file that names a run (``checkpoints/last/state.json``, a spool's header, a run directory found
-through a tag) is a claim, not a proof: a colleague may hand it over, an edit may change the run
-id in it, a hand-made run may copy another run's tags. So when a training or an evaluation
-starts a run, it draws a random token (256 bits): the token goes into the run directory's
-``owner.json``, into every training state and spool that run writes, and its SHA-256 goes on the
-run as the tag ``kronos.owner``. The token itself never reaches the tracking store, so reading
-the store (every tag is readable there) never lets anyone write a file that claims a run.
-
-Resume, continue, reuse and upload act on a run only when
-
-- the run is in this tracking store and in the experiment the command logs to,
-- the run's ``kronos.owner`` tag is the hash of the file's token (and ``owner.json`` names it),
-- its status allows it: never FINISHED for a resume or an upload; FINISHED for a reuse.
-
-Anything else is one line (:class:`OwnershipError`, exit code 2) before anything is written.
-
-The threat is the confused deputy, not an intruder in the store: whoever can write the store can
-write any run (MLflow has no per-run permissions). What this prevents is that a file, a tag or a
-second process makes the user's own command write a run the user did not name.
+"""Which MLflow run owns a run directory, a training state or a spool: the run itself says so, through
+a random 256-bit token whose SHA-256 it carries as the tag ``kronos.owner`` (the token stays in
+files, never in the store). Resume, continue, reuse and upload check it (:func:`check_writable`,
+:func:`evidence`); docs/reliability.md#who-may-write-a-run.
 """
 
 from __future__ import annotations

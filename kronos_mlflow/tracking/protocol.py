@@ -1,16 +1,7 @@
-"""The logger protocol every backend implements, and the two combinators.
-
-The training loop talks to an :class:`ExperimentLogger` and never checks its rank:
-:func:`kronos_mlflow.tracking.build_tracking` decides once, giving a :class:`NullLogger` to every
-rank but 0 and a :class:`MultiLogger` (MLflow, then Comet when enabled) to rank 0::
-
-    logger.log_hyperparams(params)
-    for step ...: logger.log_metrics({"train_tokenizer_loss_batch": loss}, step)
-    logger.persist()                    # before a training state is saved
-    logger.finalize("success")          # or finalize("failed", reason=str(exc))
-
-Backend-only features (MLflow's client, registered models, Comet's experiment object) go
-through the adapters that :class:`~kronos_mlflow.tracking.Tracking` holds, never into the protocol.
+"""The logger protocol every backend implements (:class:`ExperimentLogger`), and the two combinators:
+:class:`NullLogger` for every rank but 0, :class:`MultiLogger` (MLflow, then Comet when enabled) for
+rank 0, as :func:`kronos_mlflow.tracking.build_tracking` decides once: the training loop never checks
+its rank. Backend-only features go through the adapters :class:`~kronos_mlflow.tracking.Tracking` holds.
 """
 
 from __future__ import annotations

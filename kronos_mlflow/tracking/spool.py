@@ -1,39 +1,7 @@
-"""The MLflow spool: what a run could not send while its tracking server was down.
-
-When the tracking server is still unreachable at the end of a run (after a bounded wait),
-:class:`~kronos_mlflow.tracking.mlflow.MLflowLogger` writes everything it has not sent to one JSON-lines
-file per run, ``{save_dir}/mlflow-spool/<run_id>.jsonl`` (or ``$KRONOS_MLFLOW_HOME/spool/``
-when the logger has no save directory), and prints the command that uploads it::
-
-    kronos-mlflow upload-spool outputs/models/finetune_tokenizer_demo/mlflow-spool
-    kronos-mlflow upload-spool run.jsonl --tracking-uri http://mlflow.example:5000
-
-A spool is data, not commands: before anything is sent, each spool is checked against its run
-and refused in one line when it would touch another run (its file name, header run id and
-experiment must match the run's, and its header's ``owner_token`` must be the token whose hash
-the run carries as ``kronos.owner``: :mod:`kronos_mlflow.tracking.ownership`), write a FINISHED run, read
-a file outside its own directory (artifacts are the copies its writer kept next to it,
-``<run_id>.artifacts/``), set one of MLflow's own tags (``mlflow.*``: name, parent, note) or the
-owner tag, or change how a run that already ended ended (a run still RUNNING gets the spool's
-status; a KILLED or FAILED one keeps its status and end time, and a spool saying otherwise is
-refused). Every key and value is checked as MLflow would check it, so an upload never stops
-halfway. One line says what the upload will do; ``--dry-run`` prints only that line and changes
-nothing.
-
-Uploading is idempotent: metric ``(key, step)`` pairs already on the run are skipped, params
-already there are kept, tags are set, artifacts are uploaded again (same content), and a
-RUNNING run gets its terminal status and end time. A spool that was uploaded is renamed
-``<run_id>.jsonl.uploaded`` (``--delete`` removes it instead) so that running the command twice
-changes nothing. Credentials are never written: params are scrubbed and tags redacted before
-they reach the spool, the tracking URI is stored without its password, and uploading uses the
-``MLFLOW_TRACKING_*`` environment as any MLflow client does.
-
-File format: the first line is a header ``{"type": "header", "format": "kronos-mlflow-spool",
-"version": 1, "run_id": ..., "experiment_id": ..., "tracking_uri": ..., "owner_token": ...}``; then one record a
-line: ``param`` (key, value), ``tag`` (key, value), ``metric`` (key, value, step, timestamp in
-ms), ``artifact`` (local_path relative to the spool's directory, artifact_path) and at most one
-``terminate`` (status FINISHED | FAILED | KILLED, end_time in ms). A last line cut short by a
-crash is ignored; any other malformed line is a one-line error naming the file and line.
+"""The MLflow spool: what a run could not send while its tracking server was down, written by
+:class:`~kronos_mlflow.tracking.mlflow.MLflowLogger` to ``{save_dir}/mlflow-spool/<run_id>.jsonl``,
+and its upload (``kronos-mlflow upload-spool``, :func:`upload_spool`), checked against its run
+before anything is sent. The checks and the file format: docs/reliability.md#tracking-outages.
 """
 
 from __future__ import annotations

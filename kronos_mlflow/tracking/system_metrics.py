@@ -1,29 +1,7 @@
-"""System metrics of a training run: MLflow's own monitor, attached to the run by id.
-
-MLflow's :class:`mlflow.system_metrics.system_metrics_monitor.SystemMetricsMonitor` samples CPU
-and memory use (``psutil``), disk and network, and, where NVIDIA's bindings (``nvidia-ml-py``,
-the ``gpu`` extra) find a GPU, each GPU's utilisation, memory and power. It logs them as
-``system/...`` metrics, which the run page's "System metrics" tab plots::
-
-    system/cpu_utilization_percentage        system/system_memory_usage_megabytes
-    system/system_memory_usage_percentage    system/gpu_0_utilization_percentage  (GPU machines)
-    system/gpu_0_memory_usage_megabytes      system/disk_usage_percentage ...
-
-Only rank 0 monitors (``build_logger`` makes the MLflow logger there only): on several nodes,
-the figures are rank 0's node. Config: ``system_metrics`` (``on``/``off``, default on) and
-``system_metrics_interval_s`` (seconds between logged points, default 30; each point is the
-mean of :data:`SAMPLES_PER_POINT` samples taken over that interval). MLflow's variables
-``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` (seconds between samples) and
-``MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING`` override the two figures when set, and
-``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false`` turns monitoring off as ``system_metrics: off``
-does.
-
-The monitor is a daemon thread: it never keeps the process alive and never changes the run's
-status. :meth:`SystemMetrics.stop` (called by ``MLflowLogger.finalize`` before the run is
-marked FINISHED, FAILED or KILLED) ends it and sends its last values, waiting at most
-``timeout_s``: an unreachable tracking server costs a few seconds of system metrics, never a
-stuck run. The samples taken since the last logged point become one last point, so a run
-shorter than one interval still has its figures.
+"""System metrics of a training run: MLflow's own monitor (CPU, memory, disk, network and, with the
+``gpu`` extra, each GPU), attached to the run by id on rank 0 only, as a daemon thread that never
+keeps the process alive nor changes the run's status (docs/comparing-runs.md#system-metrics; the
+metric names: docs/run-records.md#params-metrics-tags-and-artifacts).
 """
 
 from __future__ import annotations
@@ -71,7 +49,11 @@ class SystemMetrics:
         return thread is not None and thread.is_alive()
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Stop sampling and send what is left, waiting at most ``timeout_s``; never raises."""
+        """Stop sampling and send what is left, waiting at most ``timeout_s``; never raises. Called by
+        ``MLflowLogger.finalize`` before the run is marked FINISHED, FAILED or KILLED: an unreachable
+        tracking server costs a few seconds of system metrics, never a stuck run. The samples taken
+        since the last logged point become one last point, so a run shorter than one interval still
+        has its figures."""
         if self._stopped:
             return
         self._stopped = True

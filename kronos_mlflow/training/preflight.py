@@ -1,26 +1,8 @@
-"""What a training step, a sweep's trial or an evaluation would refuse, checked before any work.
-
-Every door of stage two (``kronos-mlflow pipeline``, ``sweeps/sweep.py``, ``kronos-mlflow
-evaluate``) and ``--check`` of training call these functions before their first child run,
-trial or data cache, so that a check passed up front never fails later for a reason it could
-have seen (docs/reliability.md, Checked before work):
-
-- :func:`check_context`: the forecast window (``lookback_window + predict_window``) fits
-  ``max_context``, for every run that forecasts (:func:`forecasts`);
-- :func:`check_training`: what a training run with a config refuses at its start or its end:
-  its checkpoints load as the kind of model each key names and pair (the same bits), the
-  objective's partner, enough windows for one step per rank, the validation origins of
-  ``objective: val_skill``, and the end-of-run scorecard's backtest range;
-- :func:`check_scorecard`: an evaluation has test origins to score and, when it backtests, a
-  backtest day with a signal;
-- :func:`check_tracking`: the tracking store a door logs to (never created by the check);
-- :class:`DataView`: where those checks read the data splits: an existing cache where it is,
-  a missing one prepared in a scratch folder and moved into place (``publish``) only once every
-  check passed, or removed; the demo market (an empty ``qlib_data_path``) likewise, when it is
-  not made yet. A refusal leaves no cache and no demo market behind.
-
-The checks are the steps' own functions (``build_model``, ``val_origins``,
-``forecast_origins``, the backtest's range), called on the same config, never copies of them.
+"""What a training step, a sweep's trial or an evaluation would refuse, checked before any work by every
+door of stage two and by training's ``--check`` (docs/reliability.md#checked-before-work); the data
+those checks read goes through :class:`DataView`, so a refusal leaves no cache or demo market behind.
+The checks are the steps' own functions (``build_model``, ``val_origins``, ``forecast_origins``, the
+backtest's range), called on the same config, never copies of them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Tags that make a run readable in the MLflow UI (and in Comet, as "others").
-
-``run_tags(config, model)`` gives:
-
-- ``mlflow.source.git.commit``: the commit of the checkout this package sits in (read with
-  ``git rev-parse HEAD``, 5 s timeout); absent when git is missing, the package is not at the
-  top of a git checkout (an installed wheel), or git fails for any reason;
-- ``instrument``: the Qlib instrument universe trained on;
-- ``model_size``: the tokenizer's parameter count, a plain integer (sortable, filterable:
-  ``tags.model_size = '3963526'``);
-- ``codebook_bits``: ``"<s1_bits>+<s2_bits>"`` of the model actually trained (a pretrained
-  checkpoint's, not the config's), so usage counts can be read against 2^s1_bits codes.
-
-``data_digest`` is tagged by the training entry point itself; a sweep's child runs also carry
-``optuna.study_name``, ``optuna.trial_number`` and ``optuna.trial_state`` (``sweep/driver.py``).
+"""Tags that make a run readable in the MLflow UI (and in Comet, as "others"): :func:`run_tags`.
+``data_digest`` is tagged by the training entry point itself, a sweep's trials add ``optuna.*``
+tags (:mod:`kronos_mlflow.workflows.sweep.driver`); every tag a run carries:
+docs/run-records.md#params-metrics-tags-and-artifacts.
 """
 
 from __future__ import annotations
@@ -65,7 +54,12 @@ def parameter_count(model: Any) -> int:
 
 
 def run_tags(config: Mapping[str, Any], model: Any = None) -> dict[str, str]:
-    """The tags above for ``config`` and (optionally) the built ``model``."""
+    """The run's tags for ``config`` and (optionally) the built ``model``: ``instrument``;
+    ``model_size``, the parameter count as a plain integer (sortable, filterable:
+    ``tags.model_size = '3963526'``); ``codebook_bits``, ``"<s1_bits>+<s2_bits>"`` of the model
+    actually trained (a pretrained checkpoint's, not the config's), so usage counts can be read
+    against 2^s1_bits codes; the stage's own tags; ``mlflow.source.git.commit`` (:func:`git_commit`,
+    absent when git is missing or fails, or the package is not at the top of a git checkout)."""
     from ..runtime.distributed import unwrap  # lazy: torch, numpy
 
     tags = {"instrument": str(config["instrument"])}

@@ -1,19 +1,7 @@
-"""When a run may stand in for work not done again: by evidence, never by tags alone.
-
-A tag can be copied onto any run (``config_digest``, ``data_digest``, ``best_model_uri``), so a
-pipeline step (and a champion) moves on to a run only when the run proves what the tags claim:
-
-- :func:`reuse_problem`: a FINISHED run is reused as a step when this project made it (its
-  ``kronos.owner`` tag matches its run directory's ``owner.json``:
-  :func:`kronos_mlflow.tracking.ownership.evidence`) and what the next step reads from it is there and
-  loads: a training run's logged model (downloaded and loaded as the next step loads it), an
-  evaluation run's scorecard;
-- :func:`continue_problem`: a stopped run is continued when this project made it and its run
-  directory's training state is that run's own (it names the run and holds its token);
-- :func:`model_problem`: a champion never moves to a model whose files are missing or broken.
-
-Each returns None when the run may be used, else the reason in a few words (a reused step that
-turns out broken is trained again, with one line saying why).
+"""When a run may stand in for work not done again: by evidence, never by tags alone (a tag can be
+copied onto any run). :func:`reuse_problem` (a FINISHED step), :func:`continue_problem` (a stopped
+one) and :func:`model_problem` (a champion's model) each return None when the run may be used, else
+the reason in a few words; docs/pipeline.md#reuse-force-and-continuing-a-stopped-pipeline.
 """
 
 from __future__ import annotations

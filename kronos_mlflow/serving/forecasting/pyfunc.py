@@ -1,34 +1,7 @@
-"""The forecaster's computation: the tokenizer and predictor checkpoints in, sample paths out.
-
-Usable without MLflow: :func:`load_forecaster` builds a
-:class:`~kronos_mlflow.model.KronosPredictor` from the two checkpoint directories and
-:func:`forecast` runs it on raw windows. The MLflow pyfunc (:class:`KronosForecasterPyfunc`,
-logged "from code" by ``forecaster_model.py``) is a thin shell over the two.
-
-The input is a dict of two arrays:
-
-- ``bars``: ``(B, L, 6)`` raw open, high, low, close, volume, amount of ``B`` lookback windows
-  of ``L >= 2`` bars each (any real dtype; float32 is what the model computes in);
-- ``timestamps``: ``(B, L + pred_len)`` whole seconds since the epoch (UTC), each series' lookback
-  bars' times then its forecast bars' times, increasing (the time features the predictor reads).
-
-The output is a dict: ``paths`` ``(B, sample_count, pred_len, 6)`` float32, every sample path in
-the input's units, and ``mean`` ``(B, pred_len, 6)`` float32, their mean over the paths.
-The pyfunc adds the close's distribution (:func:`close_distribution`): ``quantiles``
-``(B, 13, pred_len)`` float64 at ``quantile_levels`` (:data:`~kronos_mlflow.serving.forecasting.quantiles.QLEVELS`),
-``p_up`` ``(B,)`` float64, the probability that the close at the last forecast step is above the
-last input bar's close (NaN with one sample path), and ``calibration`` ``(B,)``: ``"calibrated"``
-where the model's calibrator (the ``calibrator`` artifact, ``calibrator.json`` of
-:class:`~kronos_mlflow.serving.forecasting.quantiles.Calibrator`) adjusted them, ``"raw"`` where they are
-those of the sample paths (param ``calibrated`` false, or a model without a calibrator).
-The sampling settings are ``pred_len``, ``T``, ``top_k``, ``top_p``, ``sample_count`` (as
-``KronosPredictor.predict``) and ``seed``: the paths are drawn from torch's generator seeded
-with it (the caller's generator state is restored afterwards), so one seed gives one set of
-paths, those of ``torch.manual_seed(seed)`` then ``KronosPredictor.predict_paths``.
-
-Bad input is a ``ValueError`` of one line naming the value and what is accepted (the
-predictor's own refusals too: ``pred_len`` beyond ``max_context``, more sample paths than memory
-holds); the pyfunc raises it as MLflow's ``INVALID_PARAMETER_VALUE``, an HTTP 400 when served.
+"""The forecaster's computation: the tokenizer and predictor checkpoints in, sample paths and the
+close's distribution out, usable without MLflow (:func:`load_forecaster`, :func:`forecast`); the
+MLflow pyfunc (:class:`KronosForecasterPyfunc`, logged "from code" by ``forecaster_model.py``) is a
+thin shell over them. Input, params, output, refusals: docs/serving.md#the-predictors-forecaster.
 """
 
 from __future__ import annotations
@@ -164,8 +137,14 @@ def seeded(seed: int, device) -> Iterator[None]:
 
 def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: int = 0, top_p: float = 0.9,
              sample_count: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """Every sample path of each series and their mean (see the module doc), with
-    ``predictor`` a ``KronosPredictor``; the settings are checked first."""
+    """Every sample path of each series and their mean, with ``predictor`` a ``KronosPredictor``;
+    the settings are checked first. ``model_input``: ``bars`` ``(B, L, 6)`` raw open, high, low,
+    close, volume, amount (any real dtype; float32 is what the model computes in) and
+    ``timestamps`` ``(B, L + pred_len)`` whole seconds since the epoch (UTC). Returns ``paths``
+    ``(B, sample_count, pred_len, 6)`` and ``mean`` ``(B, pred_len, 6)``, float32, in the input's
+    units. The paths are drawn from torch's generator seeded with ``seed`` (the caller's generator
+    state is restored afterwards): those of ``torch.manual_seed(seed)`` then
+    ``KronosPredictor.predict_paths`` (docs/serving.md#the-predictors-forecaster)."""
     import pandas as pd
 
     settings = sampling_params({"T": T, "top_k": top_k, "top_p": top_p, "sample_count": sample_count,
@@ -231,7 +210,8 @@ try:  # the class needs mlflow; the functions above do not
 
     class KronosForecasterPyfunc(mlflow.pyfunc.PythonModel):
         """Loads both checkpoint directories, and the calibrator where the model holds one,
-        from the model's artifacts; see the module doc. ``model_config``: ``pred_len`` (the
+        from the model's artifacts; ``predict`` is :func:`forecast` and :func:`close_distribution`
+        (docs/serving.md#the-predictors-forecaster). ``model_config``: ``pred_len`` (the
         default horizon), ``max_context``, ``clip``, ``device`` (absent: KronosPredictor's choice)."""
 
         def load_context(self, context):

@@ -1,13 +1,7 @@
-"""The served forecaster's quantiles and probability of a rise, and its calibrator: numpy only,
-read by the pyfunc (:mod:`kronos_mlflow.serving.forecasting.pyfunc`) and by the scorecard
-(:mod:`kronos_mlflow.evaluation.probabilistic`, :mod:`kronos_mlflow.evaluation.calibration`,
-where the method is described). docs/calibration.md.
-
-- :data:`QLEVELS`: the 13 quantile levels every forecaster is held at (the nine deciles and
-  0.05, 0.25, 0.75, 0.95); :data:`INTERVALS`: the central intervals calibration widens;
-- :func:`path_quantiles`: the quantiles and ``p_up`` of sample paths;
-- :func:`histvol_sigma`: the std (ddof 1) of the last 20 log returns of the close;
-- :class:`Calibrator`: what calibration learned, as JSON (never pickle), and how it applies.
+"""The served forecaster's quantiles (:data:`QLEVELS`) and probability of a rise, and its
+:class:`Calibrator` (JSON, never pickle): numpy only, read by the pyfunc
+(:mod:`kronos_mlflow.serving.forecasting.pyfunc`) and by the scorecard
+(:mod:`kronos_mlflow.evaluation.calibration`, where the method is described); docs/calibration.md.
 """
 
 from __future__ import annotations
@@ -78,7 +72,8 @@ def ordered(q: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Calibrator:
-    """What calibration learned (see the module doc)."""
+    """What calibration learned (:mod:`kronos_mlflow.evaluation.calibration`, docs/calibration.md), as
+    JSON (never pickle), and how it applies."""
 
     score_quantiles: np.ndarray  # (len(INTERVALS), H): s_hat per central interval and step
     up_x: np.ndarray  # isotonic thresholds of p_up

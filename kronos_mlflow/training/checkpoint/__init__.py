@@ -1,30 +1,8 @@
-"""The training state of a run, saved every epoch so that a crash costs at most one epoch.
-
-- :mod:`.state`: the format (``checkpoints/last/``: ``state.json`` plus two safetensors files),
-  the atomic save, and the checked read and load;
-- :mod:`.encoding`: state dicts as JSON, their tensors in a side table;
-- :mod:`.rng`: every process's random-number-generator states;
-- :mod:`.resume`: finding the state to resume from (same config digest, not finished);
-- the config digest itself lives in :mod:`kronos_mlflow.config.digest` (the run directory's key too).
-
-Typical use (rank 0 saves; every rank loads)::
-
-    rng = gather_rng_states()                       # a collective: every rank calls it
-    if is_main:
-        save_training_state(state_dir(save_dir), model=raw_model, optimizer=opt, scheduler=sched,
-                            epoch=epoch, global_step=step, best_val_loss=best,
-                            run_ids={"mlflow_run_id": ..., "comet_experiment_key": ...},
-                            config_digest=config_digest(config, world_size=world_size),
-                            rng_states=rng)
-    ...
-    found = find_resumable(save_dir, config, world_size=world_size)    # None: start fresh
-    if found:
-        state = load_training_state(found["directory"], model=raw_model, optimizer=opt,
-                                    scheduler=sched, map_location=device, rank=rank)
-        start_epoch, global_step = state["next_epoch"], state["global_step"]
-
-Every problem with a saved state is a one-line :class:`~kronos_mlflow.errors.CheckpointError`
-(a :class:`~kronos_mlflow.errors.UserError`) naming the file and what to do.
+"""The training state of a run, saved every epoch so that a crash costs at most one epoch: :mod:`.state`
+(the format, the atomic save, the checked load), :mod:`.encoding` (state dicts as JSON plus tensors),
+:mod:`.rng` (every rank's random states), :mod:`.resume` (the state to resume from; the config digest
+is :mod:`kronos_mlflow.config.digest`'s). Every problem with a saved state is a one-line
+:class:`~kronos_mlflow.errors.CheckpointError`; docs/reliability.md#training-state-every-epoch.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The training state's format: what is saved after each epoch, written atomically, read back
-with every field and both tensor files checked.
-
-Layout (``{save_dir}`` is the run's directory, :class:`~kronos_mlflow.config.layout.RunLayout`)::
-
-    {save_dir}/checkpoints/last/state.json            counters, run ids, scheduler, RNG, digest
-    {save_dir}/checkpoints/last/model.safetensors     model.state_dict(), names as in the model
-    {save_dir}/checkpoints/last/optimizer.safetensors optimizer state tensors, e.g. "state.3.exp_avg"
-
-Nothing is pickled and nothing goes through ``torch.load``: tensors are safetensors, everything
-else (optimizer param groups, the scheduler's ``state_dict``, python/numpy/torch/CUDA RNG states,
-epoch, global step, best validation loss, MLflow run id, Comet experiment key, the config digest)
-is JSON (:mod:`.encoding`). ``state.json`` also holds the SHA-256 and size of both tensor files,
-so a truncated or damaged file is caught before anything is loaded.
-
-Atomicity. :func:`save_training_state` writes a complete new directory next to ``last``
-(``.last.tmp-*``: every file fsynced), then swaps: ``last -> last.old``, ``tmp -> last``,
-removes ``last.old``. A kill at any moment leaves either ``last`` complete, or ``last`` missing and
-``last.old`` complete (the loaders rename it back), plus possibly a stale temp directory that
-is ignored and removed by the next save.
+"""The training state's format (``{save_dir}/checkpoints/last/``: ``state.json`` plus
+``model.safetensors`` and ``optimizer.safetensors``), written atomically, read back with every field
+and both tensor files checked (their SHA-256 and size are in ``state.json``). Nothing is pickled and
+nothing goes through ``torch.load``; docs/reliability.md#training-state-every-epoch.
 """
 
 from __future__ import annotations
@@ -91,6 +75,10 @@ def save_training_state(
     the keys that changed. ``extra`` is any JSON-able dict (history, best epoch...).
     ``trained_only`` (a LoRA or freeze run: :mod:`kronos_mlflow.model.finetune`) keeps the parameters
     that train, not the frozen base.
+
+    Atomicity: a complete new directory (``.last.tmp-*``, every file fsynced) is swapped in:
+    ``last -> last.old``, ``tmp -> last``, ``last.old`` removed; a kill at any moment leaves ``last``
+    or ``last.old`` complete (the loaders rename it back), and the next save removes stale temps.
     """
     final = Path(os.path.expanduser(os.fspath(directory)))
     parent = final.parent

@@ -1,12 +1,5 @@
-"""How to open a sweep's study in Optuna Dashboard, recorded on the sweep's parent MLflow run.
-
-:func:`study_tags` gives the parent run's tags: ``optuna.study_name``, ``optuna.storage`` (the
-study's storage URL, any password replaced by ``***``; a relative sqlite path made absolute, so
-the command works from any directory), ``optuna.dashboard`` (the command that opens it) and
-``mlflow.note.content``, the run's description in the MLflow UI, which says the same in words::
-
-    pip install optuna-dashboard
-    optuna-dashboard sqlite:////home/me/sweeps/optuna.db      # then http://127.0.0.1:8080/dashboard
+"""How to open a sweep's study in Optuna Dashboard, recorded on the sweep's parent MLflow run
+(:func:`study_tags`; docs/sweeps.md#the-study-in-optuna-dashboard).
 """
 
 from __future__ import annotations
@@ -35,7 +28,11 @@ def dashboard_command(storage_url: str) -> str:
 
 
 def study_tags(storage_url: str, study_name: str) -> dict[str, str]:
-    """The parent run's tags that link it to its Optuna study (see the module doc)."""
+    """The parent run's tags that link it to its Optuna study: ``optuna.study_name``,
+    ``optuna.storage`` (the storage URL, any password replaced by ``***``; a relative sqlite path
+    made absolute, so the command works from any directory), ``optuna.dashboard`` (the command that
+    opens it) and ``mlflow.note.content``, the run's description in the MLflow UI, which says the
+    same in words."""
     storage = redact(absolute_storage(storage_url))
     command = dashboard_command(storage_url)
     hidden = storage != absolute_storage(storage_url)

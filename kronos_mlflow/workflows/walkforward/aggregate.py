@@ -1,48 +1,7 @@
-"""The walk-forward folds' scorecards pooled into one verdict, its picture and ``summary.json``.
-
-A walk-forward evaluation judges the fine-tuned pair on ``F`` consecutive test periods (folds
-``k = 1 .. F`` in time order), each scored by one evaluation run whose scorecard wrote
-``evaluation/origins.parquet`` (per origin: each forecaster's MASE) and
-``evaluation/forecasts.parquet`` (per origin, forecaster and step: the actual close, the
-quantiles, and in newer runs ``q0.05`` .. ``q0.95`` and the ``pit``). Everything here takes those
-tables and the runs' metrics and tags (a :class:`FoldResult` per fold), never MLflow:
-
-- :func:`origin_wql`: per origin and forecaster, ``quantile_loss`` and ``abs_actual`` as
-  :func:`~kronos_mlflow.evaluation.scores.origin_scores` computes them, from the deciles;
-- :func:`fold_metrics`: each fold's ``skill_vs_<base>`` and ``wql_skill_vs_<base>`` (and, where
-  the fold's run has it, ``wql_skill_calibrated_vs_raw``) with their intervals as
-  ``fold<k>_<name>``, and the values once more as ``fold_<name>`` at step ``k`` (the MLflow UI
-  draws them over the folds);
-- :func:`pooled`: every fold's origins together: ``pooled_skill_vs_<base>`` = 1 - the ratio of
-  the mean MASE, ``pooled_wql_skill_vs_<base>`` = 1 - the ratio of the mean quantile loss,
-  each with its 95% interval (whole origin dates resampled with ``bootstrap_unit: date``, else
-  each origin alone) and the tags ``pooled_verdict_vs_<base>`` / ``pooled_verdict_wql_vs_<base>``
-  (the scorecard's rule: :func:`~kronos_mlflow.evaluation.verdict.decide` on the negated
-  interval); ``<base>`` is ``zeroshot`` (when the folds scored it), ``persistence`` and
-  ``histvol`` (when the folds scored it); ``pooled_wql_skill_calibrated_vs_raw`` likewise, the
-  calibrated forecaster's quantile loss against the fine-tuned pair's, with the tag
-  ``pooled_verdict_calibrated_vs_raw`` (when the folds calibrated);
-- :func:`pooled_calibration`: per forecaster of :data:`CALIBRATION_FORECASTERS` the folds
-  forecast, ``pooled_<prefix>coverage_<c>`` (the share of every fold's (origin, step) rows whose
-  actual close lies in the central ``c``% interval: ``q0.25..q0.75``, ``q0.1..q0.9``,
-  ``q0.05..q0.95``; only when every such fold's table holds both columns) and
-  ``pooled_<prefix>pit_ks`` (the KS distance to U(0, 1) of every fold's ``pit``; only when every
-  such fold's table holds it), ``<prefix>`` the scorecard's (``test_``, ``calibrated_test_``,
-  ``histvol_test_``, ``zeroshot_test_``);
-- :func:`fold_counts`: ``folds_better_vs_<base>`` / ``folds_worse_vs_<base>`` (the folds'
-  ``verdict_vs_<base>`` tags) and ``win_rate_vs_<base>``, the share of the folds with a
-  ``skill_vs_<base>`` whose skill is positive (NaN when none has one);
-- :func:`walkforward_verdict`: ``better`` only when the pooled interval says better and no fold
-  says worse, ``worse`` when the pooled interval says worse, else ``inconclusive``
-  (``walkforward_verdict_why`` explains the one against zeroshot, else persistence);
-- :func:`summarize`, :func:`write_summary`, :func:`skill_figure`: all of it as one dict,
-  ``summary.json`` (NaN written as null) and ``skill_by_fold.png``.
-
-Folds of older runs (the nine deciles only, no ``pit``, no calibrated or ``histvol`` forecaster)
-aggregate as before: a number whose input no fold has is left out, never NaN.
-
-The folds must be disjoint: a fold whose origins reach into another's period is refused, since
-pooling would count those dates twice. docs/walk-forward.md.
+"""The walk-forward folds' scorecards pooled into one verdict, its picture and ``summary.json``: per-fold
+and pooled skills, pooled calibration, fold counts and the walk-forward verdict, from each fold's
+``evaluation/origins.parquet`` and ``forecasts.parquet`` and its run's metrics and tags (a
+:class:`FoldResult` per fold), never MLflow. What each number is: docs/walk-forward.md#the-runs.
 """
 
 from __future__ import annotations
@@ -132,7 +91,8 @@ def origin_wql(forecasts: pd.DataFrame) -> pd.DataFrame:
 
 def check_folds(results: Sequence[FoldResult]) -> list[FoldResult]:
     """The folds in fold order; FoldsError for none, a repeated fold number, a fold without
-    origins, or folds whose origin periods overlap (or run against the fold order)."""
+    origins, or folds whose origin periods overlap (or run against the fold order): pooling would
+    count those dates twice."""
     if not results:
         raise FoldsError("no folds to aggregate: a walk-forward summary needs at least one fold's evaluation run")
     ordered = sorted(results, key=lambda r: r.fold)
@@ -189,7 +149,13 @@ def _quantile_losses(results: Sequence[FoldResult], origins: pd.DataFrame) -> pd
 
 def pooled(results: Sequence[FoldResult], min_change: float,
            bootstrap_unit: str = "date") -> tuple[dict[str, float], dict[str, str]]:
-    """Metrics and tags over every fold's origins together (see the module doc)."""
+    """Metrics and tags over every fold's origins together: ``pooled_skill_vs_<base>`` = 1 - the
+    ratio of the mean MASE, ``pooled_wql_skill_vs_<base>`` = 1 - the ratio of the mean quantile loss,
+    each with its 95% interval (whole origin dates resampled with ``bootstrap_unit: date``, else each
+    origin alone) and the tags ``pooled_verdict_vs_<base>`` / ``pooled_verdict_wql_vs_<base>`` (the
+    scorecard's rule: :func:`~kronos_mlflow.evaluation.verdict.decide` on the negated interval);
+    ``pooled_wql_skill_calibrated_vs_raw`` likewise, when the folds calibrated
+    (docs/walk-forward.md#the-runs)."""
     if bootstrap_unit not in BOOTSTRAP_UNITS:
         raise FoldsError(f"bootstrap_unit: {bootstrap_unit!r} must be one of {BOOTSTRAP_UNITS}")
     ordered = check_folds(results)
@@ -229,9 +195,11 @@ def _inside(rows: pd.DataFrame, low: str, high: str) -> tuple[int, int]:
 
 
 def pooled_calibration(results: Sequence[FoldResult]) -> dict[str, float]:
-    """``pooled_<prefix>coverage_<c>`` and ``pooled_<prefix>pit_ks`` over every fold's forecasts
-    (see the module doc); a forecaster no fold forecast, or a column some fold's table of it
-    lacks, gives no metric."""
+    """``pooled_<prefix>coverage_<c>`` (the share of every fold's (origin, step) rows whose actual
+    close lies in the central ``c``% interval) and ``pooled_<prefix>pit_ks`` (the KS distance to
+    U(0, 1) of every fold's ``pit``) over every fold's forecasts, per forecaster of
+    :data:`CALIBRATION_FORECASTERS` (``<prefix>`` the scorecard's: ``test_``, ``calibrated_test_``,
+    ...); a forecaster no fold forecast, or a column some fold's table of it lacks, gives no metric."""
     out: dict[str, float] = {}
     for name in CALIBRATION_FORECASTERS:
         tables = [r.forecasts[r.forecasts["forecaster"] == name] for r in results
@@ -255,7 +223,9 @@ def pooled_calibration(results: Sequence[FoldResult]) -> dict[str, float]:
 
 def fold_counts(results: Sequence[FoldResult]) -> dict[str, float]:
     """``folds_better_vs_<base>``, ``folds_worse_vs_<base>`` and ``win_rate_vs_<base>`` for each of
-    ``BASES`` and each of ``EXTRA_BASES`` some fold has a verdict or skill against."""
+    ``BASES`` and each of ``EXTRA_BASES`` some fold has a verdict or skill against: the folds whose
+    ``verdict_vs_<base>`` tag says so, and the share of the folds with a ``skill_vs_<base>`` whose
+    skill is positive (NaN when none has one)."""
     out: dict[str, float] = {}
     for base in BASES + _scored(results):
         verdicts = [r.tags.get(VERDICT_TAGS[base]) for r in results]
