@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from kronos_mlflow.evaluation import quality
-from kronos_mlflow.training import loop as trainer
 from kronos_mlflow.data import loaders
 from kronos_mlflow.evaluation.quality import CodeHistogram, ValidationStats
 from kronos_mlflow.stages.tokenizer import training as tokenizer_training
