@@ -311,7 +311,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_runs_never_overwrite_each_others_files(tmp_path):
+def test_runs_never_overwrite_each_others_files(tmp_path, commands):
     """``kronos-mlflow train`` with no data path (the demo market, as ``mlflow run .``), twice
     with different configs and once more with the first config: three run directories, and a
     finished run's files are left byte for byte as they were."""
@@ -320,8 +320,7 @@ def test_runs_never_overwrite_each_others_files(tmp_path):
     folder = tmp_path / "outputs" / "finetune_tokenizer_demo"
 
     def train(*flags):
-        proc = subprocess.run(_tiny_train(tmp_path, *flags), cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
+        proc = commands.run(_tiny_train(tmp_path, *flags), cwd=tmp_path, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
