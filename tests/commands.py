@@ -1,14 +1,15 @@
 """The user's short commands, each in a process of its own, without paying the imports each time.
 
-``kronos-mlflow ...``, ``python -m kronos_mlflow.train ...`` and ``python sweeps/sweep.py ...``
-spend seconds importing torch, MLflow, pandas and Qlib before they read a flag. Tests that only
-check how such a command answers (its exit code, its one line on stderr, what it left on disk)
-run it through one interpreter that imported those once (``tests/forkrunner.py --serve``) and
-forks a child per command: to the code under test the child is the process the user's command
-starts (its own cwd, environment, ``sys.argv`` as the script sets it, stdout and stderr on
-files, the entry-point function the script calls, uncaught exceptions printed as the
-interpreter prints them). tests/test_hostile_input.py checks that the two ways agree on real
-processes. ``tests/conftest.py`` has the session fixture ``commands``.
+``kronos-mlflow ...`` (or ``python -m kronos_mlflow ...``), ``python -m kronos_mlflow.train ...`` and
+``python sweeps/sweep.py ...`` spend seconds importing torch, MLflow, pandas and Qlib before they
+read a flag. Tests that only check how such a command answers (its exit code, its one line on
+stderr, what it left on disk) run it through one interpreter that imported those once
+(``tests/forkrunner.py --serve``) and forks a child per command: to the code under test the child
+is the process the user's command starts (its own cwd, environment, ``sys.argv`` as the script
+sets it, stdout and stderr on files, the entry-point function the script calls, uncaught
+exceptions printed as the interpreter prints them). tests/test_hostile_input.py checks that the
+two ways agree on real processes (tests/test_compare.py for ``python -m kronos_mlflow``).
+``tests/conftest.py`` has the session fixture ``commands``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
-PREDICTOR_SCRIPT = str(ROOT / "kronos_mlflow" / "train_predictor.py")
+TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train" / "__main__.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
+PREDICTOR_SCRIPT = str(ROOT / "kronos_mlflow" / "train_predictor" / "__main__.py")
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("kronos-mlflow"))
+PACKAGE_MAIN = str(ROOT / "kronos_mlflow" / "__main__.py")  # sys.argv[0] of `python -m kronos_mlflow`
 SWEEP_SCRIPT = str(ROOT / "sweeps" / "sweep.py")
 
 
@@ -36,6 +38,8 @@ def entry_of(argv: list[str]) -> tuple[str, list[str]]:
         return "kronos_mlflow.training.run:cli", [TRAIN_SCRIPT, *argv[3:]]
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train_predictor"]:
         return "kronos_mlflow.cli.train_predictor:cli", [PREDICTOR_SCRIPT, *argv[3:]]
+    if argv[:3] == [sys.executable, "-m", "kronos_mlflow"]:  # kronos_mlflow/__main__.py calls the console script's main
+        return "kronos_mlflow.cli.main:main", [PACKAGE_MAIN, *argv[3:]]
     if argv[0] == "kronos-mlflow":
         return "kronos_mlflow.cli.main:main", [CONSOLE_SCRIPT, *argv[1:]]
     if argv[:2] == [sys.executable, SWEEP_SCRIPT]:

@@ -121,6 +121,15 @@ def user_sweep(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def user_predictor_run(user_run):
+    """One real ``mlflow run . -e predictor`` on ``user_run``'s tokenizer (tests/shared_runs.py),
+    made on first use: read by the predictor training and the scorecard tests."""
+    from shared_runs import mlflow_run_predictor
+
+    return mlflow_run_predictor(user_run)
+
+
+@pytest.fixture(scope="session")
 def commands(tmp_path_factory):
     """``commands.run(argv, cwd=..., env=...)``: a short user command (``kronos-mlflow ...``,
     ``python -m kronos_mlflow.train ...``, ``python sweeps/sweep.py ...``) in a process of its own,
@@ -130,6 +139,15 @@ def commands(tmp_path_factory):
     runner = Commands(tmp_path_factory.mktemp("commands"))
     yield runner
     runner.close()
+
+
+@pytest.fixture(scope="session")
+def predictor_sweep(tmp_path_factory):
+    """``mlflow run . -e sweep`` of predictor trials on val_skill whose space draws the fine-tune
+    mode (tests/shared_sweeps.py), read by the val_skill and the fine-tune-mode tests."""
+    from shared_sweeps import mlflow_run_predictor_sweep
+
+    return mlflow_run_predictor_sweep(tmp_path_factory.mktemp("predictor-sweep"))
 
 
 def pytest_collection_modifyitems(config, items):

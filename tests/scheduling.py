@@ -25,7 +25,7 @@ TESTS = Path(__file__).resolve().parent
 
 # the session fixtures that make a shared run (tests/conftest.py defines them); a test that reads
 # two belongs to the first named here
-SHARED: tuple[str, ...] = ("user_run", "user_sweep")
+SHARED: tuple[str, ...] = ("user_run", "user_sweep", "predictor_sweep")
 
 # unit -> seconds its tests took together in a CI run (only the order matters)
 COST: dict[str, int] = {

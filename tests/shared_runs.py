@@ -3,9 +3,10 @@
 Each is what a user types, run once in its own directory: ``user_run`` is one ``mlflow run .``
 of the main entry point (two torchrun workers, Comet offline, a registered model, every
 credential set in its environment); ``user_sweep`` is ``mlflow run . -e sweep`` typed twice on
-one study. The tests that read them change nothing in them but what they say they change (an
-alias, a resumed study), so the order tests run in does not matter. ``tests/conftest.py`` wraps
-them in session fixtures.
+one study; ``user_predictor_run`` is ``mlflow run . -e predictor`` on ``user_run``'s tokenizer,
+in its store. The tests that read them change nothing in them but what they say they change (an
+alias, a resumed study, a run of their own in another experiment), so the order tests run in does
+not matter. ``tests/conftest.py`` wraps them in session fixtures.
 """
 
 from __future__ import annotations
@@ -143,3 +144,61 @@ def mlflow_run_sweep_twice(root: Path, n_trials: int = 2) -> UserSweep:
         outputs.append((proc.stdout, proc.stderr))
     return UserSweep(root=root, uri=env["MLFLOW_TRACKING_URI"], storage=f"sqlite:///{root}/optuna.db", env=env,
                      outputs=outputs, n_trials=n_trials)
+
+
+# The shared predictor run's config file: the tiny model with 2 predictor layers and a scorecard
+# of 153 origins (3 whole dates of the demo market's 51 symbols). Its batch_size, 11, divides the
+# first rank's block of them (77 of 153): every sampling batch (seeded by its first origin) is
+# the one a single process draws, so ``-e evaluate`` of the logged model gives the same numbers.
+# n_val_skill_windows: the calibrator's origins (at least calibration_min_origins, 30).
+PREDICTOR_YAML = {**TINY, "n_layers": 2, "log_interval": 100000, "batch_size": 11, "n_eval_windows": 200,
+                  "n_val_skill_windows": 60}
+
+
+@dataclass
+class UserPredictorRun:
+    """One finished ``mlflow run . -e predictor`` on the shared tokenizer run's best model."""
+
+    root: Path  # cwd of the command; outputs under root/outputs
+    uri: str  # user_run's store; the run is in experiment ``predictor``
+    env: dict[str, str]
+    stdout: str
+    stderr: str
+    config: Path
+    params: dict[str, Any]
+    tokenizer_run_id: str
+    run_id: str = ""
+
+    def client(self):
+        from mlflow import MlflowClient
+
+        return MlflowClient(self.uri)
+
+    def run(self):
+        return self.client().get_run(self.run_id)
+
+
+def mlflow_run_predictor(user_run: UserRun) -> UserPredictorRun:
+    """``mlflow run . -e predictor`` with two workers, ``tokenizer=runs:/<user_run>/best_model``,
+    the scorecard and the calibrator on (the defaults), in user_run's store and environment,
+    experiment ``predictor``; asserts it finished."""
+    root = user_run.root / "predictor"
+    root.mkdir(exist_ok=True)
+    env = {**user_run.env, "MLFLOW_EXPERIMENT_NAME": "predictor"}
+    config = write_config(root / "tiny.yaml", **PREDICTOR_YAML, save_path=str(root / "outputs"),
+                          dataset_path=str(user_run.root / "cache"))
+    params = {"config_file": str(config), "epochs": 2, "batch_size": PREDICTOR_YAML["batch_size"],
+              "n_train_iter": TINY["n_train_iter"], "n_val_iter": TINY["n_val_iter"], "nproc_per_node": 2,
+              "comet": "off", "tokenizer": f"runs:/{user_run.run_id}/best_model", "learning_rate": 1e-3,
+              "backtest_signal_stride": 0}  # the entry point's default, 1, is a daily backtest
+    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "predictor",
+           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = UserPredictorRun(root=root, uri=user_run.uri, env=env, stdout=proc.stdout, stderr=proc.stderr,
+                           config=config, params=params, tokenizer_run_id=user_run.run_id)
+    client = out.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("predictor").experiment_id])
+    out.run_id = run.info.run_id
+    return out

@@ -1,8 +1,10 @@
 """A stop ends every run a command started: SIGINT sent to the command's own process (not its
-process group) while a step, a fold or a trial runs in a child process. The command sends the
-stop on to the child, waits for it, and ends its runs KILLED (child runs included), with one
-line on stderr, no traceback, exit code 130; a stopped sweep's trial ends FAIL and is retried by
-the same command typed again. One tiny command each (kronos_mlflow/tracking/command_runs.py)."""
+process group) while a trial runs in a child process. The command sends the stop on to the
+child, waits for it, and ends its runs KILLED (child runs included), with one line on stderr,
+no traceback, exit code 130; a stopped sweep's trial ends FAIL and is retried by the same
+command typed again (kronos_mlflow/tracking/command_runs.py). The same stop of a pipeline in its
+training step and of a walk-forward in its evaluation step: tests/test_pipeline.py and
+tests/test_walkforward.py, in the stores of their own end-to-end commands."""
 
 from __future__ import annotations
 
@@ -16,18 +18,12 @@ from pathlib import Path
 
 import pytest
 import tiny_runs
-from tiny_runs import pipeline_workdir, process_under
+from tiny_runs import process_under
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow\.")
-SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
-         "backtest_signal_stride": 0}
-
-
-def _flags(values: dict) -> list[str]:
-    return [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def _start(command: list[str], root: Path, env: dict) -> subprocess.Popen:
@@ -77,49 +73,6 @@ def _runs(env: dict):
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     return client, client.search_runs(["0"], order_by=["attributes.start_time ASC"])
-
-
-def test_mlflow_run_pipeline_interrupted_in_its_training_step_ends_its_runs_killed(tmp_path):
-    """``mlflow run . -e pipeline`` and SIGINT to that process (what users type, and what
-    Ctrl-C reaches first): MLflow passes the stop on, the pipeline passes it to its step, every
-    run ends KILLED, the run MLflow handed over included (MLflow marks it FAILED once the
-    pipeline has exited; the pipeline's detached helper puts KILLED back)."""
-    root, env = pipeline_workdir(tmp_path / "pipeline")
-    command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "pipeline",
-               "-P", f"config_file={root / 'tiny.yaml'}", *[a for k, v in SMALL.items() for a in ("-P", f"{k}={v}")]]
-    proc = _start(command, root, env)
-    before = _interrupt_once(proc, root, b"kronos_mlflow.train")
-    err = _ended(proc, root, before)
-    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
-    ours = [line for line in err.splitlines() if line.startswith("kronos-mlflow pipeline: ")]
-    assert ours == ["kronos-mlflow pipeline: stopped by SIGTERM; every run it left unfinished ended KILLED (2); the "
-                    "same command again continues where it stopped"], err[-3000:]
-    deadline = time.monotonic() + 90  # the helper waits for `mlflow run` to exit, then ends the run KILLED again
-    while True:
-        _, runs = _runs(env)
-        if {r.info.status for r in runs} == {"KILLED"} or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert sorted(r.data.tags.get("pipeline.step", "parent") for r in runs) == ["parent", "tokenizer"]
-    assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
-    assert all("stop_reason" in r.data.tags and "failure_reason" not in r.data.tags for r in runs)
-
-
-def test_a_walk_forward_interrupted_in_its_evaluation_step_ends_its_runs_killed(tmp_path):
-    """What users met: the evaluation child left RUNNING and its parent FAILED."""
-    root, env = pipeline_workdir(tmp_path / "wf")
-    command = [sys.executable, "-m", "kronos_mlflow", "walk-forward", "--config", str(root / "tiny.yaml"),
-               *_flags({**SMALL, "folds": 2, "fold_length": "2M"})]
-    proc = _start(command, root, env)
-    before = _interrupt_once(proc, root, b"kronos_mlflow", b"evaluate", timeout_s=900)
-    _stopped(proc, root, "kronos-mlflow walk-forward", before)
-    _, runs = _runs(env)
-    status = {("walk-forward" if r.data.tags.get("walkforward.role") == "parent" else
-               r.data.tags.get("pipeline.step") or f"fold {r.data.tags.get('walkforward.fold')}"): r.info.status
-              for r in runs}
-    assert status == {"walk-forward": "KILLED", "fold 1": "KILLED", "tokenizer": "FINISHED", "predictor": "FINISHED",
-                      "evaluation": "KILLED"}, status
-    assert all("stop_reason" in r.data.tags for r in runs if r.info.status == "KILLED")
 
 
 def test_a_sweep_interrupted_in_a_trial_ends_its_runs_killed_and_the_same_command_retries_it(tmp_path, monkeypatch):

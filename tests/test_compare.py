@@ -202,15 +202,33 @@ def test_bad_input_is_one_line_exit_2(store, capsys, args, needle):
     assert "Traceback" not in err
 
 
-def test_the_command_line_entry_point(store):
+def test_the_command_line_entry_point(store, commands):
+    """``python -m kronos_mlflow compare`` as a real process, and through the fork server (which
+    must show the same); a missing experiment is one line and exit code 2."""
     uri, _, _, _, ids = store
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri,
-                           "--experiment", "exp-a", "--top", "1"], capture_output=True, text=True, timeout=120)
+    argv = [sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri, "--experiment", "exp-a",
+            "--top", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert ids["r2"] in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri,
-                           "--experiment", "missing"], capture_output=True, text=True, timeout=120)
+    forked = commands.run(argv)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (proc.returncode, proc.stdout, proc.stderr)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow", "compare", "--tracking-uri", uri,
+                         "--experiment", "missing"])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_fork_server_runs_the_package_as_the_interpreter_does():
+    """``python -m kronos_mlflow ...`` in the fork server: the function kronos_mlflow/__main__.py
+    calls, with ``sys.argv[0]`` the path the interpreter gives a ``-m`` run (that file's)."""
+    import importlib.util
+
+    from commands import entry_of
+
+    main_py = importlib.util.find_spec("kronos_mlflow.__main__").origin
+    assert "from .cli.main import main" in open(main_py, encoding="utf-8").read()
+    assert entry_of([sys.executable, "-m", "kronos_mlflow", "compare", "--top", "1"]) == (
+        "kronos_mlflow.cli.main:main", [main_py, "compare", "--top", "1"])
 
 
 # ----------------------------------------------------------------------------- a real tiny training

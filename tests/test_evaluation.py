@@ -1,6 +1,7 @@
 """The held-out verdict's pieces: which windows, the paired bootstrap and the rule, the record
-and its console line, the tokenizer's per-window losses (one process and two gloo ranks), the
-sweep's champion rule on a real MLflow store, and ``evaluate-tokenizer``'s bad input.
+and its console line, the tokenizer's per-window losses (over two gloo ranks: in
+tests/test_quality.py), the sweep's champion rule on a real MLflow store, and
+``evaluate-tokenizer``'s bad input.
 
 The end-to-end runs (``mlflow run .`` from a pretrained checkpoint, an empty test split, sweeps
 that move the champion only on ``better``) are in tests/test_verdict_runs.py."""
@@ -198,31 +199,6 @@ def test_the_loss_of_a_window_is_the_validation_loss_of_that_window(tmp_path):
         metrics["tokenizer_loss"], rel=1e-5)
     result = judge(losses, losses * 1.1, metrics, metrics, min_change=0.005, base_label="fresh")
     assert set(result.run_metrics()) == RUN_METRICS
-
-
-def _rank_worker(rank, world_size, init_file, config, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    losses, metrics = score(_model(), heldout_windows(config, "test"), "cpu", batch_size=4, rank=rank,
-                            world_size=world_size)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"losses": losses.tolist(), "metrics": metrics}))
-    dist.destroy_process_group()
-
-
-def test_two_ranks_score_every_window_once_and_agree(tmp_path):
-    import torch.multiprocessing as mp
-
-    config = _config(tmp_path, n_test_iter=19)  # odd: the ranks' shares differ in size
-    single_losses, single = score(_model(), heldout_windows(config, "test"), "cpu", batch_size=4)
-    mp.spawn(_rank_worker, args=(2, str(tmp_path / "init"), config, str(tmp_path)), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    for got in ranks:
-        assert np.allclose(got["losses"], single_losses, rtol=1e-6)
-        assert got["metrics"].keys() == single.keys()
-        for key, value in single.items():
-            assert got["metrics"][key] == pytest.approx(value, rel=1e-6), key
-    assert ranks[0] == ranks[1]
 
 
 # ----------------------------------------------------------------------------- the sweep's champion rule

@@ -267,7 +267,9 @@ def test_lora_or_freeze_on_fresh_weights_is_refused_unless_asked_for_by_name(sta
 
 # ----------------------------------------------------------------------------- the user's commands
 
-SIZES = {"epochs": 2, "batch_size": 8, "n_train_iter": 200, "n_val_iter": 36, "learning_rate": 1e-2}
+SIZES = {"epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 16, "learning_rate": 1e-2}
+# the kill-and-resume runs: epochs long enough that rank 1 dies inside the second one
+KILLED_SIZES = {"epochs": 3, "batch_size": 8, "n_train_iter": 200, "n_val_iter": 36, "learning_rate": 1e-2}
 
 
 def _workdir(root: Path, **config) -> tuple[Path, dict[str, str]]:
@@ -304,7 +306,7 @@ def test_mlflow_run_predictor_with_lora_logs_a_merged_model_and_its_adapter(tmp_
     from kronos_mlflow.model import Kronos, KronosPredictor, KronosTokenizer
 
     root, env = _workdir(tmp_path)
-    client, run, proc = _mlflow_run(root, env, "predictor", finetune_mode="lora", lora_rank=4,
+    client, run, proc = _mlflow_run(root, env, "predictor", finetune_mode="lora", lora_rank=4, epochs=1,
                                     pretrained_predictor_path="fresh")  # adapters on fresh weights: asked by name
     params, tags = run.data.params, run.data.tags
     assert run.info.status == "FINISHED" and params["finetune_mode"] == "lora" and params["lora_rank"] == "4"
@@ -385,6 +387,9 @@ def test_mlflow_run_main_with_freeze_trains_the_top_of_the_tokenizer_only(tmp_pa
 
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_path):
+    """Plain torchrun, two workers, LoRA on fresh predictor weights: one uninterrupted run, then the
+    same with rank 1 SIGKILLed after the first epoch; the group restarts into the same MLflow run
+    and ends with the same validation history, best_val_loss and test loss, every step logged once."""
     from mlflow import MlflowClient
 
     results = {}
@@ -393,34 +398,30 @@ def test_a_killed_lora_run_resumes_under_torchrun_to_the_same_best_val_loss(tmp_
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "--max-restarts", "2", "-m", "kronos_mlflow.train_predictor", "--config", str(root / "tiny.yaml"),
                "--qlib-data-path", "", "--comet", "off",
-               *[f"--{k.replace('_', '-')}={v}" for k, v in {**SIZES, "epochs": 3}.items()]]
+               *[f"--{k.replace('_', '-')}={v}" for k, v in KILLED_SIZES.items()]]
         output = torchrun_to_the_end(cmd, root, env,
                                      kill_rank_after_epoch0="finetune_predictor_demo" if name == "killed" else None)
-        (run,) = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"])
-        results[name] = (run, output)
-    (ref, _), (run, output) = results["uninterrupted"], results["killed"]
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        (run,) = client.search_runs(["0"])
+        history = sorted(client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch"), key=lambda m: m.step)
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_predictor_loss_batch"))
+        results[name] = (run, [m.value for m in history], steps, output)
+    (ref, ref_val, ref_steps, _), (run, val, steps, output) = results["uninterrupted"], results["killed"]
     assert "[kronos] resuming at epoch 2/3" in output
-    assert run.info.status == "FINISHED" and run.data.params["finetune_mode"] == "lora"
+    assert run.info.status == "FINISHED" and run.data.params["finetune_mode"] == "lora" and len(val) == 3
+    assert val == pytest.approx(ref_val, rel=1e-6)
     assert run.data.metrics["best_val_loss"] == pytest.approx(ref.data.metrics["best_val_loss"], rel=1e-6)
+    assert ref_steps and steps == ref_steps == list(range(len(ref_steps)))  # no step logged twice or lost
+    assert run.data.metrics["test_predictor_loss"] == pytest.approx(ref.data.metrics["test_predictor_loss"], rel=1e-6)
 
 
 @pytest.mark.slow
-def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(tmp_path):
-    from mlflow import MlflowClient
-
-    root, env = _workdir(tmp_path, pretrained_predictor_path="fresh")  # lora and freeze trials on fresh weights
-    space = root / "space.yaml"
-    space.write_text("learning_rate: {low: 1.0e-3, high: 1.0e-2}\nweight_decay: {low: 1.0e-3, high: 0.1}\n"
-                     "finetune_mode: {choices: [full, lora, freeze]}\nlora_rank: {low: 2, high: 4}\n"
-                     "freeze_layers: {low: 0, high: 2}\n")
-    cmd = [sys.executable, str(ROOT / "sweeps" / "sweep.py"), "--n-trials", "3", "--search-space", str(space),
-           "--sampler-seed", "3", "--pruner", "none", "--config", str(root / "tiny.yaml"), "--comet", "off",
-           "--epochs", "1", "--n-train-iter", "64", "--n-val-iter", "36", "--stage", "predictor"]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    trials = [r for r in client.search_runs(["0"]) if "optuna.trial_number" in r.data.tags]
-    assert len(trials) == 3
+def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(predictor_sweep, commands):
+    """The shared predictor sweep (tests/shared_sweeps.py: its space draws finetune_mode, lora
+    and freeze trials on fresh weights asked for by name): each trial's mode in its params and
+    run name, with its own setting only; ``kronos-mlflow compare`` shows the mode."""
+    trials = predictor_sweep.trials()
+    assert len(trials) == predictor_sweep.n_trials == 3
     for run in trials:
         params = run.data.params
         mode = params["finetune_mode"]
@@ -428,8 +429,7 @@ def test_a_sweep_whose_space_draws_the_mode_records_it_per_trial(tmp_path):
         assert ("lora_rank=" in run.info.run_name) == (mode == "lora")
         assert ("freeze_layers=" in run.info.run_name) == (mode == "freeze")
         assert int(params["trainable_params"]) > 0
-    table = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare"], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=300)
+    table = commands.run(["kronos-mlflow", "compare"], cwd=predictor_sweep.root, env=predictor_sweep.env, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     if any(r.data.params["finetune_mode"] != "full" for r in trials):
         assert " mode " in table.stdout.splitlines()[0] + " "

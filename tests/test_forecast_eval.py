@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny_runs import TINY, create_sqlite_store, isolated_env, write_config
+from tiny_runs import TINY, create_sqlite_store, isolated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("mase_close", "crps_close", "direction_accuracy", "ic", "rank_ic", "icir")
@@ -170,38 +170,22 @@ def test_greedy_mase_is_kronos_predictors(tiny):
 
 
 @pytest.fixture(scope="module")
-def project_runs(tmp_path_factory):
-    """``mlflow run . -e predictor`` (fresh start, tiny sizes), then ``mlflow run . -e evaluate``
-    on its logged forecaster, in one sqlite store."""
-    root = tmp_path_factory.mktemp("scorecard")
-    uri = create_sqlite_store(root)
-    env = isolated_env(root, uri)
-    config = write_config(root / "tiny.yaml", **{**TINY, "n_layers": 2, "n_eval_windows": 200},
-                          save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
-    base = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local"]
-    common = {"config_file": str(config)}
-    # the predictor run's backtest on the scorecard's origins (a parameter wins over the config file)
-    train = {**common, "epochs": 2, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "nproc_per_node": 1,
-             "comet": "off", "backtest_signal_stride": 0}
-    procs = []
-    for entry, params in (("predictor", train), ("evaluate", common)):
-        if entry == "evaluate":
-            from mlflow import MlflowClient
-
-            (run,) = MlflowClient(uri).search_runs(["0"])
-            # a signal every 20th day (the entry point's default is every day: about 10 times the
-            # scorecard's forecasts), where the predictor run had 0
-            params = {**params, "model": f"runs:/{run.info.run_id}/best_model", "backtest_signal_stride": 20}
-        cmd = [*base, "-e", entry, *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        procs.append(proc)
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    runs = sorted(client.search_runs(["0"]), key=lambda r: r.info.start_time)
-    return client, runs, procs
+def evaluate_run(user_predictor_run):
+    """``mlflow run . -e evaluate`` on the shared predictor run's logged forecaster (with its
+    config file), in its store and environment, experiment ``evaluate``; the run."""
+    env = {**user_predictor_run.env, "MLFLOW_EXPERIMENT_NAME": "evaluate"}
+    # a signal every 40th day (the entry point's default is every day: about 10 times the
+    # scorecard's forecasts), where the predictor run had 0
+    params = {"config_file": user_predictor_run.config, "model": f"runs:/{user_predictor_run.run_id}/best_model",
+              "backtest_signal_stride": 40}
+    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "evaluate",
+           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
+    proc = subprocess.run(cmd, cwd=user_predictor_run.root, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = user_predictor_run.client()
+    (run,) = client.search_runs([client.get_experiment_by_name("evaluate").experiment_id])
+    return run
 
 
 def _assert_scorecard(client, run):
@@ -255,35 +239,39 @@ def _assert_scorecard(client, run):
 
 
 @pytest.mark.slow
-def test_mlflow_run_predictor_records_the_scorecard(project_runs):
-    client, runs, procs = project_runs
-    predictor = runs[0]
-    _assert_scorecard(client, predictor)
-    assert predictor.data.tags["zeroshot_pair"] == "fresh + fresh"
-    assert "[kronos] scorecard: " in procs[0].stdout + procs[0].stderr
+def test_mlflow_run_predictor_records_the_scorecard(user_predictor_run, user_run):
+    """The shared ``mlflow run . -e predictor`` (tests/shared_runs.py, on the shared tokenizer
+    run's best model) scores its forecaster."""
+    run = user_predictor_run.run()
+    _assert_scorecard(user_predictor_run.client(), run)
+    # the zero-shot pair: the run's tokenizer (the tokenizer run's best model) + fresh predictor weights
+    assert run.data.tags["zeroshot_pair"] == f"runs:/{user_run.run_id}/best_model + fresh"
+    assert "[kronos] scorecard: " in user_predictor_run.stdout + user_predictor_run.stderr
 
 
 @pytest.mark.slow
-def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
-    client, runs, _ = project_runs
-    predictor, evaluate = runs
+def test_mlflow_run_evaluate_scores_the_logged_forecaster(user_predictor_run, evaluate_run):
+    client, predictor, evaluate = user_predictor_run.client(), user_predictor_run.run(), evaluate_run
     _assert_scorecard(client, evaluate)
     assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
     # the zero-shot pair named by what a colleague can find again, not by a scratch directory
     assert evaluate.data.tags["zeroshot_pair"] == (f"runs:/{predictor.info.run_id}/best_model tokenizer + "
                                                    f"runs:/{predictor.info.run_id} starting weights")
-    # the same origins, seed and checkpoints (its zero-shot pair: the run's checkpoints/start): the same numbers
+    # the same origins, seed, batches and checkpoints (its zero-shot pair: the run's checkpoints/start):
+    # the same numbers; the batches are one process's when batch_size divides the first rank's block
+    assert -(-int(predictor.data.metrics["eval_origins"]) // 2) % int(predictor.data.params["batch_size"]) == 0
     for key in ("test_mase_close", "zeroshot_test_mase_close", "persistence_test_mase_close", "skill_vs_zeroshot"):
         assert evaluate.data.metrics[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
-    # the entry point's backtest_signal_stride 20 (the predictor run's was 0): a signal of its own
-    # on every 20th day
+    # the entry point's backtest_signal_stride 40 (the predictor run's was 0): a signal of its own
+    # on every 40th day
     m = evaluate.data.metrics
     # the evaluation scores the calibrated forecaster the model serves: the calibrator the predictor
-    # run fit and logged with it, not one fit again
+    # run fit and logged with it, not one fit again (paths of two ranks vs one process: equal to
+    # float32 rounding)
     assert predictor.data.tags["calibration"] == "on" and evaluate.data.tags["calibration"] == "model"
     for key in ("calibrated_test_coverage_80", "calibrated_test_pit_ks", "wql_skill_calibrated_vs_raw",
                 "calibration_origins"):
-        assert m[key] == pytest.approx(predictor.data.metrics[key], rel=1e-9), key
+        assert m[key] == pytest.approx(predictor.data.metrics[key], rel=1e-6), key
     assert m["backtest_signal_origins"] > m["eval_origins"] == predictor.data.metrics["eval_origins"]
     assert m["backtest_signal_forecasts"] <= m["backtest_signal_origins"]
     assert "backtest_signal_origins" not in predictor.data.metrics
@@ -292,16 +280,15 @@ def test_mlflow_run_evaluate_scores_the_logged_forecaster(project_runs):
 
 
 @pytest.mark.slow
-def test_greedy_mase_on_the_logged_checkpoints(project_runs, tiny, monkeypatch):
+def test_greedy_mase_on_the_logged_checkpoints(user_predictor_run, tiny, monkeypatch):
     import mlflow
 
     from kronos_mlflow.serving.forecasting.pyfunc import load_forecaster
 
-    client, runs, _ = project_runs
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # runs:/ of a logged model reads the store
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{runs[0].info.run_id}/best_model",
-                                                     tracking_uri=client.tracking_uri,
-                                                     registry_uri=client.tracking_uri))
+    uri = user_predictor_run.uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # runs:/ of a logged model reads the store
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{user_predictor_run.run_id}/best_model",
+                                                     tracking_uri=uri, registry_uri=uri))
     predictor = load_forecaster(str(local / "artifacts" / "tokenizer"), str(local / "artifacts" / "predictor"),
                                 device="cpu")
     _greedy_mase_recomputed(tiny(n_layers=2, n_eval_windows=12, inference_top_k=1, inference_sample_count=1),
@@ -309,15 +296,15 @@ def test_greedy_mase_on_the_logged_checkpoints(project_runs, tiny, monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
+def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path, commands):
     """torchrun with two workers splits the origins across ranks; ``kronos-mlflow evaluate`` of
     the same run directory in one process gives the same greedy numbers."""
     import json
 
     env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in {
-        **TINY, "epochs": 1, "n_layers": 2, "n_eval_windows": 120, "inference_top_k": 1, "inference_sample_count": 1,
-        "comet": "off", "system_metrics": "off", "dataset_path": tmp_path / "cache"}.items()]
+        **TINY, "epochs": 1, "n_layers": 2, "n_eval_windows": 60, "inference_top_k": 1, "inference_sample_count": 1,
+        "n_val_skill_windows": 40, "comet": "off", "system_metrics": "off", "dataset_path": tmp_path / "cache"}.items()]
     train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
              "kronos_mlflow.train_predictor", *flags, f"--save-path={tmp_path / 'outputs'}"]
     proc = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -325,7 +312,7 @@ def test_two_ranks_gather_the_same_greedy_scorecard_as_one_process(tmp_path):
     (run_dir,) = (tmp_path / "outputs" / "finetune_predictor_demo").iterdir()
     evaluate = ["kronos-mlflow", "evaluate", "--model", str(run_dir), "--zeroshot-predictor",
                 str(run_dir / "checkpoints" / "start"), *[f for f in flags if not f.startswith("--epochs")]]
-    proc = subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = commands.run(evaluate, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads((run_dir / "evaluation" / "scorecard.json").read_text())["metrics"]
     from mlflow import MlflowClient

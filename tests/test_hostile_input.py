@@ -464,15 +464,26 @@ def make_handover_runs(inp: Path, ws: Path) -> None:
         hr.log_walkforward(client, experiment, inp / "staging", f"handover_{name}", **damage)
 
 
-def _handover_runs(ws: Path) -> dict[str, str]:
-    """The workspace store's runs named ``handover_...`` (:func:`make_handover_runs`): name -> id."""
+#: The workspace store's runs a case may name, as the docs show their ids: ``<NAME-run-id>``
+#: (with those named ``handover_...``, :func:`make_handover_runs`).
+NAMED_RUNS = ("finished", "stopped", "running", "deleted", "elsewhere", "busy")
+
+
+def _named_runs(ws: Path) -> dict[str, str]:
+    """The ids of the workspace store's :data:`NAMED_RUNS` and ``handover_...`` runs, read at
+    once: name -> id."""
     import sqlite3
 
     con = sqlite3.connect(f"file:{ws / 'mlflow.db'}?mode=ro", uri=True)
     try:
-        return dict(con.execute("SELECT name, run_uuid FROM runs WHERE name LIKE 'handover!_%' ESCAPE '!'"))
+        runs: dict[str, str] = {}
+        for name, run_id in con.execute("SELECT name, run_uuid FROM runs"):
+            if name in NAMED_RUNS or name.startswith("handover_"):
+                runs.setdefault(name, run_id)
     finally:
         con.close()
+    assert set(NAMED_RUNS) <= set(runs), runs
+    return runs
 
 
 def make_all(inp: Path, ws: Path) -> None:
@@ -1215,8 +1226,7 @@ def _build_template(root: Path) -> Path:
                              epoch=0, global_step=4, best_val_loss=0.5, run_ids={"mlflow_run_id": "x"},
                              config_digest=ckpt.config_digest(config))
     (save_dir / "summary.json").write_text('{"best_val_loss": 0.5}\n')
-    uri = f"sqlite:///{ws / 'mlflow.db'}"
-    client = MlflowClient(uri)
+    client = MlflowClient(tiny_runs.create_sqlite_store(ws))
     from kronos_mlflow.tracking.ownership import TAG, new_token, token_hash, write_owner
 
     token = new_token()  # the finished run is owned, as a training leaves it; its token is in owner.json
@@ -1274,6 +1284,7 @@ class Result:
     ws: Path
     inp: Path
     seconds: float = 0.0
+    runs: dict[str, str] = field(default_factory=dict)  # the store's named runs (:func:`_named_runs`)
 
     @property
     def lines(self) -> list[str]:
@@ -1286,11 +1297,7 @@ class Result:
 
         market = str(self.ws.parent.parent.parent / "market")
         text = text.replace(str(self.ws), "<ws>").replace(str(self.inp), "<in>").replace(market, "<market>")
-        text = text.replace(finished_run_id(self.ws), "<finished-run-id>").replace(stopped_run_id(self.ws),
-                                                                                   "<stopped-run-id>")
-        for name in ("running", "deleted", "elsewhere", "busy"):
-            text = text.replace(_run_named(self.ws, name), f"<{name}-run-id>")
-        for name, run_id in _handover_runs(self.ws).items():
+        for name, run_id in self.runs.items():
             text = text.replace(run_id, f"<{name}-run-id>")
         text = re.sub(r"cfg-[0-9a-f]{12}", "cfg-<digest>", text)
         if os.environ.get("HF_HUB_CACHE"):  # the tests' empty Hugging Face cache (tests/conftest.py)
@@ -1312,6 +1319,7 @@ class Prepared:
     script_argv: list[str]  # sys.argv as that script sees it
     env: dict[str, str]
     before: dict[str, str]
+    runs: dict[str, str]
 
 
 def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
@@ -1323,10 +1331,8 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
     if case.make:
         case.make(inp, ws)
     market = root.parent / "market"
-    fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market),
-            "finished": finished_run_id(ws), "stopped": stopped_run_id(ws),
-            "running": _run_named(ws, "running"), "deleted": _run_named(ws, "deleted"),
-            "elsewhere": _run_named(ws, "elsewhere"), "busy": _run_named(ws, "busy"), **_handover_runs(ws)}
+    runs = _named_runs(ws)
+    fill = {"ws": str(ws), "in": str(inp), "py": sys.executable, "market": str(market), **runs}
     env = tiny_runs.isolated_env(ws, extra={**SECRETS, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     env.update({k: v.format(**fill) for k, v in case.env.items()})
     if case.argv[0].startswith("<mlproject"):
@@ -1348,13 +1354,13 @@ def _prepare_case(case: Case, template: Path, root: Path) -> Prepared:
     else:
         argv = [a.format(**fill) for a in case.argv]
     entry, script_argv = entry_of(argv)
-    return Prepared(case, ws, inp, argv, entry, script_argv, env, _hashes(ws))
+    return Prepared(case, ws, inp, argv, entry, script_argv, env, _hashes(ws), runs)
 
 
 def _finish(p: Prepared, rc: int, stdout: str, stderr: str, seconds: float = 0.0) -> Result:
     after = _hashes(p.ws)
     changed = sorted(k for k in set(p.before) | set(after) if p.before.get(k) != after.get(k))
-    return Result(p.case, rc, stdout, stderr, changed, p.ws, p.inp, seconds)
+    return Result(p.case, rc, stdout, stderr, changed, p.ws, p.inp, seconds, p.runs)
 
 
 def run_forked(prepared: list[Prepared], scratch: Path, parallel: int = 3) -> dict[str, Result]:

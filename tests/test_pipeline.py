@@ -1,12 +1,15 @@
 """``mlflow run . -e pipeline`` end to end, on the demo market with the tiny sizes: one parent run
-and three child runs, the champion rules, reuse of FINISHED steps, ``force``, and a predictor step
-stopped by SIGTERM that the same command continues. Every scenario runs in the first
-pipeline's directory and store, one after the other."""
+and three child runs, the champion rules, reuse of FINISHED steps, a predictor step stopped by
+SIGTERM that the same command continues, a command stopped by SIGINT in its training step
+(``force``: the step trains again) that ends every run KILLED, and what ``force`` launches.
+Every scenario runs in the first pipeline's directory and store, one after the other."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import fault_injection, pipeline_workdir, process_under
+from tiny_runs import TRACKING_ENV, fault_injection, pipeline_workdir, process_under
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
@@ -52,6 +55,8 @@ def first(tmp_path_factory):
     """The first pipeline, with a registered model name, typed twice at the same moment on a fresh
     store: every step trains once."""
     root, env = pipeline_workdir(tmp_path_factory.mktemp("pipeline"))
+    with open(root / "tiny.yaml", "a") as config:  # the calibrator on 60 origins (calibration_min_origins: 30)
+        config.write("n_val_skill_windows: 60\n")
     started = time.monotonic()
     logs = [open(root / f"first-{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen(_command(root, registered_model_name="kr"), cwd=root, env=env, stdout=log,
@@ -165,21 +170,6 @@ def test_the_same_command_again_trains_nothing_and_promote_always_moves_both(fir
     print(f"second identical pipeline: {seconds:.1f} s")
 
 
-@pytest.mark.slow
-def test_force_trains_every_step_again(first):
-    root, env, _, _ = first
-    _, before = _runs(env)
-    proc, _ = _pipeline(root, env, force="true")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _, runs = _runs(env)
-    new = [r for r in runs if r.info.run_id not in {b.info.run_id for b in before}]
-    (parent,) = _parents(new)
-    children = [r for r in new if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.tags["pipeline.step"] for r in children) == sorted(STEPS)
-    assert all(parent.data.tags[f"pipeline.{s}_reused"] == "false" for s in STEPS)
-    assert all(r.info.status == "FINISHED" for r in children)
-
-
 def _faults():
     return fault_injection()
 
@@ -252,3 +242,125 @@ def test_sigterm_in_the_predictor_step_then_the_same_command_continues(first):
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     history = client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch")
     assert sorted({m.step for m in history}) == sorted(m.step for m in history)  # no epoch logged twice
+
+
+def _exited(*words: bytes, timeout_s: float) -> None:
+    """Return once no process whose argv holds every one of ``words`` runs (waiting on the
+    first found to exit); fail past ``timeout_s``."""
+    for path in Path("/proc").iterdir():
+        try:
+            argv = (path / "cmdline").read_bytes().split(b"\0") if path.name.isdigit() else []
+        except OSError:
+            continue
+        if not all(word in argv for word in words):
+            continue
+        try:
+            handle = os.pidfd_open(int(path.name))
+        except ProcessLookupError:
+            continue  # it has just exited
+        try:
+            ready, _, _ = select.select([handle], [], [], timeout_s)
+        finally:
+            os.close(handle)
+        assert ready, f"process {path.name} {words} still runs after {timeout_s:.0f} s"
+        return
+
+
+@pytest.mark.slow
+def test_mlflow_run_pipeline_interrupted_in_its_training_step_ends_its_runs_killed(first):
+    """``mlflow run . -e pipeline -P force=true`` in the first pipeline's store, and SIGINT to
+    that process (what users type, and what Ctrl-C reaches first) while the tokenizer step
+    trains: force trains it again past its FINISHED run of the same config; MLflow passes the
+    stop on, the pipeline passes it to its step, every run ends KILLED, the run MLflow handed
+    over included (MLflow marks it FAILED once the pipeline has exited; the pipeline's detached
+    helper puts KILLED back)."""
+    root, env, _, _ = first
+    _, earlier = _runs(env)
+    known = {r.info.run_id for r in earlier}
+    finished = {r.data.tags["config_digest"] for r in earlier
+                if r.data.tags.get("pipeline.step") == "tokenizer" and r.info.status == "FINISHED"}
+    with open(root / "sigint.out", "w") as out, open(root / "sigint.err", "w") as err:
+        proc = subprocess.Popen(_command(root, force="true"), cwd=root, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while process_under(proc.pid, b"kronos_mlflow.train") is None:
+            assert proc.poll() is None, f"the pipeline exited (code {proc.returncode}) before its training step"
+            assert time.monotonic() < deadline, "no training step within 600 s"
+            time.sleep(0.05)
+        before = (root / "sigint.err").stat().st_size  # what it wrote until the stop
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (root / "sigint.err").read_bytes()[before:].decode(errors="replace")
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("kronos-mlflow pipeline: ")]
+    assert ours == ["kronos-mlflow pipeline: stopped by SIGTERM; every run it left unfinished ended KILLED (2); the "
+                    "same command again continues where it stopped"], err[-3000:]
+    client, runs = _runs(env)
+    new = [r for r in runs if r.info.run_id not in known]
+    (parent,) = _parents(new)
+    # the helper waits for `mlflow run` to exit, then ends the run it handed over KILLED again
+    _exited(b"kronos_mlflow.launch", parent.info.run_id.encode(), timeout_s=90)
+    runs = [client.get_run(r.info.run_id) for r in new]
+    assert sorted(r.data.tags.get("pipeline.step", "parent") for r in runs) == ["parent", "tokenizer"]
+    assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
+    assert all("stop_reason" in r.data.tags and "failure_reason" not in r.data.tags for r in runs)
+    tokenizer = next(r for r in runs if r.data.tags.get("pipeline.step") == "tokenizer")
+    assert tokenizer.data.tags["config_digest"] in finished and parent.data.params["force"] == "true"
+    assert "reused run" not in (root / "sigint.out").read_text()
+
+
+@pytest.mark.slow
+def test_force_trains_every_step_again(first, monkeypatch, capsys):
+    """``force=true`` as ``mlflow run . -e pipeline`` hands it to the pipeline, on the first
+    pipeline's store (every step FINISHED and reusable): each step is launched again in a new
+    child run of a new parent, a training with ``--resume never``, none reused. The launch of a
+    step's process is replaced by one that ends the run it was handed FINISHED (a forced step's
+    real training: the SIGINT test above)."""
+    import mlflow
+    from mlflow.projects.utils import load_project
+
+    from kronos_mlflow.cli.main import build_parser
+    from kronos_mlflow.workflows import pipeline as pipeline_module
+
+    root, env, _, _ = first
+    client, before = _runs(env)
+    finished = {r.data.tags["config_digest"] for r in before
+                if r.data.tags.get("pipeline.step") == "tokenizer" and r.info.status == "FINISHED"}
+    for name in TRACKING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name in ("KRONOS_MLFLOW_HOME", "MLFLOW_TRACKING_URI", "COMET_OFFLINE_DIRECTORY"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.chdir(root)
+    values = {k: str(v) for k, v in {**SMALL, "config_file": root / "tiny.yaml", "force": "true"}.items()}
+    argv = shlex.split(load_project(str(ROOT)).get_entry_point("pipeline").compute_command(values, None))
+    assert argv[:4] == ["python", "-m", "kronos_mlflow", "pipeline"]
+    launched = []
+
+    def step_process(command, step_env):
+        launched.append(list(command))
+        client.set_terminated(step_env["MLFLOW_RUN_ID"], "FINISHED")
+        return 0
+
+    monkeypatch.setattr(pipeline_module, "run_child", step_process)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        args = build_parser(argv[3:]).parse_args(argv[3:])
+        assert pipeline_module.run(args) == 0
+    finally:
+        for sig, handler in handlers.items():  # the command's stop handlers
+            signal.signal(sig, handler)
+        mlflow.set_tracking_uri(None)
+    _, runs = _runs(env)
+    new = [r for r in runs if r.info.run_id not in {b.info.run_id for b in before}]
+    (parent,) = _parents(new)
+    children = [r for r in new if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["pipeline.step"] for r in children) == sorted(STEPS)
+    assert all(parent.data.tags[f"pipeline.{s}_reused"] == "false" for s in STEPS)
+    assert all(r.info.status == "FINISHED" for r in children) and parent.info.status == "FINISHED"
+    assert len(launched) == 3 and [c[-2:] for c in launched[:2]] == [["--resume", "never"]] * 2
+    assert next(r for r in children if r.data.tags["pipeline.step"] == "tokenizer").data.tags["config_digest"] in finished
+    assert "reused run" not in capsys.readouterr().out

@@ -1,21 +1,17 @@
 """Stage two on the shared loop: the predictor's training step is upstream's, its validation is
-causal (upstream's leaking number one option away), and ``mlflow run . -e predictor`` /
-``torchrun -m kronos_mlflow.train_predictor`` train it end to end on the demo market, resuming
-a killed worker to the same result."""
+causal (upstream's leaking number one option away), and ``mlflow run . -e predictor`` trains it
+end to end on the demo market from the tokenizer run's best model. ``torchrun -m
+kronos_mlflow.train_predictor``: tests/test_forecast_eval.py; a killed worker resumed:
+tests/test_finetune_modes.py."""
 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tiny_runs import TINY, isolated_env, torchrun_to_the_end, write_config
-
-ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_SIZES = {"d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2,
                    "s1_bits": 4, "s2_bits": 4}
 PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
@@ -130,44 +126,13 @@ def test_learning_rate_names_the_stages_own_key(tiny):
 
 # ----------------------------------------------------------------------------- the user's commands
 
-TINY_YAML = {**TINY, "n_layers": 2, "log_interval": 100000, "evaluate": "off"}  # the scorecard: test_forecast_eval.py
-SIZES = {"epochs": 3, "batch_size": 8, "n_train_iter": 800, "n_val_iter": 36}
-
-
-def _workdir(root: Path) -> tuple[Path, dict[str, str]]:
-    root.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in TINY_YAML.items() if k not in SIZES}
-    write_config(root / "tiny.yaml", **config, save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
-    from tiny_runs import create_sqlite_store
-
-    return root, isolated_env(root, create_sqlite_store(root))
-
-
-@pytest.fixture(scope="module")
-def predictor_run(user_run):
-    """``mlflow run . -e predictor`` with two workers on the shared tokenizer run's best model
-    (``tokenizer=runs:/<id>/best_model``), in the same store, experiment ``predictor``."""
-    env = {**user_run.env, "MLFLOW_EXPERIMENT_NAME": "predictor"}
-    root = user_run.root / "predictor"
-    root.mkdir(exist_ok=True)
-    config = write_config(root / "tiny.yaml", **{k: v for k, v in TINY_YAML.items() if k not in SIZES},
-                          save_path=str(root / "outputs"), dataset_path=str(user_run.root / "cache"))
-    params = {**SIZES, "epochs": 2, "nproc_per_node": 2, "config_file": str(config), "comet": "off",
-              "tokenizer": f"runs:/{user_run.run_id}/best_model", "learning_rate": 1e-3,
-              "backtest_signal_stride": 0}  # the entry point's default, 1, is a daily backtest
-    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "predictor",
-           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = user_run.client()
-    (run,) = client.search_runs([client.get_experiment_by_name("predictor").experiment_id])
-    return client, run, proc, root
-
 
 @pytest.mark.slow
-def test_mlflow_run_predictor_trains_on_the_tokenizer_run(predictor_run, user_run):
-    client, run, proc, root = predictor_run
+def test_mlflow_run_predictor_trains_on_the_tokenizer_run(user_predictor_run, user_run):
+    """The shared ``mlflow run . -e predictor`` (tests/shared_runs.py): two workers on
+    ``tokenizer=runs:/<id>/best_model`` of the shared tokenizer run, in its store, experiment
+    ``predictor``."""
+    client, run = user_predictor_run.client(), user_predictor_run.run()
     assert run.info.status == "FINISHED"
     metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
     for key in ("train_predictor_loss_batch", "train_S1_loss_each_batch", "train_S2_loss_each_batch",
@@ -194,7 +159,7 @@ def test_mlflow_run_predictor_trains_on_the_tokenizer_run(predictor_run, user_ru
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
     best = Kronos.from_pretrained(run_dir / "checkpoints" / "best_model")
     assert (best.s1_bits, best.s2_bits) == (4, 4)
-    assert "[kronos] test, " in proc.stdout + proc.stderr
+    assert "[kronos] test, " in user_predictor_run.stdout + user_predictor_run.stderr
     # best_model is the forecaster: both checkpoints, every sample path from raw bars and timestamps
     import mlflow
     import numpy as np
@@ -208,36 +173,3 @@ def test_mlflow_run_predictor_trains_on_the_tokenizer_run(predictor_run, user_ru
     out = forecaster.predict(example, params={"sample_count": 2, "seed": 1})
     pred_len = example["timestamps"].shape[1] - example["bars"].shape[1]
     assert out["paths"].shape == (len(example["bars"]), 2, pred_len, 6) and np.isfinite(out["paths"]).all()
-
-
-def _torchrun(root: Path, *extra: str) -> list[str]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "--max-restarts", "2", "-m", "kronos_mlflow.train_predictor", "--config", str(root / "tiny.yaml"),
-            "--qlib-data-path", "", "--comet", "off", "--learning-rate", "1e-3", *flags, *extra]
-
-
-@pytest.mark.slow
-def test_torchrun_predictor_resumes_a_killed_worker_to_the_same_result(tmp_path):
-    """Plain torchrun, fresh tokenizer and predictor: one uninterrupted run, then the same with
-    rank 1 SIGKILLed after the first epoch; the group restarts into the same MLflow run and ends
-    with the same validation history and best_val_loss."""
-    from mlflow import MlflowClient
-
-    results = {}
-    for name in ("uninterrupted", "killed"):
-        root, env = _workdir(tmp_path / name)
-        output = torchrun_to_the_end(_torchrun(root), root, env,
-                                     kill_rank_after_epoch0="finetune_predictor_demo" if name == "killed" else None)
-        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-        (run,) = client.search_runs(["0"])
-        history = sorted(client.get_metric_history(run.info.run_id, "val_predictor_loss_epoch"), key=lambda m: m.step)
-        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_predictor_loss_batch"))
-        results[name] = (run, [m.value for m in history], steps, output)
-    (ref, ref_val, ref_steps, _), (run, val, steps, output) = results["uninterrupted"], results["killed"]
-    assert "[kronos] resuming at epoch 2/3" in output
-    assert run.info.status == "FINISHED" and len(val) == 3
-    assert val == pytest.approx(ref_val, rel=1e-6)
-    assert run.data.metrics["best_val_loss"] == pytest.approx(ref.data.metrics["best_val_loss"], rel=1e-6)
-    assert steps == ref_steps == list(range(len(ref_steps)))  # no step logged twice or lost
-    assert run.data.metrics["test_predictor_loss"] == pytest.approx(ref.data.metrics["test_predictor_loss"], rel=1e-6)

@@ -1,23 +1,20 @@
 """The published checkpoints as the default start (``auto``): a Hugging Face cache written by the
 test holds "published" upstream-format checkpoints (tests/hf_cache.py); the session's own cache
-(tests/conftest.py) is empty, so everywhere else ``auto`` starts fresh."""
+(tests/conftest.py) is empty, so everywhere else ``auto`` starts fresh. The quick start's
+``mlflow run .`` from such a cache: tests/test_verdict_runs.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hf_cache import write_published
-from tiny_runs import TINY, create_sqlite_store, isolated_env, run_dir, write_config, forget_published
+from tiny_runs import TINY, forget_published
 
 from kronos_mlflow.config import published
 from kronos_mlflow.config.core import load_config, model_kwargs
 from kronos_mlflow.config.digest import config_digest
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
 TOKENIZER_ID, PREDICTOR_ID = published.PUBLISHED.values()
 
@@ -122,37 +119,3 @@ def test_a_predictor_given_a_tokenizer_names_it_and_its_pretrained_key_says_it_i
     # without a given tokenizer the auto line is the run's own tokenizer, as before
     plain = load_config({"stage": "predictor"})
     assert [x for x in published.lines(plain, published.read_by(plain)) if "zero-shot" in x or "tokenizer:" in x] == []
-
-
-@pytest.mark.slow
-def test_the_quick_start_fine_tunes_the_published_tokenizer_from_the_cache(tmp_path):
-    """``mlflow run . --env-manager local`` with the quick start's params and a Hugging Face cache
-    holding a "published" tokenizer: the run starts from it (checkpoints/start equals the
-    cache's weights), says so in one line and records the choice."""
-    cache = tmp_path / "hf-cache"
-    snapshot = write_published(cache, TOKENIZER_ID, _tiny_tokenizer(seed=9))
-    uri = create_sqlite_store(tmp_path)
-    config = write_config(tmp_path / "tiny.yaml", **TINY, save_path=str(tmp_path / "outputs"),
-                          dataset_path=str(tmp_path / "cache"))
-    params = {"config_file": config, "epochs": 1, "n_train_iter": TINY["n_train_iter"],
-              "n_val_iter": TINY["n_val_iter"], "batch_size": TINY["batch_size"], "comet": "off"}
-    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local",
-           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
-    env = isolated_env(tmp_path, uri, {"HF_HUB_CACHE": str(cache)})
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    (line,) = [x for x in out.splitlines() if "pretrained_tokenizer_path auto:" in x]
-    assert line.startswith(f"[kronos] pretrained_tokenizer_path auto: published {TOKENIZER_ID}, in the Hugging Face "
-                           "cache (revision "), line
-    from mlflow import MlflowClient
-    from safetensors.torch import load_file
-
-    (run,) = MlflowClient(uri).search_runs(["0"])
-    assert run.data.params["pretrained_tokenizer_path"] == "auto"  # what was asked; the tag says what it chose
-    assert run.data.tags["pretrained_tokenizer_path_source"].startswith(f"{TOKENIZER_ID} (auto: published ")
-    assert run.data.tags["verdict_base"] == TOKENIZER_ID
-    start = load_file(run_dir(tmp_path / "outputs") / "checkpoints" / "start" / "model.safetensors")
-    cached = load_file(snapshot / "model.safetensors")
-    assert start.keys() == cached.keys() and all(torch.equal(start[k], cached[k]) for k in cached)

@@ -1,16 +1,17 @@
 """Validation quality metrics: hand-checkable histograms and perplexities, per-feature MSE, the
-stats gathered during the one validation pass, and the same numbers over two gloo ranks."""
+stats gathered during the one validation pass, and the same numbers over two gloo ranks (with
+the validation loss and the tokenizer's per-window test losses: one pair of ranks runs them all,
+tests/two_ranks.py)."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import two_ranks
 
 from kronos_mlflow.evaluation import quality
 from kronos_mlflow.data import loaders
@@ -175,57 +176,63 @@ def test_stats_leave_the_validation_loss_unchanged_and_need_one_pass(val_setup):
 # ----------------------------------------------------------------------------- two ranks
 
 
-def _stats_snapshot(stats: ValidationStats) -> dict:
-    return {
-        "metrics": stats.metrics(),
-        "s1": [a.tolist() for a in stats.s1.ids_and_counts()],
-        "full": [a.tolist() for a in stats.full.ids_and_counts()],
-        "rows": stats.rows,
-    }
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Each check of tests/two_ranks.py in one process and on one spawned pair of gloo ranks:
+    ``{"single": {check: result}, "ranks": {check: [rank 0's, rank 1's]}, "val_windows": n}``."""
+    from data_helpers import small_config, small_market_path
+    from tiny_runs import TINY, isolate, tiny_config
+
+    from kronos_mlflow.data import prepare_splits, provide_qlib_data
+
+    root = tmp_path_factory.mktemp("two-ranks")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, root)
+        val = tiny_config(root, n_val_iter=37, batch_size=5)  # odd count: uneven shards
+        provide_qlib_data(val)
+        prepare_splits(val, progress=False)
+        sizes = {k: TINY[k] for k in ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits",
+                                      "s2_bits", "batch_size")}
+        heldout = small_config(small_market_path(), root / "ds", **sizes, n_test_iter=19)  # odd: shares differ
+        configs = {"heldout_scores": heldout, "val_loss": val, "val_stats": val}
+        single = {name: two_ranks.CHECKS[name](config) for name, config in configs.items()}
+        ds = two_ranks._val_dataset(val)
+        return {"single": single, "ranks": two_ranks.run(configs, root), "val_windows": len(ds) * ds.window}
 
 
-def _rank_worker(rank, world_size, init_file, config, out_dir):
-    import torch.distributed as dist
-
-    from kronos_mlflow.data import QlibDataset
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    model = _tiny_model()
-    ds = QlibDataset("val", config)
-    ds.set_epoch_seed(0)
-    out = {}
-    for name, dense_max_bits in (("dense", 20), ("sparse", 0)):
-        stats = ValidationStats.for_model(model, dense_max_bits=dense_max_bits)
-        loader = loaders.val_loader_for(ds, config, rank, world_size)
-        out["loss"] = tokenizer_training.global_val_loss(model, loader, torch.device("cpu"), stats)
-        out[name] = _stats_snapshot(stats)
-    Path(out_dir, f"quality_rank{rank}.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
-
-
-def test_two_ranks_gather_the_same_counts_as_one_process(val_setup, tmp_path):
-    import torch.multiprocessing as mp
-
-    config, ds = val_setup
-    model = _tiny_model()
-    single = {}
-    for name, dense_max_bits in (("dense", 20), ("sparse", 0)):
-        stats = ValidationStats.for_model(model, dense_max_bits=dense_max_bits)
-        single["loss"] = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"),
-                                                stats)
-        single[name] = _stats_snapshot(stats)
+def test_two_ranks_gather_the_same_counts_as_one_process(pair):
+    single, ranks = pair["single"]["val_stats"], pair["ranks"]["val_stats"]
     assert single["dense"]["s1"] == single["sparse"]["s1"] and single["dense"]["full"] == single["sparse"]["full"]
-
-    mp.spawn(_rank_worker, args=(2, str(tmp_path / "init"), config, str(tmp_path)), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"quality_rank{r}.json").read_text()) for r in range(2)]
     for name in ("dense", "sparse"):
         for got in ranks:
             # the code counts are exact: the same histogram on every rank as in one process
             assert got[name]["s1"] == single[name]["s1"], name
             assert got[name]["full"] == single[name]["full"], name
-            assert got[name]["rows"] == single[name]["rows"] == len(ds) * ds.window
+            assert got[name]["rows"] == single[name]["rows"] == pair["val_windows"]
             assert got[name]["metrics"].keys() == single[name]["metrics"].keys()
             for key, value in single[name]["metrics"].items():
                 assert got[name]["metrics"][key] == pytest.approx(value, rel=1e-9), (name, key)
         assert ranks[0][name]["metrics"] == ranks[1][name]["metrics"]
     assert ranks[0]["loss"] == pytest.approx(single["loss"], rel=1e-6)
+
+
+def test_validation_over_two_ranks_equals_one_process(pair):
+    """The validation loss of two ranks (uneven shards) is the one process's, on both ranks."""
+    single, ranks = pair["single"]["val_loss"], pair["ranks"]["val_loss"]
+    assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"], rel=1e-12)
+    assert ranks[0]["loss"] == pytest.approx(single["loss"], rel=1e-6)
+    # every validation sample counted exactly once across the ranks
+    shards = [list(range(r, single["n"], 2)) for r in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(single["n"]))
+
+
+def test_two_ranks_score_every_window_once_and_agree(pair):
+    """The tokenizer's per-window test losses: both ranks hold every window's loss and the
+    metrics of one process."""
+    single, ranks = pair["single"]["heldout_scores"], pair["ranks"]["heldout_scores"]
+    for got in ranks:
+        assert np.allclose(got["losses"], single["losses"], rtol=1e-6)
+        assert got["metrics"].keys() == single["metrics"].keys()
+        for key, value in single["metrics"].items():
+            assert got["metrics"][key] == pytest.approx(value, rel=1e-6), key
+    assert ranks[0] == ranks[1]

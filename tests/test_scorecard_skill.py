@@ -182,8 +182,10 @@ def test_the_backtest_signal_is_forecast_on_its_own_days(scored):
     from kronos_mlflow.evaluation.scorecard import score_forecasters
 
     base, _, _ = scored
+    # the first half of the test range: every origin of it is forecast once more below
+    test_range = [base["test_time_range"][0], "2024-12-31"]
     config = load_config({**base, "backtest_signal_stride": 20, "eval_stride": 20, "inference_top_k": 1, "inference_sample_count": 1,
-                          "n_eval_windows": 60, "calibration": "off"})
+                          "n_eval_windows": 60, "calibration": "off", "test_time_range": test_range})
     card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)})
     daily, origins = signal_origins(config), forecast_origins(config)
     signal = card.signals["finetuned"]

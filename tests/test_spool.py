@@ -430,7 +430,7 @@ def test_real_server_stopped_and_restarted_mid_run(server_env, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypatch):
+def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypatch, commands):
     server = server_env
     # A password in the URI (this server has no auth and ignores it): never printed, never spooled.
     uri = f"http://kronos:{PASSWORD}@127.0.0.1:{server.port}"
@@ -467,6 +467,7 @@ def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypa
     for name in TRACKING_ENV:
         env.pop(name, None)
     cmd = [sys.executable, "-m", "kronos_mlflow", "upload-spool", str(spool_dir), "--tracking-uri", uri]
+    # the replay as a real process, as the user types it; the two repeats through the fork server
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert PASSWORD not in proc.stdout + proc.stderr
@@ -481,10 +482,10 @@ def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypa
     assert "summary.json" in [a.path for a in client.list_artifacts(logger.run_id)]
     assert not path.exists() and Path(str(path) + ".uploaded").is_file()
     # Again: nothing left to upload; and the same spool once more changes nothing.
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    again = commands.run(cmd, env=env, timeout=120)
     assert again.returncode == 0 and "no spool files" in again.stdout
     os.replace(str(path) + ".uploaded", path)
-    again = subprocess.run(cmd[:4] + [str(path)] + cmd[5:], capture_output=True, text=True, timeout=120, env=env)
+    again = commands.run(cmd[:4] + [str(path)] + cmd[5:], env=env, timeout=120)
     assert again.returncode == 0 and "0 metric values sent (80 already there)" in again.stdout, again.stderr
     counts = _count(client, logger.run_id)
     duplicated += sum(c["n"] - c["unique"] for c in counts.values())
@@ -494,14 +495,13 @@ def test_real_server_stays_down_then_upload_spool(server_env, tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_upload_spool_server_down_is_one_line(tmp_path):
+def test_upload_spool_server_down_is_one_line(tmp_path, commands):
     path = tmp_path / "r.jsonl"
     spool.append_records(path, {"run_id": "abc"}, [{"type": "metric", "key": "a", "value": 1.0, "step": 0,
                                                     "timestamp": 5}])
     env = {k: v for k, v in os.environ.items() if k not in TRACKING_ENV}
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "upload-spool", str(path), "--tracking-uri",
-                           f"http://u:{PASSWORD}@127.0.0.1:{free_port()}"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow", "upload-spool", str(path), "--tracking-uri",
+                         f"http://u:{PASSWORD}@127.0.0.1:{free_port()}"], env=env, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unreachable" in lines[0] and PASSWORD not in proc.stderr

@@ -33,6 +33,8 @@ UPDATE = os.environ.get("KRONOS_TEST_UPDATE_GOLDEN", "") not in ("", "0")
 ENVIRONMENT_TAGS = frozenset({"mlflow.user", "mlflow.source.name", "mlflow.source.type", "mlflow.source.git.commit",
                               "mlflow.source.git.branch", "mlflow.source.git.repoURL", "mlflow.source.git.dirty"})
 KINDS = ("metrics", "tags", "params", "artifacts", "logged_models")
+# Fewer windows than TINY's: the names do not depend on how many windows a run sees.
+SIZES = {"epochs": 1, "n_train_iter": 16, "n_val_iter": 16, "n_test_iter": 40}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def _train(tmp: Path, client, **extra):
 
     before = {r.info.run_id for r in client.search_runs(["0"])}
     try:
-        train.main(tiny_config(tmp, **extra))
+        train.main(tiny_config(tmp, **{**SIZES, **extra}))
     finally:
         mlflow.set_tracking_uri(None)  # log_best_model sets MLflow's process-global URI: do not leak it
     (run,) = [r for r in client.search_runs(["0"]) if r.info.run_id not in before]

@@ -32,7 +32,7 @@ def _write_config(tmp_path, **extra) -> Path:
                         **{**TINY_NO_EPOCHS, "dataset_path": str(tmp_path / "cache"), **extra})
 
 
-def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow_server, tmp_path):
+def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow_server, tmp_path, commands):
     from mlflow import MlflowClient
 
     mlflow_server = pg_mlflow_server
@@ -44,8 +44,8 @@ def test_two_sweep_workers_on_postgres_and_a_tracking_server(postgres, pg_mlflow
            "--epochs", "1", "--registered-model-name", "team-tokenizer", "--output-dir", str(tmp_path / "out"),
            "--promote", "always"]  # the champion follows the best trial whatever its verdict: one alias under a race
     # prepare the demo data once so both workers start training at once
-    subprocess.run([sys.executable, "-m", "kronos_mlflow", "prepare", "--config", str(config),
-                    "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
+    commands.run([sys.executable, "-m", "kronos_mlflow", "prepare", "--config", str(config),
+                  "--qlib-data-path", ""], env=env, timeout=300).check_returncode()
     t0 = time.monotonic()
     workers = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for _ in range(2)]
@@ -93,6 +93,7 @@ def test_two_node_rendezvous_matches_one_launcher(tmp_path, monkeypatch):
     env = isolated_env(tmp_path, create_sqlite_store(tmp_path))
     from mlflow import MlflowClient
 
+    # a real `python -m kronos_mlflow prepare` process (the sweep test above forks it)
     subprocess.run([sys.executable, "-m", "kronos_mlflow", "prepare", "--config", str(_write_config(tmp_path)),
                     "--qlib-data-path", ""], env=env, check=True, capture_output=True, timeout=300)
     port = free_port()

@@ -1,6 +1,6 @@
-"""Training: the loss, distributed validation, bad input, failure marking, and the whole
-job end to end through ``mlflow run`` with two torchrun processes (slow; the shared run of
-tests/shared_runs.py)."""
+"""Training: the loss, bad input, failure marking, and the whole job end to end through ``mlflow
+run`` with two torchrun processes (slow; the shared run of tests/shared_runs.py). Validation over
+two gloo ranks is checked in tests/test_quality.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from kronos_mlflow.config.stage_keys import MLPROJECT_PARAMS
 from kronos_mlflow.tracking import keys
 from kronos_mlflow.training import optim, run as train
 from kronos_mlflow.config.core import load_config, run_params
-from kronos_mlflow.data import loaders
 from kronos_mlflow.runtime.distributed import resolve_device
 from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.stages.tokenizer import training as tokenizer_training
@@ -83,49 +82,6 @@ def test_run_params_hold_mlproject_names_and_config():
     assert params["learning_rate"] == params["tokenizer_learning_rate"] == "0.001"
     assert params["train_time_range"] == "2011-01-01:2022-12-31"
     assert set(MLPROJECT_PARAMS) <= set(params)
-
-
-# ----------------------------------------------------------------------------- distributed validation
-
-
-def _val_worker(rank, world_size, init_file, config, out_dir):
-    import torch.distributed as dist
-
-    from kronos_mlflow.config.core import model_kwargs
-    from kronos_mlflow.data import QlibDataset
-    from kronos_mlflow.model import KronosTokenizer
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    torch.manual_seed(0)
-    model = KronosTokenizer(**model_kwargs(config))
-    ds = QlibDataset("val", config)
-    ds.set_epoch_seed(0)
-    loss = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, rank, world_size), torch.device("cpu"))
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"loss": loss, "n": len(ds)}))
-    dist.destroy_process_group()
-
-
-def test_validation_over_two_ranks_equals_one_process(workdir):
-    import torch.multiprocessing as mp
-
-    from kronos_mlflow.config.core import model_kwargs
-    from kronos_mlflow.data import QlibDataset, prepare_splits
-    from kronos_mlflow.model import KronosTokenizer
-
-    config = _tiny_config(workdir, n_val_iter=37, batch_size=5)  # odd count: uneven shards
-    prepare_splits(config, progress=False)
-    torch.manual_seed(0)
-    model = KronosTokenizer(**model_kwargs(config))
-    ds = QlibDataset("val", config)
-    ds.set_epoch_seed(0)
-    single = tokenizer_training.global_val_loss(model, loaders.val_loader_for(ds, config, 0, 1), torch.device("cpu"))
-    mp.spawn(_val_worker, args=(2, str(workdir / "init"), config, str(workdir)), nprocs=2, join=True)
-    results = [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(2)]
-    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-12)
-    assert results[0]["loss"] == pytest.approx(single, rel=1e-6)
-    # every validation sample counted exactly once across the ranks
-    shards = [list(range(r, len(ds), 2)) for r in range(2)]
-    assert sorted(shards[0] + shards[1]) == list(range(len(ds)))
 
 
 # ----------------------------------------------------------------------------- bad input

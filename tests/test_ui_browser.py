@@ -122,7 +122,7 @@ def _metric_row(page, name: str) -> list[str]:
     return values
 
 
-def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
+def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server, commands):
     from mlflow import MlflowClient
 
     base, server_log = mlflow_server.url, mlflow_server.log_path
@@ -139,8 +139,8 @@ def test_runs_and_comparison_pages_show_both_runs(tmp_path, mlflow_server):
     assert len({r.data.tags["data_digest"] for r in runs.values()}) == 1  # the same data
 
     # the address `kronos-mlflow compare --url` prints, best run first
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "compare", "--experiment", EXPERIMENT,
-                           "--tracking-uri", base, "--url"], capture_output=True, text=True, timeout=120)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow", "compare", "--experiment", EXPERIMENT,
+                         "--tracking-uri", base, "--url"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     compare_url = proc.stdout.strip().splitlines()[-1]  # after the table
     assert compare_url.startswith(f"{base}/#/compare-runs?runs=")

@@ -5,12 +5,11 @@ In this process: the validation origins (their forecasts never reach into traini
 loop's records and its training numbers (the same as with ``val_loss``), the per-epoch skill
 recomputed from the saved checkpoint and hand-computed persistence errors, and the refusals.
 Through the user's command: ``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``
-with two trials.
+(the session's ``predictor_sweep``, tests/shared_sweeps.py).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from kronos_mlflow.errors import ConfigError, UserError
 from kronos_mlflow.evaluation.val_skill import epoch_hooks
 from kronos_mlflow.config.layout import RunLayout
 from kronos_mlflow.model import Kronos, KronosTokenizer
-from tiny_runs import TINY, isolated_env, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICTOR_SIZES = {"s1_bits": 4, "s2_bits": 4, "n_layers": 2, "d_model": 16, "n_heads": 2, "ff_dim": 32,
@@ -152,47 +150,28 @@ def test_val_skill_refusals_are_one_line(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_skill(tmp_path):
-    """``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``, two trials: each trial
-    a predictor run (its own metrics and folder, the given tokenizer) with its per-epoch skill, Optuna's intermediate values are those skills (the
+def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_skill(predictor_sweep, commands):
+    """The shared ``mlflow run . -e sweep -P objective=val_skill -P stage=predictor``
+    (tests/shared_sweeps.py): each trial a predictor run (its own metrics and folder, the given
+    tokenizer) with its per-epoch skill, Optuna's intermediate values are those skills (the
     pruner reads them), each trial's value is its run's ``best_val_skill``, the study maximises
     and the parent's best is the highest."""
     import optuna
-    from mlflow import MlflowClient
 
-    from tiny_runs import create_sqlite_store
-
-    root = tmp_path / "sweep"
-    root.mkdir()
-    sizes = {k: v for k, v in TINY.items() if k not in ("epochs", "batch_size", "n_train_iter", "n_val_iter")}
-    write_config(root / "tiny.yaml", **{**sizes, "n_layers": 2, "evaluate": "off", "n_val_skill_windows": 150},
-                 save_path=str(root / "outputs"), dataset_path=str(root / "cache"))
-    env = isolated_env(root, create_sqlite_store(root))
-    torch.manual_seed(0)
-    KronosTokenizer(**model_kwargs(TINY)).save_pretrained(root / "tokenizer")
-    storage = f"sqlite:///{root}/optuna.db"
-    params = {"config_file": root / "tiny.yaml", "storage": storage, "epochs": 2, "batch_size": 8,
-              "n_train_iter": 64, "n_val_iter": 36, "comet": "off", "n_trials": 2, "stage": "predictor",
-              "tokenizer": root / "tokenizer", "objective": "val_skill", "sampler_seed": 3}
-    cmd = [sys.executable, "-m", "mlflow", "run", str(ROOT), "--env-manager", "local", "-e", "sweep",
-           *[a for k, v in params.items() for a in ("-P", f"{k}={v}")]]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs(["0"])
-    (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    sweep = predictor_sweep
+    client, root, env = sweep.client(), sweep.root, sweep.env
+    parent = sweep.parent()
     assert parent.data.tags["optuna.study_name"] == "kronos-predictor-lr-wd-val-skill"
     assert parent.data.tags["sweep.objective"] == "val_skill" and "best_val_loss" not in parent.data.metrics
-    study = optuna.load_study(study_name="kronos-predictor-lr-wd-val-skill", storage=storage)
+    study = optuna.load_study(study_name="kronos-predictor-lr-wd-val-skill", storage=sweep.storage)
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
     trials = {t.user_attrs["mlflow_run_id"]: t for t in study.trials if "mlflow_run_id" in t.user_attrs}
-    assert len(trials) == 2
+    assert len(trials) == sweep.n_trials
     for run_id, trial in trials.items():
         run = client.get_run(run_id)
         assert run.data.params["objective"] == "val_skill" and run.data.params["stage"] == "predictor"
         # each trial a predictor run: its own metrics and folder, the tokenizer it was given
-        assert run.data.tags["tokenizer_uri"] == str(root / "tokenizer")
+        assert run.data.tags["tokenizer_uri"] == str(sweep.tokenizer)
         assert "val_predictor_loss_epoch" in run.data.metrics and "train_tokenizer_loss_batch" not in run.data.metrics
         assert Path(run.data.tags["run_directory"]).parent.name.startswith("trial-")
         assert run.data.tags["optuna.trial_state"] == trial.state.name
@@ -204,11 +183,10 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
             assert trial.value == per_epoch[best_epoch]  # the skill of the checkpoint the run logs
     complete = [t for t in trials.values() if t.state == optuna.trial.TrialState.COMPLETE]
     assert complete and parent.data.metrics["best_val_skill"] == max(t.value for t in complete)
-    assert "best_val_skill" in proc.stdout  # the trials table names the value it ranks by
+    assert "best_val_skill" in sweep.stdout  # the trials table names the value it ranks by
 
     # `kronos-mlflow compare --parent`: the trials ranked as the sweep ranks them, highest skill first
-    shown = subprocess.run([str(Path(sys.executable).parent / "kronos-mlflow"), "compare", "--parent",
-                            parent.info.run_id], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    shown = commands.run(["kronos-mlflow", "compare", "--parent", parent.info.run_id], cwd=root, env=env, timeout=120)
     assert shown.returncode == 0, shown.stderr
     header, _, *lines = shown.stdout.strip().splitlines()
     assert "best_val_skill" in header.split()
@@ -217,14 +195,23 @@ def test_mlflow_run_sweep_on_val_skill_ranks_predictor_trials_by_their_forecast_
     assert listed[:len(ranked)] == [t.user_attrs["mlflow_run_id"] for t in ranked]
 
     # the same study name with the other objective: one line, exit 2, nothing trained
-    again = [a if a != "objective=val_skill" else "objective=val_loss" for a in cmd]
-    again += ["-P", "study_name=kronos-predictor-lr-wd-val-skill"]
-    refused = subprocess.run(again, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                             timeout=600)
-    assert refused.returncode != 0
+    before = len(client.search_runs(["0"]))
+    script = [sys.executable, str(ROOT / "sweeps" / "sweep.py")]
+    again = [*script, *[a if a != "val_skill" else "val_loss" for a in _sweep_flags(sweep.command)],
+             "--study-name", "kronos-predictor-lr-wd-val-skill"]
+    refused = commands.run(again, cwd=root, env=env, timeout=300)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
     assert ("study 'kronos-predictor-lr-wd-val-skill' exists with direction maximize; this sweep minimises "
-            "best_val_loss") in refused.stderr
-    assert len(client.search_runs(["0"])) == len(runs) + 1  # only the refused parent run
+            "best_val_loss") in line
+    assert len(client.search_runs(["0"])) == before  # refused before its parent run: no run at all
+
+
+def _sweep_flags(mlflow_command: list[str]) -> list[str]:
+    """The ``-P key=value`` of an ``mlflow run -e sweep`` as the flags of ``sweeps/sweep.py``."""
+    pairs = [a.split("=", 1) for a in mlflow_command[mlflow_command.index("sweep") + 1:] if a != "-P"]
+    renamed = {"config_file": "config"}
+    return [a for k, v in pairs for a in (f"--{renamed.get(k, k).replace('_', '-')}", v)]
 
 
 def test_a_study_of_the_other_objective_is_refused_and_default_names_follow_the_objective(tmp_path):

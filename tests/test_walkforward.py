@@ -1,16 +1,19 @@
 """``mlflow run . -e walkforward`` end to end on the demo market with the tiny sizes: two
-folds, each a pipeline under one parent; the fold table, what each fold forecasts, the pooled
-verdict recomputed from the folds' own files, a second identical command that trains nothing,
+folds, each a pipeline under one parent; a walk-forward stopped by SIGINT in an evaluation step
+ends every run it started KILLED; the fold table, what each fold forecasts, the pooled verdict
+recomputed from the folds' own files, a second identical command that trains nothing,
 ``--aggregate`` equal to the command's own aggregate; and the fold table's refusals."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,7 @@ from kronos_mlflow.evaluation.scores import skill
 from kronos_mlflow.workflows.walkforward import folds as fl
 
 ROOT = Path(__file__).resolve().parents[1]
+MLFLOW_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow\.")
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
          "folds": 2, "fold_length": "2M", "backtest_signal_stride": 0}  # the backtest on the scorecard's origins only
 
@@ -125,13 +129,13 @@ def test_folds_that_cannot_be_built_are_refused_naming_the_fold():
     (("--folds", "3", "--fold", "4"), "fold: 4 is out of range; expected an integer from 0 to 3"),
     (("--check", "--folds", "3", "--fold-length", "3Q"), "fold_length: '3Q' is not a length"),
 ])
-def test_kronos_mlflow_walk_forward_refuses_bad_settings_in_one_line(tmp_path, flags, needle):
+def test_kronos_mlflow_walk_forward_refuses_bad_settings_in_one_line(tmp_path, commands, flags, needle):
     """Through the command a user types: exit 2, one line naming the value, no run, no traceback."""
     from mlflow import MlflowClient
 
     root, env = pipeline_workdir(tmp_path / "wf")
-    proc = subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--config", str(root / "tiny.yaml"),
-                           *flags], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    proc = commands.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--config", str(root / "tiny.yaml"),
+                         *flags], cwd=root, env=env)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"]) == []
@@ -151,9 +155,9 @@ def _pooled(client, run_id: str) -> dict[str, float]:
     return {k: v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(("pooled_", "fold", "win_"))}
 
 
-def _aggregate(root: Path, env: dict, run_id: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", run_id], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
+def _aggregate(commands, root: Path, env: dict, run_id: str) -> subprocess.CompletedProcess:
+    return commands.run([sys.executable, "-m", "kronos_mlflow", "walk-forward", "--aggregate", run_id], cwd=root,
+                        env=env)
 
 
 def _walk_forward_process(root: Path, env: dict, log: Path, **params) -> subprocess.Popen:
@@ -182,23 +186,66 @@ def _parents(client) -> list:
             if r.data.tags.get("walkforward.role") == "parent"]
 
 
+def _stopped_by_sigint(root: Path, env: dict) -> set[str]:
+    """The whole walk-forward as ``mlflow run`` would type it, ``python -m kronos_mlflow
+    walk-forward`` with every flag, on a fresh store; SIGINT to that process (not its group)
+    once fold 1's evaluation step runs: it sends the stop on, waits for the step, and ends its
+    runs KILLED (the finished steps stay FINISHED), one line on stderr, no traceback, exit code
+    130 (what users met: the evaluation child left RUNNING and its parent FAILED). Its run ids."""
+    from mlflow import MlflowClient
+    from mlflow.projects.utils import load_project
+
+    values = {k: str(v) for k, v in {**SMALL, "config_file": root / "tiny.yaml"}.items()}
+    command = shlex.split(load_project(str(ROOT)).get_entry_point("walkforward").compute_command(values, None))
+    assert command[:4] == ["python", "-m", "kronos_mlflow", "walk-forward"]
+    with open(root / "sigint.out", "w") as out, open(root / "sigint.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, *command[1:]], cwd=root, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _evaluation_process(proc, timeout_s=900)
+        before = (root / "sigint.err").stat().st_size  # what it wrote until the stop
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = (root / "sigint.err").read_bytes()[before:].decode(errors="replace")
+    lines = [line for line in said.splitlines() if line.strip() and not MLFLOW_INFO.match(line)]
+    assert proc.returncode == 130, said[-3000:]
+    assert "Traceback" not in said and len(lines) == 1, said[-3000:]  # MLflow's INFO lines of a step ending aside
+    assert lines[0].startswith("kronos-mlflow walk-forward: stopped by SIGINT; every run it left unfinished ended "
+                               "KILLED"), lines
+    assert "Traceback" not in (root / "sigint.err").read_text()
+    runs = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(["0"], order_by=["attributes.start_time ASC"])
+    status = {("walk-forward" if r.data.tags.get("walkforward.role") == "parent" else
+               r.data.tags.get("pipeline.step") or f"fold {r.data.tags.get('walkforward.fold')}"): r.info.status
+              for r in runs}
+    assert status == {"walk-forward": "KILLED", "fold 1": "KILLED", "tokenizer": "FINISHED", "predictor": "FINISHED",
+                      "evaluation": "KILLED"}, status
+    assert all("stop_reason" in r.data.tags for r in runs if r.info.status == "KILLED")
+    return {r.info.run_id for r in runs}
+
+
 @pytest.mark.slow
-def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_command(tmp_path):
-    """Two folds of 2M on the demo market, typed as a team would: -P fold=1 makes the parent;
-    fold 2 into it is SIGTERMed in its evaluation step and the same command continues;
-    --aggregate. The whole command then trains nothing (every step of every fold reused) and its
-    parent holds the same numbers; its fold table, what each fold forecasts and the pooled
-    verdict are checked against the folds' own files; the champion moves only on better."""
-    import mlflow
+def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_command(tmp_path, commands):
+    """Two folds of 2M on the demo market, typed as a team would: the whole command stopped by
+    SIGINT in fold 1's evaluation; -P fold=1 makes a parent (reusing the stopped command's
+    finished steps); fold 2 into it is SIGTERMed in its evaluation step and the same command
+    continues; --aggregate. The whole command then trains nothing (every step of every fold
+    reused) and its parent holds the same numbers; its fold table, what each fold forecasts and
+    the pooled verdict are checked against the folds' own files; the champion moves only on better."""
     from mlflow import MlflowClient
 
     root, env = pipeline_workdir(tmp_path / "wf")
+    with open(root / "tiny.yaml", "a") as config:  # each fold's calibrator on 60 origins (calibration_min_origins: 30)
+        config.write("n_val_skill_windows: 60\n")
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    stopped = _stopped_by_sigint(root, env)
     one = _walk_forward(root, env, fold=1)
-    (parent,) = _parents(client)
+    (parent,) = [p for p in _parents(client) if p.info.run_id not in stopped]
     pid = parent.info.run_id
     assert "fold  train" in one.stdout and f"--aggregate {pid}" in one.stdout
-    early = _aggregate(root, env, pid)
+    early = _aggregate(commands, root, env, pid)
     assert early.returncode == 2 and "fold 2 has not run" in early.stderr and "Traceback" not in early.stderr
 
     proc = _walk_forward_process(root, env, tmp_path / "sigterm.log", fold=2, parent_run_id=pid)
@@ -215,7 +262,7 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
     assert "[pipeline] tokenizer: reused run" in again.stdout and "[pipeline] predictor: reused run" in again.stdout
     launchers = [r for r in client.search_runs(["0"]) if r.data.tags.get("walkforward.ran_into") == pid]
     assert len(launchers) == 2  # mlflow run's own runs of fold 2 (stopped, then continued) say where they went
-    done = _aggregate(root, env, pid)
+    done = _aggregate(commands, root, env, pid)
     assert done.returncode == 0, done.stderr[-3000:]
     assert client.get_run(pid).info.status == "FINISHED"
     by_fold = _pooled(client, pid)
@@ -239,7 +286,22 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
         assert parent.data.tags["champion_unchanged"].startswith(f"walk-forward verdict vs zeroshot is {verdict}")
         assert f"champion unchanged: walk-forward verdict vs zeroshot is {verdict}" in whole.stdout
         assert not aliases
+    metrics, fold_run = _each_fold(client, env, parent, tmp_path)
 
+    # --aggregate recomputes the same verdict from the parent's own folds; a fold run is no parent
+    proc = _aggregate(commands, root, env, wid)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert client.get_run(wid).data.metrics["pooled_skill_vs_zeroshot"] == metrics["pooled_skill_vs_zeroshot"]
+    bad = _aggregate(commands, root, env, fold_run.info.run_id)
+    assert bad.returncode == 2 and "is not a walk-forward parent" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _each_fold(client, env: dict, parent, tmp_path: Path):
+    """The walk-forward ``parent``'s fold table, what each fold forecasts and the pooled verdict,
+    against the folds' own files; the parent's metrics and its last fold run."""
+    import mlflow
+
+    wid = parent.info.run_id
     table = json.loads(Path(mlflow.artifacts.download_artifacts(
         run_id=wid, artifact_path="walkforward/folds.json", dst_path=str(tmp_path / "a"),
         tracking_uri=env["MLFLOW_TRACKING_URI"])).read_text())
@@ -283,10 +345,4 @@ def test_mlflow_run_walkforward_fold_by_fold_with_a_sigterm_then_the_whole_comma
         f"{metrics[f'pooled_histvol_test_coverage_{c}']:.3f}" for c in (50, 80, 90)))
     artifacts = {a.path for a in client.list_artifacts(wid, "walkforward")}
     assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
-
-    # --aggregate recomputes the same verdict from the parent's own folds; a fold run is no parent
-    proc = _aggregate(root, env, wid)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert client.get_run(wid).data.metrics["pooled_skill_vs_zeroshot"] == metrics["pooled_skill_vs_zeroshot"]
-    bad = _aggregate(root, env, fold_run.info.run_id)
-    assert bad.returncode == 2 and "is not a walk-forward parent" in bad.stderr and "Traceback" not in bad.stderr
+    return metrics, fold_run
