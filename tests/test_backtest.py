@@ -78,11 +78,12 @@ def test_oracle_beats_the_benchmark_and_its_negation_loses(oracle_run):
 
 
 def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market, tmp_path):
-    """``backtest_n_random`` random signals (20 by default) and the negated one on the same days
-    and symbols: an oracle's excess return lies above the random signals' 95% point
-    (``better``), a random signal's does not; the negated oracle loses."""
+    """``backtest_n_random`` random signals and the negated one on the same days and symbols: an
+    oracle's excess return lies above the random signals' 95% point (``better``), a random
+    signal's does not; the negated oracle loses."""
     oracle = _oracle(market)
-    spring = {"backtest_time_range": "2021-01-04:2021-04-30"}  # four months: each control is one backtest
+    # four months and 8 random signals: each control is one backtest
+    spring = {"backtest_time_range": "2021-01-04:2021-04-30", "backtest_n_random": 8}
     result = backtest_signals(_config(market, **spring), {"oracle": oracle}, tmp_path, control="oracle")
     m = result.metrics
     assert result.tags == {"backtest_verdict": "better"}
@@ -91,7 +92,7 @@ def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market,
     assert m["backtest_negated_excess_return_with_cost"] < m["backtest_random_excess_return_with_cost_p05"]
     noise = oracle.assign(score=np.random.default_rng(7).standard_normal(len(oracle)))
     said: list[str] = []
-    plain = backtest_signals(_config(market, **spring, backtest_n_random=8), {"noise": noise}, tmp_path,
+    plain = backtest_signals(_config(market, **spring), {"noise": noise}, tmp_path,
                              control="noise", say=said.append)
     assert plain.tags["backtest_verdict"] != "better"
     # a line as each of the 10 backtests (the signal, its negation, 8 random signals) starts and ends
@@ -100,7 +101,7 @@ def test_the_controls_say_an_oracle_is_better_and_a_random_signal_is_not(market,
     assert all(re.fullmatch(rf"backtest {i}/10: {re.escape(label)} done \(\d+\.\ds\)", line)
                for i, (label, line) in enumerate(zip(labels, said[1::2], strict=True), 1)), said
     assert all(math.isfinite(v) for v in plain.metrics.values())
-    none = backtest_signals(_config(market, **spring, backtest_n_random=0), {"oracle": oracle}, tmp_path,
+    none = backtest_signals(_config(market, **{**spring, "backtest_n_random": 0}), {"oracle": oracle}, tmp_path,
                             control="oracle")
     assert none.tags == {} and "backtest_random_excess_return_with_cost" not in none.metrics
     assert none.metrics["backtest_negated_excess_return_with_cost"] == m["backtest_negated_excess_return_with_cost"]
