@@ -27,13 +27,14 @@ TESTS = Path(__file__).resolve().parent
 # two belongs to the first named here
 SHARED: tuple[str, ...] = ("user_run", "user_sweep", "predictor_sweep")
 
-# unit -> seconds its tests took together in a CI run (only the order matters)
+# unit -> seconds its tests took together in a full run (under coverage; only the order matters)
 COST: dict[str, int] = {
-    "user_run": 410, "test_pipeline.py": 180, "test_command_stops.py": 300, "test_walkforward.py": 170, "test_team_scale.py": 170,
-    "test_finetune_modes.py": 165, "user_sweep": 130, "test_forecast_eval.py": 125, "test_preemption.py": 120,
-    "test_ui_browser.py": 100, "test_spool.py": 85, "test_val_skill.py": 85, "test_hostile_launchers.py": 70,
-    "test_optuna_dashboard.py": 70, "test_speed_paths.py": 60, "test_hostile_input.py": 60,
-    "test_scorecard_skill.py": 45, "test_backtest.py": 30, "test_data_intraday.py": 30, "test_published.py": 25,
+    "test_pipeline.py": 400, "test_walkforward.py": 385, "user_run": 375, "test_team_scale.py": 365,
+    "test_finetune_modes.py": 350, "test_preemption.py": 335, "user_sweep": 285, "test_first_hour.py": 225,
+    "test_scorecard_skill.py": 220, "test_hostile_input.py": 215, "test_backtest.py": 210, "test_forecast_eval.py": 210,
+    "test_hostile_launchers.py": 200, "test_ui_browser.py": 190, "test_verdict_runs.py": 165, "predictor_sweep": 150,
+    "test_spool.py": 140, "test_speed_paths.py": 115, "test_data_intraday.py": 110, "test_trainer.py": 90,
+    "test_command_stops.py": 85,
 }
 
 
