@@ -50,6 +50,6 @@ def test_units_of_node_ids(nodeid, unit):
 def test_units_start_longest_first():
     units = ["tests/test_model.py", "tests/test_hostile_input.py", "user_sweep", "tests/test_cli.py", "user_run",
              "tests/test_ui_browser.py"]
-    assert scheduling.order(units) == ["user_run", "user_sweep", "tests/test_ui_browser.py",
-                                       "tests/test_hostile_input.py", "tests/test_model.py", "tests/test_cli.py"]
+    assert scheduling.order(units) == ["user_run", "user_sweep", "tests/test_hostile_input.py",
+                                       "tests/test_ui_browser.py", "tests/test_model.py", "tests/test_cli.py"]
     assert set(scheduling.COST) - set(scheduling.SHARED) <= {p.name for p in scheduling.TESTS.glob("test_*.py")}
