@@ -31,7 +31,9 @@ def scored(tmp_path_factory, monkeypatch_module):
     tmp = tmp_path_factory.mktemp("scorecard")
     for name, value in isolated_vars(tmp).items():
         monkeypatch_module.setenv(name, value)
-    config = tiny_config(tmp, n_eval_windows=400, inference_sample_count=4, eval_horizons="1,3,5")
+    # the calibrator on 60 validation origins (calibration_min_origins: 30)
+    config = tiny_config(tmp, n_eval_windows=400, inference_sample_count=4, eval_horizons="1,3,5",
+                         n_val_skill_windows=60)
     provide_qlib_data(config)
     card = score_forecasters(config, {"finetuned": _tiny_pair(1), "zeroshot": _tiny_pair(2)})
     write_artifacts(card, tmp / "evaluation")

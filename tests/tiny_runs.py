@@ -16,9 +16,6 @@ TINY: dict[str, Any] = {
     "d_model": 16, "n_heads": 2, "ff_dim": 32, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4,
     "lookback_window": 20, "predict_window": 5, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36,
     "epochs": 2, "log_interval": 1000, "n_eval_windows": 100,
-    # the calibrator's (and objective val_skill's) validation origins: 60, not 500 (at least
-    # calibration_min_origins, 30)
-    "n_val_skill_windows": 60,
     # the backtest on the scorecard's origins, without random controls: each control is one more
     # Qlib backtest (about 2 s) and a daily signal one more forecast per symbol and day
     "backtest_signal_stride": 0, "backtest_n_random": 0,
