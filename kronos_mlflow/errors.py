@@ -7,7 +7,10 @@ accepted. Command-line entry points print it on one line to stderr and exit with
 
 from __future__ import annotations
 
+import os
+
 EXIT_USAGE = 2
+RANK_0_SPEAKS_SECONDS = 20.0  # how long a silent rank leaves rank 0 to print a shared refusal
 
 
 class UserError(Exception):
@@ -54,3 +57,21 @@ def same_on_every_rank(exc: UserError) -> UserError:
     all ranks read, an answer rank 0 broadcast): only rank 0 prints it. Returns ``exc``."""
     exc.same_on_every_rank = True  # type: ignore[attr-defined]
     return exc
+
+
+def leave_the_line_to_rank_0() -> None:
+    """Called by a silent rank (not 0) of a torchrun group on its way out of a refusal every rank
+    reaches alike. torchrun stops every other worker as soon as one exits non-zero, so a silent
+    rank that left first could stop rank 0 before its line is out. Under torchrun, wait (at
+    most ``RANK_0_SPEAKS_SECONDS``) for the launcher's SIGTERM, which follows rank 0's own exit
+    and ends this process quietly; outside torchrun, return at once."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    import signal  # lazy: only a refusing rank needs it
+    import time  # lazy: as above
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop handler would turn it into a traceback
+    except ValueError:  # not the main thread: keep the handler it has
+        pass
+    time.sleep(RANK_0_SPEAKS_SECONDS)

@@ -51,6 +51,29 @@ def test_plain_torchrun_prints_a_refused_flag_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_silent_rank_leaves_the_refusal_to_rank_0(tmp_path):
+    """A rank other than 0 refusing a flag every rank refuses prints nothing and waits for
+    torchrun's SIGTERM (which follows rank 0's exit), so it never gets torchrun to stop rank 0
+    before rank 0's line is out; outside torchrun it exits 2 at once."""
+    import signal
+
+    env = isolated_env(tmp_path, _store(tmp_path))
+    argv = [sys.executable, "-m", "kronos_mlflow.train", "--epoch", "3"]
+    alone = subprocess.run(argv, cwd=tmp_path, env={**env, "RANK": "1"}, capture_output=True, text=True, timeout=120)
+    assert (alone.returncode, alone.stderr) == (2, ""), alone.stderr[-2000:]
+    ranked = subprocess.Popen(argv, cwd=tmp_path, env={**env, "RANK": "1", "TORCHELASTIC_RUN_ID": "t"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # parsed and refused in about 2 s; still waiting at 8
+            ranked.wait(timeout=8)
+        ranked.send_signal(signal.SIGTERM)
+        out, err = ranked.communicate(timeout=30)
+    finally:
+        ranked.kill()
+    assert ranked.returncode == -signal.SIGTERM and (out, err) == ("", "")
+
+
+@pytest.mark.slow
 def test_the_launch_drop_in_shows_only_the_line(tmp_path):
     """``python -m kronos_mlflow.launch`` takes torchrun's arguments unchanged: a refused flag or
     a bad launcher number is one line and exit code 2, without torchrun's report or usage."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import EXIT_USAGE
+from ..errors import EXIT_USAGE, leave_the_line_to_rank_0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,6 +43,7 @@ class OneLineParser(argparse.ArgumentParser):
                 text = unknown or unexpected_arguments_message(text)
         line = f"{self.prog}: error: {redact(shorten_quoted(text))}"
         if self.silent:
+            leave_the_line_to_rank_0()
             self.exit(EXIT_USAGE)
         if self.on_error is not None:
             self.on_error(line)

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ..errors import EXIT_USAGE, UserError
+from ..errors import EXIT_USAGE, UserError, leave_the_line_to_rank_0
 from ..runtime.stopping import TrainingStopped, exit_code, report, stop_reason
 
 from ..config.secrets import redact
@@ -37,6 +37,8 @@ def exit_in_one_line(name: str, work: Callable[[], int | None], *, speaks: bool 
             record_failure(line, exc)  # under `mlflow run` (or as a step): the run ends FAILED saying why
         elif not getattr(exc, "same_on_every_rank", False):  # this rank's own problem: say which rank
             print(f"[rank {rank}] {line}", file=sys.stderr)
+        else:
+            leave_the_line_to_rank_0()
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training: it ended KILLED
         if speaks:
