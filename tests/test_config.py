@@ -55,6 +55,8 @@ def test_flatten_is_strings_with_ranges_as_start_end():
         ({"train_time_range": "2013-01-01:2012-01-01"}, "train_time_range"),
         ({"val_time_range": "2013-13-01:2014-01-01"}, "val_time_range"),
         ({"test_time_range": "2013"}, "test_time_range"),
+        ({"test_time_range": "2013-01-01Tnoon:2013-02-01"}, "test_time_range"),
+        ({"time_feature_list": ["hour", "weekday", "day", "month"]}, "time_feature_list"),
         ({"comet": "sometimes"}, "comet"),
         ({"comet_api_key": "abcd"}, "credential"),
         ({"d_model": 10_000_000}, "d_model"),

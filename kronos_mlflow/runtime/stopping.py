@@ -33,6 +33,10 @@ class TrainingStopped(BaseException):
         super().__init__(f"stopped by {self.name}")
 
 
+class TrainingPruned(Exception):
+    """The sweep's pruner stopped this trial after an epoch; its metrics stay logged."""
+
+
 def _handler(signum, frame):  # noqa: ARG001 - signal API
     global _received, _pending
     if _received is not None:

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint
 from ..model import finetune
 from ..runtime import stopping
+from ..runtime.stopping import TrainingPruned  # noqa: F401 - raised here, caught by the commands
 from ..config.core import stage_keys
 from ..runtime.console import Console
 from ..data import QlibDataset
@@ -36,10 +37,6 @@ from ..runtime.perf import compile_model, resolve_compile, resolve_fused, resolv
 from ..stages import TrainingStage
 from ..stages.base import Validation
 from ..tracking.protocol import ExperimentLogger
-
-
-class TrainingPruned(Exception):
-    """The sweep's pruner stopped this trial after an epoch; its metrics stay logged."""
 
 
 # --------------------------------------------------------------------------- one step

@@ -53,7 +53,7 @@ from .preflight import DataView, check_start, check_training
 from ..runtime.runlock import WRITER_LOCK, Busy, hold, holder
 from ..config.settings import check_environment
 from ..stages import spec_of
-from ..runtime.stopping import TrainingStopped
+from ..runtime.stopping import TrainingPruned, TrainingStopped
 from .trial import EXIT_PRUNED, TrialReporter
 from .tags import run_tags
 
@@ -311,7 +311,6 @@ def main(config: Mapping[str, Any]) -> dict:
     from ..tracking import Tracking  # lazy: numpy, urllib/http
     from ..serving.model_logging import log_dataset_input, record_result
     from ..tracking.protocol import NullLogger
-    from .loop import TrainingPruned
 
     stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
     config = cfg.validate(dict(config))
@@ -432,8 +431,6 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "python -m kronos_mlfl
         name: str = "kronos-mlflow train", stage: str | None = None) -> int:
     """The command line of a training process; ``stage`` is the default of ``--stage``."""
     import signal
-
-    from .loop import TrainingPruned  # lazy: torch, mlflow, pandas
 
     from ..tracking.project_run import exit_in_one_line, record_failure  # lazy: numpy, urllib/http
 
