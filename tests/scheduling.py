@@ -29,7 +29,7 @@ SHARED: tuple[str, ...] = ("user_run", "user_sweep", "predictor_sweep")
 
 # unit -> seconds its tests took together in a full run (under coverage; only the order matters)
 COST: dict[str, int] = {
-    "test_pipeline.py": 400, "test_walkforward.py": 385, "user_run": 375, "test_team_scale.py": 365,
+    "test_pipeline.py": 400, "test_walkforward.py": 385, "user_run": 375, "test_team_scale.py": 250,
     "test_finetune_modes.py": 350, "test_preemption.py": 335, "user_sweep": 285, "test_first_hour.py": 225,
     "test_scorecard_skill.py": 220, "test_hostile_input.py": 215, "test_backtest.py": 210, "test_forecast_eval.py": 210,
     "test_hostile_launchers.py": 200, "test_ui_browser.py": 190, "test_verdict_runs.py": 165, "predictor_sweep": 150,

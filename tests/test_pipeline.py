@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import TRACKING_ENV, fault_injection, pipeline_workdir, process_under
+from tiny_runs import TRACKING_ENV, fault_injection, interrupt_when, pipeline_workdir, process_under
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"epochs": 1, "predictor_epochs": 1, "batch_size": 8, "n_train_iter": 64, "n_val_iter": 36, "comet": "off",
@@ -282,18 +282,15 @@ def test_mlflow_run_pipeline_interrupted_in_its_training_step_ends_its_runs_kill
     with open(root / "sigint.out", "w") as out, open(root / "sigint.err", "w") as err:
         proc = subprocess.Popen(_command(root, force="true"), cwd=root, env=env, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
+
+    def training_step() -> None:  # a process, with no event to wait on: looked for every 50 ms
         deadline = time.monotonic() + 600
         while process_under(proc.pid, b"kronos_mlflow.train") is None:
             assert proc.poll() is None, f"the pipeline exited (code {proc.returncode}) before its training step"
             assert time.monotonic() < deadline, "no training step within 600 s"
             time.sleep(0.05)
-        before = (root / "sigint.err").stat().st_size  # what it wrote until the stop
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    before = interrupt_when(proc, training_step, root / "sigint.err")
     err = (root / "sigint.err").read_bytes()[before:].decode(errors="replace")
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
     ours = [line for line in err.splitlines() if line.startswith("kronos-mlflow pipeline: ")]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from tiny_runs import TINY, pipeline_workdir, process_under
+from tiny_runs import TINY, interrupt_when, pipeline_workdir, process_under
 
 from kronos_mlflow.config.core import load_config
 from kronos_mlflow.errors import UserError
@@ -201,14 +201,7 @@ def _stopped_by_sigint(root: Path, env: dict) -> set[str]:
     with open(root / "sigint.out", "w") as out, open(root / "sigint.err", "w") as err:
         proc = subprocess.Popen([sys.executable, *command[1:]], cwd=root, env=env, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        _evaluation_process(proc, timeout_s=900)
-        before = (root / "sigint.err").stat().st_size  # what it wrote until the stop
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    before = interrupt_when(proc, lambda: _evaluation_process(proc, timeout_s=900), root / "sigint.err")
     said = (root / "sigint.err").read_bytes()[before:].decode(errors="replace")
     lines = [line for line in said.splitlines() if line.strip() and not MLFLOW_INFO.match(line)]
     assert proc.returncode == 130, said[-3000:]

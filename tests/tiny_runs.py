@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +174,24 @@ def process_under(root_pid: int, *words: bytes) -> int | None:
         if all(word in argv for word in words):
             return pid
     return None
+
+
+def interrupt_when(proc, ready: Callable[[], object], stderr: Path, timeout_s: float = 300) -> int:
+    """Ctrl-C for a command started in a session of its own: once ``ready()`` returns, SIGINT
+    ``proc`` and wait for it to exit; its process group is SIGKILLed if it is still there on the
+    way out. Returns how many bytes ``stderr`` held when the signal was sent (what follows is
+    what the command said about the stop)."""
+    import signal
+
+    try:
+        ready()
+        before = Path(stderr).stat().st_size
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return before
 
 
 def torchrun_to_the_end(cmd: list[str], root: Path, env: Mapping[str, str], *, kill_rank_after_epoch0: str | None = None,
