@@ -63,15 +63,19 @@ def leave_the_line_to_rank_0() -> None:
     """Called by a silent rank (not 0) of a torchrun group on its way out of a refusal every rank
     reaches alike. torchrun stops every other worker as soon as one exits non-zero, so a silent
     rank that left first could stop rank 0 before its line is out. Under torchrun, wait (at
-    most ``RANK_0_SPEAKS_SECONDS``) for the launcher's SIGTERM, which follows rank 0's own exit
-    and ends this process quietly; outside torchrun, return at once."""
+    most ``RANK_0_SPEAKS_SECONDS``) for the launcher's SIGTERM, which follows rank 0's own exit;
+    it ends this process quietly with exit code 2 (atexit handlers run). Outside torchrun, return
+    at once."""
     if not os.environ.get("TORCHELASTIC_RUN_ID"):
         return
     import signal  # lazy: only a refusing rank needs it
     import time  # lazy: as above
 
+    def leave(signum, frame):  # noqa: ARG001 - signal API
+        raise SystemExit(EXIT_USAGE)
+
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop handler would turn it into a traceback
+        signal.signal(signal.SIGTERM, leave)  # a stop handler would turn it into a traceback
     except ValueError:  # not the main thread: keep the handler it has
         pass
     time.sleep(RANK_0_SPEAKS_SECONDS)
