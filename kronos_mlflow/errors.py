@@ -75,7 +75,7 @@ def leave_the_line_to_rank_0() -> None:
         raise SystemExit(EXIT_USAGE)
 
     try:
-        signal.signal(signal.SIGTERM, leave)  # a stop handler would turn it into a traceback
+        signal.signal(signal.SIGTERM, leave)  # exit 2 quietly, not through a stop handler
     except ValueError:  # not the main thread: keep the handler it has
         pass
     time.sleep(RANK_0_SPEAKS_SECONDS)

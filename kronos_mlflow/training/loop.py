@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint
 from ..model import finetune
 from ..runtime import stopping
-from ..runtime.stopping import TrainingPruned  # noqa: F401 - raised here, caught by the commands
+from ..runtime.stopping import TrainingPruned
 from ..config.core import stage_keys
 from ..runtime.console import Console
 from ..data import QlibDataset
