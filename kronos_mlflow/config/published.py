@@ -128,16 +128,39 @@ def check_snapshot(hub_id: str, snapshot: str | os.PathLike) -> Path:
     return real
 
 
-def _look(hub_id: str) -> tuple[str, str]:
+class HubUnreachable(Exception):
+    """The hub (or, with ``local_only``, the cache) does not give the files; ``cause`` says why."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def fetch(hub_id: str, files: Iterable[str] = _FILES, *, local_only: bool = False,
+          etag_timeout: float | None = None) -> Path:
+    """The one hub download: ``hub_id``'s snapshot of ``files`` from the Hugging Face cache (and,
+    unless ``local_only``, the hub), as a real path inside the cache folder. The cache's ref is
+    checked before the cache is read through it and the snapshot after (:func:`check_ref`,
+    :func:`check_snapshot`: a UserError for a cache that points elsewhere); a snapshot the cache
+    or hub does not give is :class:`HubUnreachable` with the reason."""
     from huggingface_hub import snapshot_download
 
-    check_ref(hub_id)  # a ref that names a path is refused before the cache is read through it
+    check_ref(hub_id)
+    options: dict[str, Any] = {"local_files_only": True} if local_only else {}
+    if etag_timeout is not None:
+        options["etag_timeout"] = etag_timeout
     try:
-        snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), local_files_only=True)
-    except Exception:  # noqa: BLE001 - not in the cache (or a cache it cannot read): the same to the user
+        snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(files), **options)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network, bad id: all the same to the user
+        raise HubUnreachable(exc) from None
+    return check_snapshot(hub_id, snapshot)
+
+
+def _look(hub_id: str) -> tuple[str, str]:
+    try:
+        snapshot = str(fetch(hub_id, local_only=True))
+    except HubUnreachable:  # not in the cache (or a cache it cannot read): the same to the user
         snapshot = ""
-    if snapshot:
-        snapshot = str(check_snapshot(hub_id, snapshot))
     if snapshot and all(os.path.isfile(os.path.join(snapshot, name)) for name in _FILES):
         revision = os.path.basename(os.path.normpath(snapshot))
         return hub_id, f"published {hub_id}, in the Hugging Face cache (revision {revision[:12]})"
@@ -145,11 +168,10 @@ def _look(hub_id: str) -> tuple[str, str]:
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE "
                     f"is set; `hf download {hub_id}` where there is network access fine-tunes the published model")
     try:
-        snapshot = snapshot_download(repo_id=hub_id, allow_patterns=list(_FILES), etag_timeout=5)
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network: fresh weights, said why
+        fetch(hub_id, etag_timeout=5)
+    except HubUnreachable as exc:  # offline, unknown repo, network: fresh weights, said why
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and the hub could "
-                    f"not be reached ({short_reason(exc, 100)}); set HF_HUB_OFFLINE=1 to skip the attempt")
-    check_snapshot(hub_id, snapshot)
+                    f"not be reached ({short_reason(exc.cause, 100)}); set HF_HUB_OFFLINE=1 to skip the attempt")
     return hub_id, f"published {hub_id}, downloaded from the Hugging Face hub into {_cache_dir()}"
 
 

@@ -202,26 +202,16 @@ def _resolve_checkpoint_dir(path_or_hub_id: str | os.PathLike, hub_example: str 
             f"checkpoint directory '{path}' does not exist; pass a directory holding {CONFIG_NAME} and "
             f"{WEIGHTS_NAME}, or a Hugging Face hub id such as {hub_example}"
         )
-    from ..config.published import check_ref, check_snapshot  # lazy: published imports this module
+    from ..config.published import HubUnreachable, fetch  # lazy: published imports this module
 
     try:
-        check_ref(raw)  # the cache's ref names a snapshot, never a path
-    except UserError as exc:
-        raise CheckpointError(str(exc)) from None
-    try:
-        import huggingface_hub
-
-        snapshot = huggingface_hub.snapshot_download(
-            repo_id=raw, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, "README.md"]
-        )
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, network, bad id: all the same to the user
+        resolved = fetch(raw, [CONFIG_NAME, WEIGHTS_NAME, "README.md"])
+    except HubUnreachable as exc:
         raise CheckpointError(
             f"'{raw}' is not a local directory and the Hugging Face hub id could not be reached "
-            f"({short_reason(exc, 120)}); {_download_hint(raw)}"
+            f"({short_reason(exc.cause, 120)}); {_download_hint(raw)}"
         ) from None
-    try:
-        resolved = check_snapshot(raw, snapshot)  # inside the cache's snapshots/, links followed
-    except UserError as exc:
+    except UserError as exc:  # the cache's ref or snapshot points outside its folder
         raise CheckpointError(str(exc)) from None
     if not resolved.is_dir():
         raise CheckpointError(f"hub id '{raw}' resolved to '{resolved}', which is not a directory; {_download_hint(raw)}")
