@@ -175,6 +175,31 @@ def test_refuses_non_empty_out_unless_force(tmp_path, capsys):
     assert main(["import-csv", str(f), "--out", str(tmp_path / "empty")]) == 0
 
 
+
+def test_one_writer_per_out_and_an_empty_folder_is_written_into(tmp_path, commands):
+    """Two imports on one new --out: the second, started while the first writes, refuses in one
+    line and writes nothing; the first's data is what --out holds. An existing empty folder (a
+    mounted volume) is written into, not replaced: the same folder afterwards."""
+    import os
+
+    f = _good(tmp_path)
+    out = tmp_path / "q"
+    with pv.atomic_output_dir(out) as tmp:  # the first import, mid-write
+        pv.write_calendar(tmp, ["2024-01-02"])
+        second = commands.run(["kronos-mlflow", "import-csv", str(f), "--out", str(out)], cwd=tmp_path)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert "being written by another process" in second.stderr and f"pid {os.getpid()}" in second.stderr
+    assert [p.name for p in out.iterdir()] == ["calendars"]
+    assert (out / "calendars/day.txt").read_text() == "2024-01-02\n"
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    before = volume.stat().st_ino
+    done = commands.run(["kronos-mlflow", "import-csv", str(f), "--out", str(volume)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert volume.stat().st_ino == before
+    assert sorted(p.name for p in volume.iterdir()) == ["calendars", "features", "instruments"]
+
+
 # ----------------------------------------------------------------------------- epoch timestamps
 
 EPOCH = np.datetime64("1970-01-01T00:00:00", "s")

@@ -111,41 +111,143 @@ def _is_nonempty_dir(path: Path) -> bool:
         return False
 
 
+#: What a writer of an output folder keeps inside it while it writes: its scratch folder (the new
+#: content, ``.kronos-write-<pid>-*``) and, under ``--force``, the old content moved aside.
+SCRATCH_PREFIX = ".kronos-write-"
+OLD_PREFIX = ".kronos-old-"
+#: What an empty file system's root holds (ext4's ``lost+found``): a mount point holding only it is empty.
+_MOUNT_ENTRIES = ("lost+found",)
+
+
+def _content(final: Path) -> list[Path]:
+    """The entries of the folder ``final`` that are content: not a writer's scratch or old folder,
+    nor, at a mount point, the file system's own ``lost+found``."""
+    mount = os.path.ismount(final)
+    return [p for p in final.iterdir()
+            if not p.name.startswith((SCRATCH_PREFIX, OLD_PREFIX)) and not (mount and p.name in _MOUNT_ENTRIES)]
+
+
+def _lock_dir(final: Path, what: str) -> int | None:
+    """An exclusive ``flock`` on the folder ``final`` itself (no lock file: the kernel drops it
+    however the process ends); the descriptor, or None where the platform or file system has no
+    such lock. Held by another process: :class:`~kronos_mlflow.runtime.runlock.Busy`."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the renames stay atomic, two writers are not told apart
+        return None
+    from ..runtime.runlock import Busy
+
+    while True:
+        fd = os.open(final, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pids = sorted({p.name[len(SCRATCH_PREFIX):].split("-")[0] for p in _listing(final)
+                           if p.name.startswith(SCRATCH_PREFIX)})
+            who = f" (pid {', '.join(pids)})" if pids else ""
+            raise Busy(f"{what} '{final}' is being written by another process{who}; wait for it to end, "
+                       f"or choose another {what}") from None
+        except OSError:  # a file system without flock on folders (some network ones)
+            os.close(fd)
+            return None
+        try:
+            if os.stat(final).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:  # the folder was removed by the writer that held it: make it again
+            pass
+        os.close(fd)  # the path is another folder now: lock that one
+        final.mkdir(parents=True, exist_ok=True)
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
 @contextlib.contextmanager
 def atomic_output_dir(final: Path, force: bool = False, what: str = "--out") -> Iterator[Path]:
-    """Yield a fresh temporary directory next to ``final``; on success it becomes ``final``.
+    """Yield a fresh scratch folder; on success its content becomes ``final``'s.
 
-    ``final`` must be missing or empty unless ``force``; with ``force`` the old content is moved
-    aside, replaced, then deleted. On any error the temporary directory is removed, so a failed
-    run leaves nothing half-written.
+    One writer at a time: ``final`` is made (when missing) and locked (``flock`` on the folder)
+    before anything is written; another writer's ``final`` is refused in one line
+    (:class:`~kronos_mlflow.runtime.runlock.Busy`, exit 2), and so is a non-empty ``final`` unless
+    ``force``, checked under the lock. The scratch folder lies inside ``final`` (the same file
+    system, so a mount point works: it is written into, never replaced) and its entries are renamed
+    into ``final`` one by one, the calendars last: a reader that finds ``calendars/`` finds
+    everything. With ``force`` the old content is moved aside first (the calendars first), then
+    deleted. On any error the scratch folder is removed, and ``final`` too when this call made it:
+    a failed run leaves nothing half-written. Scratch folders of a writer that was killed are
+    removed by the next one.
     """
     final = Path(final).expanduser().absolute()
     if final.exists() and not final.is_dir():
         raise DataError(f"{what} '{final}' exists and is not a directory; choose a directory path")
-    if _is_nonempty_dir(final) and not force:
-        raise DataError(f"{what} '{final}' is not empty; choose a new directory or pass --force to replace it")
+    made = [p for p in (final, *final.parents) if not p.exists()]
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        final.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"{what} '{final}' cannot be created ({exc.strerror or exc}); choose a writable directory") from None
+
+    def unmake() -> None:
+        for folder in made:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    fd, locked = None, False
     try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        if final.exists():
-            if _is_nonempty_dir(final):
-                old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                final.rmdir()
-                os.rename(tmp, final)
-        else:
-            os.rename(tmp, final)
+        fd = _lock_dir(final, what)
+        locked = True
+        for stale in _listing(final):  # a killed writer's: holding the lock, no other writer is alive
+            if stale.name.startswith((SCRATCH_PREFIX, OLD_PREFIX)):
+                shutil.rmtree(stale, ignore_errors=True)
+        if _content(final) and not force:
+            raise DataError(f"{what} '{final}' is not empty; choose a new directory or pass --force to replace it")
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=final))
+        except OSError as exc:
+            raise DataError(f"{what} '{final}' is not writable ({exc.strerror or exc}); choose a writable "
+                            "directory") from None
+        try:
+            yield tmp
+            _publish(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if locked:  # never another writer's folder
+            unmake()
         raise
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _calendars_last(entries: Iterable[Path]) -> list[Path]:
+    return sorted(entries, key=lambda p: (p.name == "calendars", p.name))
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move ``tmp``'s entries into ``final`` (the calendars last), the content there before moved
+    aside first (the calendars first) and then deleted."""
+    old = None
+    content = _content(final)
+    if content:
+        old = Path(tempfile.mkdtemp(prefix=f"{OLD_PREFIX}{os.getpid()}-", dir=final))
+        for entry in reversed(_calendars_last(content)):
+            os.rename(entry, old / entry.name)
+    for entry in _calendars_last(tmp.iterdir()):
+        os.rename(entry, final / entry.name)
+    tmp.rmdir()
+    from ..runtime.fsutil import fsync_dir
+
+    fsync_dir(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
