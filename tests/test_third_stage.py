@@ -149,3 +149,70 @@ def test_a_sweep_trial_of_the_third_stage_trains_logs_its_model_and_compare_show
     rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
     row = rows[trial.info.run_id]
     assert row["group"] == NAME and row["epochs_done"] == 1, row
+
+
+HALF = "half_tokenizer"
+#: a plugin that registers its stage, then fails on an import of its own
+HALF_PLUGIN = f'''
+import dataclasses
+
+from kronos_mlflow.stages.registry import register
+from kronos_mlflow.stages.tokenizer import TokenizerSpec
+
+
+class HalfSpec(TokenizerSpec):
+    name = "{HALF}"
+    config_keys = dataclasses.replace(TokenizerSpec.config_keys, mlproject_params=("half_only",))
+    default_study = "kronos-half-lr-wd"
+    champion_suffix = "-half"
+    pipeline_position = 1.2
+    pipeline_flags = {{"half_epochs": ("half tokenizer epochs", "epochs")}}
+
+
+SPEC = register(HalfSpec())
+
+import half_stage_dependency_not_installed  # noqa: E402,F401 - fails after the registration
+'''
+
+
+def test_a_plugin_that_fails_after_registering_leaves_no_trace(tmp_path):
+    """A plugin whose module registers its stage and then fails on an import is left out whole,
+    through what users type: ``kronos-mlflow pipeline --help`` shows the working plugin's flag and
+    not the broken one's, with one warning naming it; its stage is no ``--stage`` a command takes."""
+    site = tmp_path / "site"
+    info = site / "half_stage-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: half-stage\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{stages.ENTRY_POINTS}]\n{HALF} = half_stage\n")
+    (site / "half_stage.py").write_text(HALF_PLUGIN)
+    env = {**tiny_runs.isolated_env(tmp_path), "PYTHONPATH": os.pathsep.join([plugin_path(tmp_path), str(site)])}
+    cli = str(Path(sys.executable).with_name("kronos-mlflow"))
+    shown = subprocess.run([cli, "pipeline", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "--sharp-epochs" in shown.stdout and "--half-epochs" not in shown.stdout and "half" not in shown.stdout
+    (line,) = shown.stderr.strip().splitlines()
+    assert f"stage plugin {HALF} (half_stage) does not load, left out" in line, line
+    assert "half_stage_dependency_not_installed" in line and "Traceback" not in shown.stderr
+    refused = subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--stage", HALF, "--check"], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"stage: '{HALF}' is not one of tokenizer, predictor, {NAME}" in refused.stderr, refused.stderr
+
+
+def test_what_a_failed_load_registered_is_taken_back_from_both_registries(sharp):
+    """``all_or_nothing``: the stages and config keys registered inside a block that fails are
+    gone (the pipeline's steps and flags, the sweep's MLproject parameters are read from them);
+    those registered before stay."""
+    from kronos_mlflow.workflows import pipeline as pl
+    from kronos_mlflow.workflows.sweep import driver
+
+    before = (stages.names(), dict(stage_keys.STAGE_CONFIG), pl.flags(), driver.chosen_keys())
+    half = type("HalfSpec", (type(sharp),), {"name": HALF, "pipeline_flags": {"half_epochs": ("h", "epochs")}})
+    with pytest.raises(ImportError):
+        with registry.all_or_nothing():
+            registry.register(half())
+            assert HALF in stages.names() and HALF in stage_keys.STAGE_CONFIG
+            raise ImportError("a dependency of the plugin")
+    assert (stages.names(), dict(stage_keys.STAGE_CONFIG), pl.flags(), driver.chosen_keys()) == before
+    assert NAME in stages.names() and "half_epochs" not in pl.flags()

@@ -11,7 +11,7 @@ entry-point group (docs/stages.md).
 from __future__ import annotations
 
 from .base import HeldOutPiece, StepOutput, TrainingStage, Validation
-from .registry import StageSpec, get, names, spec_of
+from .registry import StageSpec, all_or_nothing, get, names, spec_of
 
 from . import tokenizer, predictor  # noqa: E402,F401 - each registers its spec
 
@@ -20,14 +20,16 @@ ENTRY_POINTS = "kronos_mlflow.stages"
 
 def _load_plugins() -> None:
     """Import every module the ``kronos_mlflow.stages`` entry-point group names: each registers its
-    spec. One that does not load is named in a warning and left out."""
+    spec. One that fails anywhere while loading is named in a warning and left out whole: what it
+    registered before failing is taken back (:func:`~kronos_mlflow.stages.registry.all_or_nothing`)."""
     import warnings
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINTS):
         try:
-            entry.load()
-        except Exception as exc:  # a broken plugin must not take every command down with it
+            with all_or_nothing():
+                entry.load()
+        except (Exception, SystemExit) as exc:  # a broken plugin must not take every command down with it
             warnings.warn(f"stage plugin {entry.name} ({entry.value}) does not load, left out: {exc}", stacklevel=2)
 
 

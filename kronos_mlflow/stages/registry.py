@@ -9,11 +9,12 @@ torch at module level; their methods import the stage's pieces when called.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..config.stage_keys import StageKeys, register_keys, stage_of
+from ..config.stage_keys import STAGE_CONFIG, StageKeys, register_keys, stage_of
 from ..errors import ConfigError
 
 
@@ -132,6 +133,22 @@ def register(spec: StageSpec) -> StageSpec:
     register_keys(spec.name, spec.config_keys)
     REGISTRY[spec.name] = spec
     return spec
+
+
+@contextlib.contextmanager
+def all_or_nothing() -> Iterator[None]:
+    """The stages a block registers stay only when the block ends without an error: a plugin
+    that registers its spec, then fails (an import, a second spec), leaves no stage, no config
+    keys and so no flag or pipeline step behind."""
+    stages, keys = dict(REGISTRY), dict(STAGE_CONFIG)
+    try:
+        yield
+    except BaseException:
+        for table, kept in ((REGISTRY, stages), (STAGE_CONFIG, keys)):
+            for name in [n for n in table if n not in kept]:
+                del table[name]
+            table.update(kept)
+        raise
 
 
 def names() -> tuple[str, ...]:
