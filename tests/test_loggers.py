@@ -321,6 +321,48 @@ def test_mlflow_attaches_to_mlflow_run_id(env, client):
     assert client.get_experiment_by_name("some-other-experiment") is None
 
 
+
+def test_workers_started_together_share_one_new_experiment(env, sqlite_store):
+    """Every place that gets-or-creates an experiment (a training run, a sweep's or pipeline's
+    parent, evaluate-tokenizer --log) goes through one function; workers that all look the new
+    name up before any creates it (as two sweep workers started together do) end in one
+    experiment, none in the store's unique-constraint refusal."""
+    import threading
+
+    from kronos_mlflow.tracking.child_runs import experiment_id_of
+    from kronos_mlflow.tracking.gate import experiment_named
+
+    together = threading.Barrier(3)
+
+    class Worker(MlflowClient):  # its first lookup answers only once every worker has looked
+        looked = False
+
+        def get_experiment_by_name(self, name):
+            found = super().get_experiment_by_name(name)
+            if not self.looked:
+                self.looked = True
+                together.wait(timeout=30)
+            return found
+
+    got, errors = [], []
+
+    def work(get):
+        try:
+            got.append(get(Worker(sqlite_store), "started-together"))
+        except Exception as exc:  # noqa: BLE001 - the assertion shows it
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(get,)) for get in (experiment_named, experiment_id_of,
+                                                                         experiment_named)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not errors, errors
+    assert len(got) == 3 and len(set(got)) == 1
+    assert MlflowClient(sqlite_store).get_experiment_by_name("started-together").experiment_id == got[0]
+
+
 def test_mlflow_reopens_finished_run_and_renames(env, client, caplog):
     experiment_id = client.create_experiment("resume")
     first = client.create_run(experiment_id, run_name="old")

@@ -62,13 +62,14 @@ def create_child(client, experiment_id: str, parent_run_id: str, run_name: str,
 
 
 def experiment_id_of(client, experiment_name: str | None) -> str:
-    """The experiment to use: ``experiment_name`` (created when missing), else ``MLFLOW_EXPERIMENT_ID``
+    """The experiment to use: ``experiment_name`` (created when missing, race-safe), else ``MLFLOW_EXPERIMENT_ID``
     (``mlflow run`` sets it), else MLflow's default experiment."""
     if os.environ.get("MLFLOW_EXPERIMENT_ID") and not experiment_name:
         return os.environ["MLFLOW_EXPERIMENT_ID"]
     if experiment_name:
-        exp = client.get_experiment_by_name(experiment_name)
-        return exp.experiment_id if exp else client.create_experiment(experiment_name)
+        from .gate import experiment_named  # lazy: numpy, urllib/http
+
+        return experiment_named(client, experiment_name)
     return "0"
 
 

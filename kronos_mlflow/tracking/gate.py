@@ -229,6 +229,29 @@ def command_experiment(client, experiment_name: str | None) -> str:
     return DEFAULT_EXPERIMENT_ID
 
 
+def experiment_named(client, name: str) -> str:
+    """The id of the experiment ``name``, created when missing: the project's one get-or-create.
+    Race-safe: when several processes create it at once (sweep workers on a new experiment), the
+    store lets one insert it and refuses the others (``RESOURCE_ALREADY_EXISTS``, or a unique-
+    constraint error from a database that reports it at commit); a refused create reads the
+    experiment back and uses it. A deleted one is refused (:class:`UserError`): runs cannot be
+    made in it."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return str(client.create_experiment(name))
+        except MlflowException:  # another process made it first: use theirs
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:  # not a race: the store's own refusal
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        raise UserError(f"MLflow experiment '{name}' is deleted; restore it (mlflow experiments restore "
+                        f"--experiment-id {experiment.experiment_id}) or choose another experiment_name")
+    return str(experiment.experiment_id)
+
+
 # --------------------------------------------------------------------------------------------
 # runs a command writes
 

@@ -22,7 +22,8 @@ from ..config.checks import mlflow_experiment_name
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import (FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line,
                        same_param)
-from .gate import RunRefused, command_experiment as gate_experiment, handed_experiment, new_run, refusal
+from .gate import (RunRefused, command_experiment as gate_experiment, experiment_named, handed_experiment,
+                   new_run, refusal)
 from .server import ensure_sqlite_store, hide_uri_printing, mlflow_limits, probe_tracking_server
 
 log = logging.getLogger("kronos_mlflow.tracking")
@@ -231,24 +232,7 @@ class MLflowLogger(OutageQueue):
         return run
 
     def _experiment_by_name(self, name: str) -> str:
-        from mlflow.exceptions import MlflowException
-
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is None:
-            try:
-                return self.client.create_experiment(name)
-            except MlflowException as exc:  # another process created it meanwhile
-                if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                experiment = self.client.get_experiment_by_name(name)
-                if experiment is None:
-                    raise
-        if experiment.lifecycle_stage == "deleted":
-            raise UserError(
-                f"MLflow experiment '{name}' is deleted; restore it (mlflow experiments restore "
-                f"--experiment-id {experiment.experiment_id}) or choose another experiment_name"
-            )
-        return experiment.experiment_id
+        return experiment_named(self.client, name)
 
     def _experiment_by_id(self, experiment_id: str, source: str) -> str:
         from mlflow.exceptions import MlflowException

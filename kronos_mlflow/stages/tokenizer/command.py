@@ -154,15 +154,12 @@ def log_run(args: argparse.Namespace, config: Mapping[str, Any], result) -> str:
     # An explicit --tracking-uri must exist; otherwise MLflow's own default, as training runs use.
     client = MlflowClient(tracking_uri=resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None)
     name = args.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME", "")
-    experiment_id = "0"
-    if name:
-        exp = client.get_experiment_by_name(name)
-        experiment_id = exp.experiment_id if exp else client.create_experiment(name)
+    from ...tracking.gate import experiment_named, new_run  # lazy: numpy, urllib/http
+
+    experiment_id = experiment_named(client, name) if name else "0"
     tags = {"evaluation.split": args.split, TEST_WINDOWS_DIGEST_TAG: result.windows_digest}
     if result.verdict:
         tags.update(result.tags())
-    from ...tracking.gate import new_run  # lazy: numpy, urllib/http
-
     run = new_run(client, experiment_id, run_name=f"evaluate {os.path.basename(args.model.rstrip('/'))}", tags=tags)
     run_id = run.info.run_id
     params = {"model": args.model, "base": args.base, "split": args.split,
