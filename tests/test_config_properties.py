@@ -328,7 +328,8 @@ ENV_VALUES = st.one_of(st.sampled_from(["", " ", "10", "0", "-1", "nan", "inf", 
 
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.sampled_from(["KRONOS_MLFLOW_HOME", "KRONOS_MLFLOW_SPOOL_DIR",
-                                        "KRONOS_MLFLOW_HTTP_TIMEOUT_S", "KRONOS_MLFLOW_FINALIZE_WAIT_S"]),
+                                        "KRONOS_MLFLOW_HTTP_TIMEOUT_S", "KRONOS_MLFLOW_FINALIZE_WAIT_S",
+                                        "KRONOS_PROGRESS_SECONDS"]),
                        ENV_VALUES))
 @example({"KRONOS_MLFLOW_HOME": "9" * 5000})  # found by this search: an OSError traceback (name too long)
 def test_any_setting_is_accepted_or_refused_in_one_line(env):
@@ -351,6 +352,22 @@ def test_any_setting_is_accepted_or_refused_in_one_line(env):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def test_every_kronos_variable_the_package_reads_is_declared_once():
+    """Each ``KRONOS_*`` name in the package's code is a setting of ``config/settings.py``'s table
+    (parsed there, refused when malformed) or one the package's processes hand each other."""
+    import re
+    from pathlib import Path
+
+    from kronos_mlflow.config import settings as st_
+
+    root = Path(st_.__file__).resolve().parents[2]
+    found = {name for path in [*(root / "kronos_mlflow").rglob("*.py"), *(root / "sweeps").glob("*.py")]
+             for name in re.findall(r"\bKRONOS_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])", path.read_text())}
+    assert "KRONOS_PROGRESS_SECONDS" in found and found <= {*st_.NAMES, *st_.HANDED_OVER}, found - {*st_.NAMES,
+                                                                                                 *st_.HANDED_OVER}
+    assert not set(st_.NAMES) & set(st_.HANDED_OVER)
 
 
 @pytest.fixture(autouse=True, scope="module")

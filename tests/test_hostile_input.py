@@ -1177,6 +1177,12 @@ CASES: list[Case] = [
          "KRONOS_MLFLOW_HTTP_TIMEOUT_S", env={"KRONOS_MLFLOW_HTTP_TIMEOUT_S": "ten"}),
     Case("env-finalize-wait", "environment", "`KRONOS_MLFLOW_FINALIZE_WAIT_S=-5` for a sweep", SWEEP,
          "KRONOS_MLFLOW_FINALIZE_WAIT_S", env={"KRONOS_MLFLOW_FINALIZE_WAIT_S": "-5"}),
+    Case("env-progress-seconds-unit", "environment", "`KRONOS_PROGRESS_SECONDS=5s` (a unit after the number)",
+         TRAIN + BASE, "'5s'", env={"KRONOS_PROGRESS_SECONDS": "5s"}),
+    Case("env-progress-seconds-negative", "environment", "`KRONOS_PROGRESS_SECONDS=-1` for `pipeline`", STAGE2,
+         "KRONOS_PROGRESS_SECONDS", env={"KRONOS_PROGRESS_SECONDS": "-1"}),
+    Case("env-progress-seconds-nan", "environment", "`KRONOS_PROGRESS_SECONDS=nan` for a sweep", SWEEP,
+         "'nan'", env={"KRONOS_PROGRESS_SECONDS": "nan"}),
     Case("env-spool-dir-file", "environment", "`KRONOS_MLFLOW_SPOOL_DIR` naming a file, for `upload-spool`",
          CLI + ("upload-spool",), "KRONOS_MLFLOW_SPOOL_DIR", env={"KRONOS_MLFLOW_SPOOL_DIR": "{in}/a_file"}),
     Case("env-home-too-long", "environment", "`KRONOS_MLFLOW_HOME` with a 300-character folder name, for `prepare` "

@@ -13,6 +13,7 @@ from kronos_mlflow.training import checkpoint, loop as trainer
 from kronos_mlflow.config.core import model_kwargs
 from kronos_mlflow.runtime.console import Console
 from kronos_mlflow.config.layout import RunLayout
+from kronos_mlflow.errors import ConfigError
 from kronos_mlflow.model import KronosTokenizer
 from kronos_mlflow.tracking import NullLogger
 
@@ -114,6 +115,10 @@ def test_progress_lines_every_n_items_or_t_seconds_and_none_on_other_ranks(monke
     assert out[0].startswith("[kronos] epoch 2/3: 3/7 steps, loss=2.0, ") and " steps/s, ETA " in out[0]
     assert list(Console(False).progress(range(7), 7, "x", every=1)) == list(range(7))
     assert capsys.readouterr().out == ""  # a rank other than 0 says nothing
-    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "not a number")  # the default (30 s): no line for a fast loop
+    monkeypatch.delenv("KRONOS_PROGRESS_SECONDS")  # the default (30 s): no line for a fast loop
     assert list(Console(True).progress([[1, 2], [3]], 3, "scorecard: x", unit="origins", size=len)) == [[1, 2], [3]]
     assert capsys.readouterr().out == ""
+    monkeypatch.setenv("KRONOS_PROGRESS_SECONDS", "5s")  # refused (config/settings.py), never the default
+    with pytest.raises(ConfigError, match=r"KRONOS_PROGRESS_SECONDS \(seconds\): '5s' is not a number; expected a "
+                                          r"number > 0 and <= 86400"):
+        Console(True).progress(range(3), 3, "x")

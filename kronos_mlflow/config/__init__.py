@@ -2,5 +2,6 @@
 May import ``runtime`` and ``errors`` only (docs/code-map.md)."""
 
 from .core import DEFAULTS, load_config, model_kwargs
+from . import settings  # noqa: F401 - the environment's settings, the progress interval's reader among them
 
 __all__ = ["DEFAULTS", "load_config", "model_kwargs"]

@@ -41,14 +41,16 @@ class Console:
         return Ticker(self, iterable, total, desc, every=every, unit=unit, size=size)
 
 
+#: The reader of ``KRONOS_PROGRESS_SECONDS`` as ``config/settings.py`` declares it (it installs
+#: itself there: the config layer sits above this one).
+progress_setting: Callable[[], float] | None = None
+
+
 def progress_seconds() -> float:
     """Seconds between progress lines at most (while items finish): ``KRONOS_PROGRESS_SECONDS``,
-    30 by default (a value that is not a positive number is the default)."""
-    try:
-        value = float(os.environ.get(PROGRESS_SECONDS_ENV, ""))
-    except ValueError:
-        return DEFAULT_PROGRESS_SECONDS
-    return value if math.isfinite(value) and value > 0 else DEFAULT_PROGRESS_SECONDS
+    30 by default; a malformed value is a ConfigError naming it (every command refuses it at its
+    start: :func:`kronos_mlflow.config.settings.check_environment`), never the default."""
+    return progress_setting() if progress_setting is not None else DEFAULT_PROGRESS_SECONDS
 
 
 def duration(seconds: float) -> str:
