@@ -40,21 +40,23 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "freeze_layers": "freeze_layers",
 }
 
-#: The scorecard's keys (a predictor run's end-of-run evaluation; docs/forecast-evaluation.md).
-EVALUATION_KEYS = ("evaluate", "eval_stride", "n_eval_windows", "inference_T", "inference_top_p", "inference_top_k",
-                   "inference_sample_count", "eval_horizons", "bootstrap_unit", "calibration", "calibration_min_origins",
-                   "backtest_time_range",
-                   "backtest_n_symbol_hold", "backtest_n_symbol_drop", "backtest_hold_thresh", "backtest_benchmark",
-                   "backtest_signal_stride", "backtest_n_random")
-#: Where the windows come from and how long they are: what a scoring command (``evaluate``,
-#: ``evaluate-tokenizer``) takes from the run that made the model it scores, unless given.
-DATA_WINDOW_KEYS = ("qlib_data_path", "instrument", "freq", "membership_gaps", "dataset_begin_time",
-                    "dataset_end_time", "train_time_range", "val_time_range", "test_time_range",
-                    "lookback_window", "predict_window", "max_context", "clip")
-#: Where a command writes (its data cache, its outputs, their folders): always the command's own
-#: (its config file, flags, defaults), never taken from a run's recorded settings.
-PLACES_TO_WRITE = ("dataset_path", "save_path", "comet_offline_directory", "tokenizer_save_folder_name",
-                   "predictor_save_folder_name")
+#: Groups of keys read from their declarations (:mod:`kronos_mlflow.config.keys`, which imports
+#: this module): ``EVALUATION_KEYS`` (the scorecard's and the backtest's: a predictor run's
+#: end-of-run evaluation), ``DATA_WINDOW_KEYS`` (where the windows come from and how long they are:
+#: what a scoring command takes from the run that made the model it scores, unless given) and
+#: ``PLACES_TO_WRITE`` (where a command writes: always the command's own, never taken from a
+#: run's recorded settings).
+_KEY_GROUPS = ("EVALUATION_KEYS", "DATA_WINDOW_KEYS", "PLACES_TO_WRITE")
+
+
+def __getattr__(name: str):
+    if name in _KEY_GROUPS:
+        from . import keys  # keys imports this module: read on first use
+
+        return getattr(keys, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """The config keys of one stage, resolved when a config is loaded (``learning_rate`` names
