@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config.keys import BACKTEST
+from ..config.sections import as_section, section
 from ..errors import DataError
 
 __all__ = ["BacktestResult", "backtest_signals", "benchmark_of", "breadth_reason", "check_signal_days", "metric_prefix",
@@ -147,35 +149,39 @@ def _quiet():
         yield
 
 
-def portfolio(config: Mapping[str, Any], n_symbols: int) -> tuple[int, int]:
+def portfolio(backtest: Any, n_symbols: int) -> tuple[int, int]:
     """``(topk, n_drop)`` of the strategy on ``n_symbols`` symbols with a signal: the top-k is
     ``backtest_n_symbol_hold``, or (0) upstream's 50 capped at a fifth of the symbols;
-    ``backtest_n_symbol_drop`` is capped at the top-k."""
-    hold = int(config.get("backtest_n_symbol_hold") or 0) or max(1, min(UPSTREAM_TOPK, int(n_symbols) // 5))
-    return hold, min(int(config["backtest_n_symbol_drop"]), hold)
+    ``backtest_n_symbol_drop`` is capped at the top-k. ``backtest``: the config's ``backtest``
+    section (:func:`kronos_mlflow.config.sections.section`), or the whole config."""
+    settings = as_section(backtest, BACKTEST)
+    hold = int(settings.backtest_n_symbol_hold or 0) or max(1, min(UPSTREAM_TOPK, int(n_symbols) // 5))
+    return hold, min(int(settings.backtest_n_symbol_drop), hold)
 
 
-def breadth_reason(config: Mapping[str, Any], n_symbols: int) -> str | None:
+def breadth_reason(backtest: Any, n_symbols: int) -> str | None:
     """The one line that skips a backtest whose top-k holds half of the ``n_symbols`` symbols
-    with a signal or more, or None."""
-    hold, _ = portfolio(config, n_symbols)
+    with a signal or more, or None. ``backtest``: the config's ``backtest`` section, or the whole config."""
+    settings = as_section(backtest, BACKTEST)
+    hold, _ = portfolio(settings, n_symbols)
     if 2 * hold < int(n_symbols):
         return None
-    given = "backtest_n_symbol_hold" if config.get("backtest_n_symbol_hold") else "the top-k"
+    given = "backtest_n_symbol_hold" if settings.backtest_n_symbol_hold else "the top-k"
     return (f"backtest skipped: {given} {hold} holds half or more of the {int(n_symbols)} symbols with a signal, so "
             f"it trades alike on any signal; expected backtest_n_symbol_hold below {(int(n_symbols) + 1) // 2} "
             "(0 = a fifth of them)")
 
 
-def _run_one(signal, config: Mapping[str, Any], benchmark: str, start: str, end: str, codes: list[str]):
-    """One Qlib backtest of one signal: its daily report (account, return, cost, bench, ...)."""
-    topk, n_drop = portfolio(config, len(codes))
+def _run_one(signal, settings: Any, benchmark: str, start: str, end: str, codes: list[str]):
+    """One Qlib backtest of one signal (``settings``: the config's ``backtest`` section): its
+    daily report (account, return, cost, bench, ...)."""
+    topk, n_drop = portfolio(settings, len(codes))
     with _quiet():
         from qlib.backtest import backtest, executor
         from qlib.contrib.strategy import TopkDropoutStrategy
 
         strategy = TopkDropoutStrategy(topk=topk, n_drop=n_drop,
-                                       hold_thresh=int(config["backtest_hold_thresh"]), signal=signal)
+                                       hold_thresh=int(settings.backtest_hold_thresh), signal=signal)
         trade_executor = executor.SimulatorExecutor(time_per_step="day", generate_portfolio_metrics=True)
         reports, _ = backtest(start_time=start, end_time=end, strategy=strategy, executor=trade_executor,
                                 benchmark=benchmark, account=ACCOUNT, exchange_kwargs={**EXCHANGE, "codes": codes})
@@ -324,15 +330,16 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
 
     start, end = _time_range(config, series, list(D.calendar(freq="day")))
     codes = sorted(set().union(*(s.index.get_level_values(1).unique() for s in series.values())))
-    narrow = breadth_reason(config, len(codes))
+    settings = section(config, BACKTEST)  # what the strategy and its controls read
+    narrow = breadth_reason(settings, len(codes))
     if narrow:
         return BacktestResult(skipped=narrow, benchmark=benchmark, time_range=(start, end))
     result = BacktestResult(benchmark=benchmark, time_range=(start, end))
-    n_random = int(config.get("backtest_n_random", 20))
+    n_random = int(settings.backtest_n_random)
     steps = _Steps(say, len(series) + ((1 + max(n_random, 0)) if control is not None else 0))
     bench = None
     for name, signal in series.items():
-        report = steps.run(name, lambda s=signal: _run_one(s, config, benchmark, start, end, codes))
+        report = steps.run(name, lambda s=signal: _run_one(s, settings, benchmark, start, end, codes))
         excess, with_cost = _excess(report)
         p = prefixes[name]
         result.metrics[p + "excess_return_with_cost"] = with_cost["annualized_return"]
@@ -344,7 +351,7 @@ def backtest_signals(config: Mapping[str, Any], signals: Mapping[str, Any], out_
         bench = report["bench"]
     result.metrics["backtest_benchmark_return"] = _risk(bench)["annualized_return"]
     if control is not None:
-        metrics, tags = _controls(series[control], steps.control(lambda s: _run_one(s, config, benchmark, start, end,
+        metrics, tags = _controls(series[control], steps.control(lambda s: _run_one(s, settings, benchmark, start, end,
                                                                                    codes), control, n_random),
                                   n_random,
                                   result.metrics[prefixes[control] + "excess_return_with_cost"])

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.keys import COMET
+from ..config.sections import section
 from ..config.secrets import install_secret_filter
 from .comet import CometLogger, check_comet, comet_mode, start_comet
 from .mlflow import MLflowLogger
@@ -81,8 +83,9 @@ def build_tracking(
     if rank != 0:
         return Tracking(NullLogger())
     install_secret_filter()
-    check_comet(config)  # comet online without a key: refused before the MLflow run is made
-    mode = comet_mode(config)
+    comet_settings = section(config, COMET)  # Comet is handed its section only
+    check_comet(comet_settings)  # comet online without a key: refused before the MLflow run is made
+    mode = comet_mode(comet_settings)
     run_name = str(config.get("run_name") or "") or None
     mlflow_logger = MLflowLogger(
         experiment_name=str(config.get("experiment_name") or "") or None,
@@ -102,7 +105,7 @@ def build_tracking(
     mlflow_logger.system_metrics = start_system_metrics(config, mlflow_logger.run_id, mlflow_logger.tracking_uri,
                                                         resume=mlflow_logger.attached)
     loggers: list[ExperimentLogger] = [mlflow_logger]
-    comet = start_comet(config, mode, run_name, mlflow_logger, comet_experiment_key) if mode else None
+    comet = start_comet(comet_settings, mode, run_name, mlflow_logger, comet_experiment_key) if mode else None
     if comet is not None:
         loggers.append(comet)
     return Tracking(MultiLogger(loggers, skip_steps=mlflow_logger.skipped_steps), mlflow_logger, comet)

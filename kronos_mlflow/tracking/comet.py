@@ -17,6 +17,8 @@ from typing import Any, Literal
 from ..errors import ConfigError, UserError
 from ..config.secrets import redact, redact_uri, scrub_params, secret_values
 from ..config.checks import directory
+from ..config.keys import COMET
+from ..config.sections import as_section
 from .protocol import FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line
 
 log = logging.getLogger("kronos_mlflow.tracking")
@@ -216,9 +218,10 @@ class CometLogger:
         return matches[-1] if matches else None
 
 
-def comet_mode(config: Mapping[str, Any]) -> Literal["online", "offline"] | None:
-    """The Comet mode a config asks for: ``auto`` is online when COMET_API_KEY is set, else off."""
-    value = str(config.get("comet", "auto") or "auto").strip().lower()
+def comet_mode(comet: Any) -> Literal["online", "offline"] | None:
+    """The Comet mode the config's ``comet`` section (or the whole config) asks for: ``auto`` is
+    online when COMET_API_KEY is set, else off."""
+    value = str(as_section(comet, COMET).comet or "auto").strip().lower()
     if value == "auto":
         return "online" if os.environ.get("COMET_API_KEY", "").strip() else None
     if value == "off":
@@ -249,31 +252,35 @@ def comet_key_configured() -> bool:
     return False
 
 
-def check_comet(config: Mapping[str, Any]) -> None:
+def check_comet(comet: Any) -> None:
     """``comet: online`` insists on Comet: without an API key the run is refused before it
-    starts (``auto`` is then off, ``offline`` needs no key)."""
-    mode = comet_mode(config)
+    starts (``auto`` is then off, ``offline`` needs no key). ``comet``: the config's ``comet``
+    section (or the whole config)."""
+    comet = as_section(comet, COMET)
+    mode = comet_mode(comet)
     if mode == "online" and not comet_key_configured():
         raise UserError("comet: 'online' needs a Comet API key, and none is set (COMET_API_KEY, or api_key in "
                         "~/.comet.config); set one, or use comet offline (an archive to upload later), auto or off")
-    if mode == "offline" and not config.get("comet_offline_directory"):
+    if mode == "offline" and not comet.comet_offline_directory:
         folder = os.environ.get("COMET_OFFLINE_DIRECTORY", "").strip()
         if folder:
             directory("COMET_OFFLINE_DIRECTORY", folder, error=UserError)
 
 
 def start_comet(
-    config: Mapping[str, Any], mode: Literal["online", "offline"], run_name: str | None, mlflow_logger,
+    settings: Any, mode: Literal["online", "offline"], run_name: str | None, mlflow_logger,
     experiment_key: str | None = None,
 ) -> CometLogger | None:
-    tag = str(config.get("comet_tag") or "")
+    """The Comet experiment of the config's ``comet`` section ``settings`` (or the whole config)."""
+    settings = as_section(settings, COMET)
+    tag = str(settings.comet_tag or "")
     try:
         comet = CometLogger(
             mode=mode,
-            project_name=str(config.get("comet_project_name") or "") or None,
-            workspace=str(config.get("comet_workspace") or "") or None,
-            experiment_name=str(config.get("comet_name") or "") or run_name,
-            offline_directory=str(config.get("comet_offline_directory") or "") or None,
+            project_name=str(settings.comet_project_name or "") or None,
+            workspace=str(settings.comet_workspace or "") or None,
+            experiment_name=str(settings.comet_name or "") or run_name,
+            offline_directory=str(settings.comet_offline_directory or "") or None,
             tags=[tag] if tag else [],
             experiment_key=experiment_key,
         )
