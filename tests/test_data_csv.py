@@ -330,12 +330,15 @@ def _frame(dates, seed: int = 3) -> pd.DataFrame:
     return pd.DataFrame([{k: r[k] for k in ("open", "high", "low", "close", "volume")} for r in rows])
 
 
-@pytest.mark.parametrize("layout", ["pandas default", "pandas index named index", "yahoo", "exchange epoch"])
+@pytest.mark.parametrize("layout", ["pandas default", "pandas index named index", "yahoo", "yfinance",
+                                    "exchange epoch"])
 def test_real_exports_import_as_they_come(tmp_path, commands, layout):
     """Through `kronos-mlflow import-csv`, one file per layout users bring: pandas' default
     ``df.to_csv()`` of a frame indexed by date (the dates in an unnamed first column; the summary
     line says it read them there), the same with the index named ``index``, Yahoo Finance's
-    (``Date``, ``Adj Close``), and an exchange's epoch milliseconds."""
+    (``Date``, ``Adj Close``), yfinance's ``Ticker.history().to_csv()`` (New York midnights whose
+    UTC offset moves from -05:00 to -04:00 on 2019-03-10: the local dates, and the summary line
+    says the offsets were dropped), and an exchange's epoch milliseconds."""
     dates = [d.strftime("%Y-%m-%d") for d in pd.bdate_range("2019-03-01", periods=15)]
     frame = _frame(dates)
     path = tmp_path / "in" / "SPY.csv"
@@ -347,6 +350,10 @@ def test_real_exports_import_as_they_come(tmp_path, commands, layout):
     elif layout == "yahoo":
         frame.rename(columns=str.title).assign(**{"Adj Close": frame["close"] * 0.98}).set_axis(
             pd.DatetimeIndex(dates, name="Date")).to_csv(path)
+    elif layout == "yfinance":
+        frame.rename(columns=str.title).assign(Dividends=0.0, **{"Stock Splits": 0.0}).set_axis(
+            pd.DatetimeIndex(dates, name="Date").tz_localize("America/New_York")).to_csv(path)
+        assert "\n2019-03-08 00:00:00-05:00," in path.read_text() and "\n2019-03-11 00:00:00-04:00," in path.read_text()
     else:
         stamps = pd.DatetimeIndex(dates).as_unit("ms").asi8
         frame.assign(timestamp=stamps)[["timestamp", "open", "high", "low", "close", "volume"]].rename(
@@ -356,9 +363,27 @@ def test_real_exports_import_as_they_come(tmp_path, commands, layout):
     assert "imported 1 symbol(s), 15 days (2019-03-01..2019-03-21)" in proc.stdout
     said = "dates: the unnamed first column" if layout == "pandas default" else "dates: column index"
     assert (said in proc.stdout) == layout.startswith("pandas"), proc.stdout
+    clock = "; times: the exchange's local clock (UTC offsets -05:00, -04:00 dropped: daylight saving)"
+    assert proc.stdout.rstrip().endswith(clock) == (layout == "yfinance"), proc.stdout
     ((sym, (times, values)),) = _read_back(tmp_path / "q", "day").items()
     assert sym.upper() == "SPY" and [str(t)[:10] for t in times] == dates
     np.testing.assert_allclose(values[:, 3], frame["close"], rtol=1e-6)
+
+
+def test_offsets_are_one_clock_only_where_one_zone_s_daylight_saving_moves_them(tmp_path):
+    """Offsets that change where one time zone's daylight saving does (New York's, Berlin's
+    intraday bars) keep their local clock times; offsets that no zone has at those moments (a
+    summer offset in January, two zones' bars in one file) are two clocks: refused, rows named."""
+    from kronos_mlflow.data.csv_import import _one_clock
+
+    berlin = pd.date_range("2024-03-28 08:00", periods=120, freq="h", tz="UTC").tz_convert("Europe/Berlin")
+    raw = pd.Series([str(t) for t in berlin if 9 <= t.hour <= 17])  # the switch on 2024-03-31
+    local, note = _one_clock(tmp_path / "x.csv", raw, "datetime")
+    assert list(local) == [t[:19] for t in raw] and "UTC offsets +01:00, +02:00 dropped" in note
+    for bad, rows in ((["2024-01-02 09:30:00-05:00", "2024-01-03 09:30:00-04:00"], "rows 2 and 3"),
+                      (["2024-06-03 09:30:00-04:00", "2024-06-03 15:30:00+01:00"], "rows 2 and 3")):
+        with pytest.raises(DataError, match=f"{rows}: .* are in different time zones"):
+            _one_clock(tmp_path / "x.csv", pd.Series(bad), "date")
 
 
 def test_an_unnamed_first_column_of_row_numbers_is_no_date_column(tmp_path, capsys):

@@ -1614,7 +1614,7 @@ Negative volume is not checked.
 |---|---|---|
 | a missing column, a cell that is not a number or a date, a file that is not UTF-8 CSV | refused (file, row, column, value) | |
 | two rows for one symbol and bar, or rows out of time order | refused (file, row) | which row is right cannot be known |
-| timestamps of one file in different time zones (`+08:00` and `+09:00`, or one with an offset and one without) | refused (file, both rows and values) | offsets are dropped on import (bars keep the exchange's local clock time, as Qlib stores them); two clocks in one file would interleave wrongly |
+| timestamps of one file in different time zones (`+08:00` and `+09:00`, or one with an offset and one without) | refused (file, both rows and values) | offsets are dropped on import (bars keep the exchange's local clock time, as Qlib stores them); two clocks in one file would interleave wrongly (offsets that change only at one zone's daylight saving, as yfinance writes them, are one clock: imported) |
 | a spacing of bars that is not one Qlib frequency | refused | |
 | a symbol (column or file name) or `--instrument` that is not a plain name | refused | it becomes a folder or file name |
 | an empty cell | kept as a missing bar (NaN) | what an empty cell means |

@@ -43,8 +43,8 @@ def _expand(files: Iterable) -> list[Path]:
 
 
 def _read_one(path: Path, time_unit: str | None = None):
-    """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array}, the
-    date column's name)."""
+    """-> list of (symbol, timestamps datetime64[s] in file order, {column: float64 array}, what
+    the summary line says of how the dates were read)."""
     import pandas as pd
 
     try:
@@ -64,8 +64,9 @@ def _read_one(path: Path, time_unit: str | None = None):
         raise DataError(f"'{path}' has a header but no rows; expected one row per symbol and day")
 
     raw_dates = df[date_col].astype(str).str.strip()
-    _check_one_zone(path, raw_dates)
+    raw_dates, clock = _one_clock(path, raw_dates, date_col)
     days = parse_times(raw_dates, f"'{path}'", date_col, time_unit)
+    said = tuple(note for note in (date_column_note(date_col), clock) if note)
 
     values: dict[str, np.ndarray] = {}
     for col in PRICE_COLUMNS + (("amount",) if "amount" in df.columns else ()):
@@ -106,7 +107,7 @@ def _read_one(path: Path, time_unit: str | None = None):
             i = int(np.flatnonzero(step < 0)[0])
             raise DataError(f"'{path}' row {rows[i + 1] + 2}: symbol {sym}'s timestamp {_show(d[i + 1])} comes before "
                             f"the previous row's {_show(d[i])}; expected rows sorted by time")
-        out.append((sym, d, _drop_bad_bars(path, sym, {k: v[rows] for k, v in values.items()}, rows), date_col))
+        out.append((sym, d, _drop_bad_bars(path, sym, {k: v[rows] for k, v in values.items()}, rows), said))
     return out
 
 
@@ -120,7 +121,7 @@ def _index_dates(df, path: Path, time_unit: str | None) -> str | None:
     if not (first == "" or first.startswith("unnamed: ") or first in INDEX_NAMES):
         return None
     try:
-        parse_times(df[first].astype(str).str.strip(), f"'{path}'", first, time_unit)
+        parse_times(_without_offsets(df[first].astype(str).str.strip()), f"'{path}'", first, time_unit)
     except DataError:  # an index of row numbers, not times: the usual refusal names what is missing
         return None
     return first
@@ -139,17 +140,84 @@ _ZONE_RE = r"[0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?\s*(Z|[+-][0-9]{2}(?:
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _check_one_zone(path: Path, raw_dates) -> None:
-    """All timestamps of a file carry the same UTC offset, or none: offsets are dropped on
-    import (bars keep the exchange's local clock time, as Qlib stores them), so two offsets in
-    one file would put bars of different clocks on one calendar."""
+# A time of day and its UTC offset; replaced by group 1, the offset is gone.
+_TIME_AND_ZONE = r"([0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?)\s*(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)$"
+
+
+def _without_offsets(raw_dates):
+    """The timestamps' local clock times: each UTC offset after a time of day dropped."""
+    return raw_dates.str.replace(_TIME_AND_ZONE, r"\1", regex=True)
+
+
+def _one_clock(path: Path, raw_dates, column: str):
+    """``(dates, note)``: the file's timestamps on one clock, the exchange's local one, as Qlib
+    stores bars. Offsets are dropped on import, so every timestamp must carry the same UTC offset
+    (or none), or else offsets that change only where one time zone's daylight saving does (what
+    yfinance's ``Ticker.history().to_csv()`` writes: ``-05:00`` in winter, ``-04:00`` in summer,
+    each the local clock's offset at that time): their local clock times are kept, their offsets
+    dropped, and ``note`` says so for the summary line. Two clocks in one file (offsets of two
+    zones, or some with an offset and some without) would interleave wrongly: a DataError."""
     zones = raw_dates.str.extract(_ZONE_RE, expand=False).fillna("").to_numpy()
-    if len(zones) and (zones != zones[0]).any():
-        i = int(np.flatnonzero(zones != zones[0])[0])
-        a, b = zones[0] or "no offset", zones[i] or "no offset"
-        raise DataError(f"'{path}' rows 2 and {i + 2}: timestamps '{raw_dates.iloc[0]}' and '{raw_dates.iloc[i]}' "
-                        f"are in different time zones ({a}, {b}); expected one UTC offset (or none) for the whole "
-                        "file: convert the timestamps to the exchange's local time")
+    if not len(zones) or (zones == zones[0]).all():
+        return raw_dates, ""
+    if (zones != "").all():
+        local = _without_offsets(raw_dates)
+        wall = parse_times(local, f"'{path}'", column)
+        if _daylight_saving_zone(wall, np.array([_offset_seconds(z) for z in zones], dtype=np.int64)):
+            shown = ", ".join(sorted(set(zones), key=_offset_seconds))
+            return local, f"times: the exchange's local clock (UTC offsets {shown} dropped: daylight saving)"
+    i = int(np.flatnonzero(zones != zones[0])[0])
+    a, b = zones[0] or "no offset", zones[i] or "no offset"
+    raise DataError(f"'{path}' rows 2 and {i + 2}: timestamps '{raw_dates.iloc[0]}' and '{raw_dates.iloc[i]}' "
+                    f"are in different time zones ({a}, {b}); expected one UTC offset (or none) for the whole "
+                    "file, or offsets that change only at one time zone's daylight saving: convert the timestamps "
+                    "to the exchange's local time")
+
+
+def _offset_seconds(zone: str) -> int:
+    """``Z``, ``+08``, ``-0500``, ``+05:30`` as seconds east of UTC."""
+    if zone == "Z":
+        return 0
+    digits = zone[1:].replace(":", "")
+    return (-1 if zone[0] == "-" else 1) * (int(digits[:2]) * 3600 + int(digits[2:4] or 0) * 60)
+
+
+_ZONES: list | None = None  # the time zone database's zones, read once
+
+
+def _daylight_saving_zone(wall: np.ndarray, offsets: np.ndarray) -> str | None:
+    """A time zone (of the system's database) in which each local clock time ``wall`` with its
+    UTC offset ``offsets`` (seconds) is the offset that zone has at that moment; None if none."""
+    import datetime as _dt
+    import zoneinfo
+
+    import pandas as pd
+
+    global _ZONES
+    if _ZONES is None:
+        _ZONES = []
+        for name in sorted(zoneinfo.available_timezones()):
+            try:
+                _ZONES.append(zoneinfo.ZoneInfo(name))
+            except (OSError, ValueError):
+                continue
+    pairs = np.unique(np.stack([wall.astype(np.int64) - offsets, offsets], axis=1), axis=0)  # (UTC, offset)
+    instants, offsets = pairs[:, 0], pairs[:, 1]
+    probes = [int(np.flatnonzero(offsets == off)[0]) for off in dict.fromkeys(offsets.tolist())]
+
+    def offset_at(zone, t: int) -> float | None:
+        try:
+            return _dt.datetime.fromtimestamp(int(instants[t]), zone).utcoffset().total_seconds()
+        except (OverflowError, OSError, ValueError):
+            return None
+
+    utc = pd.DatetimeIndex(instants.astype("datetime64[s]"))
+    for zone in _ZONES:
+        if all(offset_at(zone, t) == offsets[t] for t in probes):
+            local = utc.tz_localize("UTC").tz_convert(str(zone.key)).tz_localize(None)
+            if ((local - utc).total_seconds().to_numpy() == offsets).all():
+                return str(zone.key)
+    return None
 
 
 # Epoch timestamps, as exchanges export them: whole seconds, milliseconds, microseconds or
@@ -179,7 +247,7 @@ def parse_times(raw, where: str, column: str, time_unit: str | None = None) -> n
       says (one unit for the whole file), unless every value is an eight-digit YYYYMMDD date;
     - text: ISO 8601 dates and times (any layout), else every value in the format of the first.
 
-    Offsets are dropped (bars keep their local clock time, see ``_check_one_zone``); epoch times
+    Offsets are dropped (bars keep their local clock time, see ``_one_clock``); epoch times
     are UTC. The first value that is none of these is a one-line ``DataError`` naming its row."""
     check_time_unit(time_unit)
     text = raw.to_numpy(dtype=object)
@@ -393,9 +461,9 @@ def import_csv(files, out, *, instrument: str | None = None, force: bool = False
     series: dict[str, tuple[Path, np.ndarray, dict]] = {}
     seen: dict[str, str] = {}
     for path in it:
-        for sym, d, vals, date_col in _read_one(path, time_unit):
-            if notes is not None and date_column_note(date_col) and date_column_note(date_col) not in notes:
-                notes.append(date_column_note(date_col))
+        for sym, d, vals, said in _read_one(path, time_unit):
+            if notes is not None:
+                notes.extend(note for note in said if note not in notes)
             low = sym.lower()
             if low in seen:
                 prev = series[seen[low]][0]
