@@ -30,6 +30,7 @@ class TrainingStopped(BaseException):
     def __init__(self, signum: int):
         self.signum = int(signum)
         self.name = signal.Signals(signum).name
+        self.after: str | None = None  # the phase a run had completed after its training (stop_reason)
         super().__init__(f"stopped by {self.name}")
 
 
@@ -131,10 +132,17 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
-def stop_reason(signum: int, root) -> str:
-    """The ``stop_reason`` of a run stopped by a signal."""
+def stop_reason(signum: int, root, after: str | None = None) -> str:
+    """The ``stop_reason`` of a run stopped by a signal; ``after``: the phase it completed after
+    its last epoch (``trained``, ``verdict``...: docs/reliability.md#a-stop-after-the-last-epoch),
+    None while it trains."""
+    where = f" in {root / 'checkpoints'}" if root is not None else ""
+    name = signal.Signals(signum).name
+    if after is not None:
+        return (f"stopped by {name} after its training (its {after} phase done); the training state and the best "
+                f"checkpoint are kept{where}: the same command continues from there without training again")
     where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
-    return (f"stopped by {signal.Signals(signum).name}; the training state after the last finished epoch is "
+    return (f"stopped by {name}; the training state after the last finished epoch is "
             f"kept{where}: the same command resumes from it")
 
 

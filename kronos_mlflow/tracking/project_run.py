@@ -42,7 +42,7 @@ def exit_in_one_line(name: str, work: Callable[[], int | None], *, speaks: bool 
         return EXIT_USAGE
     except TrainingStopped as exc:  # SIGTERM / Ctrl-C of a training: it ended KILLED
         if speaks:
-            report(f"{name}: {stop_reason(exc.signum, None)}")
+            report(f"{name}: {stop_reason(exc.signum, None, after=exc.after)}")
         return exit_code(exc.signum)
     except KeyboardInterrupt:  # Ctrl-C of a command with no stop handling of its own
         if speaks:

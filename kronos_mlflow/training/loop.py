@@ -132,6 +132,21 @@ class RunFiles:
         self.layout = layout
         self.enabled = bool(enabled)
         self.config = config  # the run's (a LoRA run's adapter settings)
+        self.phase: str | None = None  # the last phase after the training that completed (every rank)
+        self.phase_state: dict[str, Any] | None = None  # the training state the phases follow
+
+    def record_phase(self, phase: str, result: Mapping[str, Any] | None = None) -> None:
+        """``phase`` (after the last epoch) completed with the run's ``result`` so far:
+        :mod:`kronos_mlflow.training.checkpoint.phase`, which the same command continues from."""
+        self.phase = phase
+        if self.enabled and self.phase_state is not None:
+            with stopping.deferred():  # a stop waits until the record is whole
+                checkpoint.phase.write(self.layout.checkpoints, phase, state=self.phase_state, result=result)
+
+    def clear_phase(self) -> None:
+        """A fresh start: no phase of an earlier run in this directory stays."""
+        if self.enabled:
+            checkpoint.phase.clear(self.layout.checkpoints)
 
     def save_best(self, raw_model) -> None:
         """The best epoch's weights in the hub layout, adapters merged (:func:`finetune.merged`);
@@ -279,6 +294,12 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
         initial=extra.get("val_loss_initial"),
         extra=dict(extra),
     )
+    if progress.start_epoch > last_epoch:  # stopped after its training: what follows it continues
+        reached = (resume_state.get("phase") or {}).get("phase", checkpoint.phase.TRAINED)
+        console.print(f"training is complete ({last_epoch + 1} epochs, {progress.global_step} steps, best val_loss "
+                      f"{progress.best_val_loss:.6f}); the run stopped after its {reached} phase and continues "
+                      f"from there with its best checkpoint, without training again ({state['directory']})")
+        return progress
     console.print(f"resuming at epoch {progress.start_epoch + 1}/{last_epoch + 1} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
     return progress
@@ -302,7 +323,9 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
             config={**config, "world_size": world_size},
             extra={"best_epoch": progress.best_epoch, "val_loss_history": progress.history,
                    "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()},
-                   **({"frozen_digest": progress.frozen_digest} if finetune.partial(config) else {})},
+                   **({"frozen_digest": progress.frozen_digest} if finetune.partial(config) else {}),
+                   # the last epoch's state: the training is done (what follows is in phase.json)
+                   **({"phase": checkpoint.phase.TRAINED} if epoch == config["epochs"] - 1 else {})},
             rng_states=rng_states, trained_only=finetune.partial(config),
         )
 
@@ -380,6 +403,13 @@ def judge_on_test(progress: Progress, device, config: Mapping[str, Any], logger:
     return heldout.as_json()
 
 
+def phase_state(config: Mapping[str, Any], world_size: int, progress: Progress,
+                run_ids: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ties the phases after the last epoch to the training state saved after it."""
+    return checkpoint.phase.state_key({"run_ids": run_ids or {}, "global_step": progress.global_step,
+                                       "config_digest": checkpoint.config_digest(config, world_size=world_size)})
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -428,6 +458,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     save_state = functools.partial(save_progress, files, logger, raw_model, optimizer, scheduler, progress,
                                    config=config, world_size=world_size, run_ids=run_ids, hooks=hooks)
     if resume_state is None:
+        files.clear_phase()  # an earlier run's phases in this directory are not this run's
         files.save_start(raw_model)  # the test verdict's base, also for a resumed run
         files.save_stage_files(stage)
         save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
@@ -459,16 +490,33 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         # Every rank learns rank 0's decision (the sum is 0 unless rank 0 said stop).
         if dist_sum([1.0 if stop else 0.0])[0] > 0:
             console.print(f"pruned after epoch {epoch + 1}/{last_epoch + 1}")
+            if epoch == last_epoch:  # its state says trained: a pruned trial is not continued
+                files.phase_state = phase_state(config, world_size, progress, run_ids)
+                files.record_phase("pruned")
             raise TrainingPruned(f"pruned after epoch {epoch + 1}/{last_epoch + 1} with val_loss {val.loss}")
         barrier()
-    result = finish_run(progress, data, device, config, logger, files, stage, hooks)
-    result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
-                                   world_size=world_size, stage=stage)
-    reused: dict[str, Any] = {}
-    for hook in hooks:
-        reused.update(hook.forecasts())
-    card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
-                           console=console, step=max(progress.best_epoch, 0), reused=reused)
-    if card is not None:
-        result["scorecard"] = card.as_json()
+    # After the last epoch each phase that completes is recorded (checkpoint/phase.py): a run
+    # stopped or failed in one continues there, and a phase done is not done again.
+    record = (resume_state or {}).get("phase") if progress.start_epoch > last_epoch else None
+    files.phase_state = phase_state(config, world_size, progress, run_ids)
+    files.phase = record["phase"] if record else checkpoint.phase.TRAINED
+    done = functools.partial(checkpoint.phase.done, record)
+    result: dict[str, Any] = dict(record["result"]) if record else {}
+    if not done("summarized"):
+        result = finish_run(progress, data, device, config, logger, files, stage, hooks)
+        files.record_phase("summarized", result)
+    if not done("verdict"):
+        result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
+                                       world_size=world_size, stage=stage)
+        files.record_phase("verdict", result)
+    if not done("scorecard"):
+        reused: dict[str, Any] = {}
+        for hook in hooks:
+            reused.update(hook.forecasts())
+        card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
+                               console=console, step=max(progress.best_epoch, 0), reused=reused)
+        if card is not None:
+            result["scorecard"] = card.as_json()
+        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") == "on"
+        files.record_phase("calibration" if alone else "scorecard", result)
     return result

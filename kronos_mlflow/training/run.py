@@ -162,11 +162,12 @@ def train_model(model, device, config, save_dir, logger, rank, world_size, epoch
 
 
 def fit_stage(model, stage, config: Mapping[str, Any], layout, info, logger, console: Console, *, should_stop=None,
-              resume_state=None, run_ids=None, steps: int | None = None):
+              resume_state=None, run_ids=None, steps: int | None = None, files=None):
     """Every training's wiring once its stage piece and model are built: the fine-tune mode, the
     stage's epoch hooks, the loop. ``steps`` (the command's): the run's optimizer steps; it also
     records and prints what trains, and compiles or wraps the model for its speed settings.
-    Returns ``(model, result)``."""
+    ``files``: the run's :class:`~kronos_mlflow.training.loop.RunFiles` (default: rank 0's, made
+    here). Returns ``(model, result)``."""
     from ..model import finetune  # lazy: torch
     from ..evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
     from .loop import RunFiles, fit, prepare_model
@@ -177,7 +178,8 @@ def fit_stage(model, stage, config: Mapping[str, Any], layout, info, logger, con
         console.print(finetune.describe(model, config))
         model = prepare_model(model, config, info.device, distributed=info.distributed, run_steps=steps)
     hooks = epoch_hooks(config, stage, info.device, rank=info.rank, world_size=info.world_size, console=console)
-    result = fit(model, info.device, config, logger, RunFiles(layout, enabled=info.is_main, config=config), console,
+    files = files if files is not None else RunFiles(layout, enabled=info.is_main, config=config)
+    result = fit(model, info.device, config, logger, files, console,
                  rank=info.rank, world_size=info.world_size, should_stop=should_stop, resume_state=resume_state,
                  run_ids=run_ids, stage=stage, hooks=hooks)
     return model, result
@@ -311,6 +313,7 @@ def main(config: Mapping[str, Any]) -> dict:
     from ..tracking import Tracking  # lazy: numpy, urllib/http
     from ..serving.model_logging import log_dataset_input, record_result
     from ..tracking.protocol import NullLogger
+    from .loop import RunFiles
 
     stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
     config = cfg.validate(dict(config))
@@ -321,7 +324,7 @@ def main(config: Mapping[str, Any]) -> dict:
     info = init_distributed(config["device"])
     published.adopt(broadcast_object(published.decisions(published.read_by(config))))  # rank 0's auto: every rank's
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
-    layout_root, writer = None, None
+    layout_root, writer, files = None, None, None
     try:
         seed_everything(config["seed"], info.rank)
         # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
@@ -346,16 +349,20 @@ def main(config: Mapping[str, Any]) -> dict:
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         announce_starts(config, logger, console)  # what auto chose, and why
+        files = RunFiles(layout, enabled=info.is_main, config=config)
         _, result = fit_stage(model, stage, config, layout, info, logger, console, steps=steps,
                               should_stop=TrialReporter.from_env() if info.is_main else None,
-                              resume_state=resume_state, run_ids=tracking.run_ids())
-        if tracking.mlflow is not None:
+                              resume_state=resume_state, run_ids=tracking.run_ids(), files=files)
+        if tracking.mlflow is not None and files.phase != "logged":  # a continued run may have logged it
             record_result(tracking, layout, config, result, world_size=info.world_size, digest=digest,
                           started=started, log_model=spec.log_model, heldout_metrics=run_metrics_of(result.get("test")))
+        files.record_phase("logged", result)
+        if tracking.mlflow is not None:
             console.lines(training_lines(  # what next: the run, its number, its files, how to look at it
                 result, run_id=tracking.mlflow.run_id, experiment_id=tracking.mlflow.experiment_id,
                 tracking_uri=tracking.mlflow.client.tracking_uri, run_directory=layout.root.resolve()))
         barrier()
+        files.record_phase("finished", result)  # the same command again starts a new run
         status = "success"
         return result
     except TrainingPruned as exc:
@@ -364,10 +371,14 @@ def main(config: Mapping[str, Any]) -> dict:
     except BaseException as exc:  # record why, then let it propagate
         reason = f"{type(exc).__name__}: {exc}"
         if stopping.received() is not None:  # a stop signal (here, or a peer's: its collective failed)
-            status, reason = "killed", stopping.stop_reason(stopping.received(), layout_root)
+            after = files.phase if files is not None else None  # stopped after its training: what it finished
+            status, reason = "killed", stopping.stop_reason(stopping.received(), layout_root, after=after)
             stop = stopping.standing_for(exc)
             if stop is not None:  # a collective broken by a peer that stopped first: this rank stops too
+                stop.after = after
                 raise stop from None
+            if isinstance(exc, TrainingStopped):
+                exc.after = after  # the command's line says it too
         raise
     finally:
         try:

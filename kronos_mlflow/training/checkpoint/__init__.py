@@ -9,6 +9,7 @@ from __future__ import annotations
 
 # Every name stays importable from kronos_mlflow.training.checkpoint, where callers have always found it.
 from ...config.digest import RESULT_NEUTRAL_KEYS, config_digest, digest_config
+from . import phase  # noqa: F401
 from .resume import find_resumable, find_resumable_everywhere  # noqa: F401
 from .rng import capture_rng_state, gather_rng_states, restore_rng_state
 from .state import (FORMAT, FORMAT_VERSION, LAST_DIR, MODEL_NAME, OLD_SUFFIX, OPTIMIZER_NAME,  # noqa: F401

@@ -11,6 +11,7 @@ from typing import Any
 from ...config.digest import config_digest, digest_config
 from ...runtime.distributed import broadcast_object
 from ...errors import CheckpointError, UserError
+from . import phase
 from .state import OLD_SUFFIX, read_training_state, state_dir
 
 
@@ -29,7 +30,9 @@ def find_resumable(
     or another config is a :class:`CheckpointError`. A damaged state is a CheckpointError in
     ``auto`` and ``must``: it is never silently overwritten. The checksums of the tensor files are
     verified. The returned dict is :func:`read_training_state`'s (``directory``, ``epoch``,
-    ``next_epoch``, ``global_step``, ``run_ids``...).
+    ``next_epoch``, ``global_step``, ``run_ids``...); a state saved after the last epoch of a run
+    that did not finish is returned too, with ``phase``: the phase record it reached after its
+    training (:func:`kronos_mlflow.training.checkpoint.phase.read`; None: the training only).
     """
     if mode not in ("auto", "never", "must"):
         raise CheckpointError(f"resume: '{mode}' is not one of auto, never, must")
@@ -55,7 +58,13 @@ def find_resumable(
                       "use another tokenizer_save_folder_name to keep it", stacklevel=2)
         return None
     if state["next_epoch"] >= int(config["epochs"]):
-        # A run that finished is not resumed: the same command again trains anew.
+        # Every epoch is done. A run stopped or failed after its training continues from the
+        # phase it reached (the verdict, the scorecard, the model's logging), without training
+        # again; a run that finished is not resumed: the same command again trains anew.
+        record = phase.read(directory.parent, state) if phase.trained(state, config["epochs"]) else None
+        if phase.trained(state, config["epochs"]) and not (record and record["terminal"]):
+            state["phase"] = record
+            return state
         if mode == "must":
             raise CheckpointError(f"resume is must but the training state in '{state['directory']}' is complete "
                                   f"({config['epochs']} epochs); raise epochs or set resume to auto")
@@ -81,7 +90,8 @@ def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info, *, firs
             if first is not None:
                 first()
             found = find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
-            answer = ("ok", None if found is None else {k: found[k] for k in ("directory", "run_ids", "epoch")})
+            answer = ("ok", None if found is None else {k: found.get(k) for k in ("directory", "run_ids", "epoch",
+                                                                                     "phase")})
         except UserError as exc:
             answer = ("error", str(exc))
     if info.distributed:
