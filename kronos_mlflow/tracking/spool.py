@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..runtime.fsutil import JsonFileError, parse_json, read_bounded
 from .ownership import TAG as OWNER_TAG
 from .ownership import is_token, owns
 
@@ -108,19 +109,18 @@ def read_spool(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, 
     last line was cut short (a crash while appending), else 0."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if path.is_file() and size > _MAX_SPOOL_BYTES:
-            raise SpoolError(f"spool file '{path}' is {size:,} bytes; a kronos-mlflow spool is far smaller (at most "
-                             f"{_MAX_SPOOL_BYTES:,} bytes are read)")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpoolError(f"spool file '{path}' does not exist") from None
-    except IsADirectoryError:
-        raise SpoolError(f"spool file '{path}' is a directory") from None
-    except OSError as exc:
-        raise SpoolError(f"spool file '{path}' cannot be read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode("utf-8")
+        text = read_bounded(path, _MAX_SPOOL_BYTES).decode("utf-8")
+    except JsonFileError as exc:
+        if exc.kind == "missing":
+            raise SpoolError(f"spool file '{path}' does not exist") from None
+        if exc.kind == "not-regular":
+            raise SpoolError(f"spool file '{path}' is {'a directory' if exc.values.get('directory') else 'not a regular file'}"
+                             ) from None
+        if exc.kind == "too-large":
+            raise SpoolError(f"spool file '{path}' is {exc.values['size']:,} bytes; a kronos-mlflow spool is far smaller "
+                             f"(at most {_MAX_SPOOL_BYTES:,} bytes are read)") from None
+        reason = exc.values.get("reason")
+        raise SpoolError(f"spool file '{path}' cannot be read ({getattr(reason, 'strerror', None) or reason})") from None
     except UnicodeDecodeError as exc:
         raise SpoolError(f"spool file '{path}' is not UTF-8 text (bad byte at offset {exc.start}); "
                          "expected the JSON lines a kronos-mlflow run writes") from None
@@ -137,9 +137,9 @@ def read_spool(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, 
             continue
         try:
             if len(line) > _MAX_LINE:
-                raise ValueError("line too long")
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
+                raise JsonFileError("too-large", "is too long")
+            obj = parse_json(line)
+        except JsonFileError:
             if last and not complete_end and header is not None:
                 ignored = 1  # cut short by a crash while appending: everything before it is good
                 continue
