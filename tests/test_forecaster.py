@@ -100,7 +100,7 @@ def _reference(dirs, x: dict[str, np.ndarray], pred_len: int, seed: int, **sampl
 def test_the_paths_are_predict_paths_for_the_same_seed(logged):
     x = _windows()
     got = logged["model"].predict(x, params={"seed": 11, "sample_count": 3, "T": 0.8, "top_p": 0.95})
-    assert sorted(got) == ["calibration", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
+    assert sorted(got) == ["calibration", "calibration_note", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
     assert got["paths"].shape == (2, 3, 5, 6) and got["paths"].dtype == np.float32
     expected = _reference(logged["dirs"], x, 5, 11, T=0.8, top_k=0, top_p=0.95, sample_count=3)
     np.testing.assert_array_equal(got["paths"], expected.astype(np.float32))

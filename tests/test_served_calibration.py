@@ -8,7 +8,10 @@ logged without a calibrator, as a model logged before calibration was served.
 Checked: the default answer is the calibrator's quantiles and p_up of the paths' raw ones;
 ``calibrated: false`` answers numpy's quantiles of the returned paths' close; the model without
 a calibrator answers raw and says so; a bad ``calibrated`` is one line; the signature and the
-model's files (``calibrator/calibrator.json``, no pickle).
+model's files (``calibrator/calibrator.json``, no pickle). A lookback too short for the volatility
+the calibrator scales by, or closes not all positive, is answered raw with the reason; a model
+whose calibrator is damaged loads, warns in one line naming the file and the field and answers
+raw; ``kronos-mlflow evaluate --check`` refuses such a model in that line with exit code 2.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_forecaster import _windows, _write_checkpoints
-from tiny_runs import TRACKING_ENV, isolated_vars, tiny_config
+from tiny_runs import TRACKING_ENV, isolated_env, isolated_vars, tiny_config
 
 from kronos_mlflow.evaluation import calibration
 from kronos_mlflow.serving.forecasting import quantiles
 
 CLOSE = quantiles.CLOSE
-OUTPUTS = ["calibration", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
+OUTPUTS = ["calibration", "calibration_note", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
 
 
 def _synthetic_calibrator(horizon: int, n: int = 60, paths: int = 8) -> quantiles.Calibrator:
@@ -96,6 +99,7 @@ def test_the_default_answer_is_calibrated(served):
     assert out["quantiles"].shape == (3, 13, 5) and out["quantiles"].dtype == np.float64
     np.testing.assert_array_equal(out["quantile_levels"], quantiles.QLEVELS)
     assert out["p_up"].shape == (3,) and list(out["calibration"]) == ["calibrated"] * 3
+    assert list(out["calibration_note"]) == [""] * 3
     raw, raw_up = _raw(out, x["bars"])
     close = x["bars"][..., CLOSE].astype(np.float64)
     expected = served["cal"].quantiles(raw, close[:, -1], quantiles.histvol_sigma(close))
@@ -122,6 +126,7 @@ def test_calibrated_false_answers_the_paths_own_quantiles(served):
     np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
     np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
     assert list(out["calibration"]) == ["raw", "raw"]
+    assert list(out["calibration_note"]) == ["calibrated: false asked for the paths' own quantiles and p_up"] * 2
     assert not np.allclose(out["quantiles"], default["quantiles"])
 
 
@@ -135,6 +140,110 @@ def test_a_model_without_a_calibrator_serves_raw(served):
         np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
         np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
         assert list(out["calibration"]) == ["raw", "raw"]
+        assert all(note.startswith("the model carries no calibrator") for note in out["calibration_note"])
+
+
+def test_a_lookback_too_short_for_the_volatility_is_answered_raw_and_says_why(served):
+    """2 bars give no volatility (histvol needs 3 closes): raw, the note naming the minimum; a
+    series with a non-positive close is raw beside a calibrated one."""
+    short = _windows(n=2, lookback=2)
+    out = served["model"].predict(short, params={"sample_count": 6, "seed": 3})
+    raw, raw_up = _raw(out, short["bars"])
+    np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
+    np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
+    assert list(out["calibration"]) == ["raw", "raw"]
+    note = str(out["calibration_note"][0])
+    assert "lookback of 2 bars" in note and "at least 3 bars" in note and "\n" not in note, note
+    x = _windows(n=2, lookback=quantiles.MIN_CALIBRATED_LOOKBACK)
+    x["bars"][1, 0, CLOSE] = 0.0  # a close of 0: no log return
+    out = served["model"].predict(x, params={"sample_count": 6, "seed": 3})
+    assert list(out["calibration"]) == ["calibrated", "raw"] and out["calibration_note"][0] == ""
+    assert "not all positive" in out["calibration_note"][1]
+    raw, raw_up = _raw(out, x["bars"])
+    np.testing.assert_allclose(out["quantiles"][1], raw[1], rtol=1e-12)
+    close = x["bars"][:1, :, CLOSE].astype(np.float64)
+    np.testing.assert_allclose(out["quantiles"][:1], served["cal"].quantiles(raw[:1], close[:, -1],
+                                                                             quantiles.histvol_sigma(close)), rtol=1e-12)
+
+
+def _damaged_copy(served, name: str, edit) -> Path:
+    """The calibrated model downloaded once per test module, its calibrator.json edited by ``edit``
+    (the JSON value, or bytes to write as they are)."""
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=served["cal_uri"],
+                                                     dst_path=str(served["tmp"] / name), tracking_uri=served["uri"]))
+    path = local / "artifacts" / "calibrator" / "calibrator.json"
+    value = edit(json.loads(path.read_text()))
+    path.write_bytes(value if isinstance(value, bytes) else json.dumps(value).encode())
+    return local
+
+
+def test_a_damaged_calibrator_loads_and_answers_raw_with_a_warning(served):
+    import mlflow
+
+    local = _damaged_copy(served, "base-rate-5", lambda d: {**d, "base_rate": 5})
+    with pytest.warns(UserWarning) as caught:
+        model = mlflow.pyfunc.load_model(str(local))
+    (line,) = [str(w.message) for w in caught if "calibrator.json" in str(w.message)]
+    assert line == ("the model's calibrator/calibrator.json: base_rate is '5'; expected a number from 0 to 1; the "
+                    "model answers raw quantiles and p_up")
+    x = _windows(n=2)
+    out = model.predict(x, params={"sample_count": 5, "seed": 1})
+    raw, raw_up = _raw(out, x["bars"])
+    np.testing.assert_allclose(out["quantiles"], raw, rtol=1e-12)
+    np.testing.assert_allclose(out["p_up"], raw_up, rtol=1e-12)
+    assert (0 <= out["p_up"]).all() and (out["p_up"] <= 1).all()
+    assert list(out["calibration"]) == ["raw", "raw"]
+    assert list(out["calibration_note"]) == ["the model's calibrator/calibrator.json: base_rate is '5'; expected a "
+                                             "number from 0 to 1: answered raw"] * 2
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: {**d, "time_range": ["not a date", "2023-03-31"]}, "time_range[0] is 'not a date'"),
+    (lambda d: json.dumps(d).replace('"origins": 60', '"origins": 1e400').encode(), "origins is 'inf'"),
+    (lambda d: b"{not json", "is not JSON (line 1 column 2"),
+    (lambda d: {**d, "p_up": {"x": [0.9, 0.1], "y": [0.2, 0.3]}}, "p_up.x[1] is 0.1, below p_up.x[0] 0.9"),
+    (lambda d: {**d, "score_quantiles": [[1.0] * 5] * 6 + [[1.0] * 5]}, "score_quantiles is a list of 7 rows"),
+    (lambda d: {**d, "version": 2}, "version is '2'"),
+])
+def test_each_field_of_a_calibrator_is_checked_in_one_line(tmp_path, served, edit, needle):
+    from kronos_mlflow.serving.forecasting.pyfunc import loaded_calibrator
+
+    path = tmp_path / "calibrator.json"
+    value = edit(json.loads(served["json"]))
+    path.write_bytes(value if isinstance(value, bytes) else json.dumps(value).encode())
+    with pytest.warns(UserWarning, match="calibrator.json"):
+        calibrator, why = loaded_calibrator(str(path))
+    assert calibrator is None and needle in why and "\n" not in why, why
+
+
+def test_the_mlmodel_model_config_is_checked_at_load():
+    from kronos_mlflow.errors import UserError
+    from kronos_mlflow.serving.forecasting.pyfunc import model_settings
+
+    assert model_settings({"pred_len": 5, "max_context": 512, "clip": 5.0}) == {
+        "pred_len": 5, "max_context": 512, "clip": 5.0, "device": None}
+    for config, needle in (({"pred_len": "x"}, "model_config.pred_len is 'x'"),
+                           ({"max_context": 1e400}, "model_config.max_context is 'inf'"),
+                           ({"clip": -1.0}, "model_config.clip"), ({"device": ["cpu"]}, "model_config.device")):
+        with pytest.raises(UserError, match="the model's MLmodel file") as caught:
+            model_settings(config)
+        assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_evaluate_check_refuses_a_model_whose_calibrator_is_damaged(served, commands):
+    """What a user types: ``kronos-mlflow evaluate --model <model dir> --check``; the calibrator
+    is read before anything else of the model is used, and nothing is written."""
+    local = _damaged_copy(served, "evaluate-check", lambda d: {**d, "base_rate": 5})
+    env = isolated_env(served["tmp"] / "evaluate-check-env", served["uri"])
+    before = sorted(p for p in served["tmp"].rglob("*") if p.is_file())
+    proc = commands.run(["kronos-mlflow", "evaluate", "--model", str(local / "artifacts"), "--check"],
+                        cwd=served["tmp"], env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (f"kronos-mlflow evaluate: error: --model '{local / 'artifacts'}': its "
+                                   "calibrator/calibrator.json: base_rate is '5'; expected a number from 0 to 1")
+    assert sorted(p for p in served["tmp"].rglob("*") if p.is_file()) == before
 
 
 def test_a_bad_calibrated_is_one_line(served):
@@ -175,7 +284,7 @@ def test_the_signature_and_the_model_files(served):
 
     signature = mlflow.models.Model.load(str(local / "MLmodel")).signature
     assert [s.name for s in signature.outputs.inputs] == ["paths", "mean", "quantiles", "quantile_levels", "p_up",
-                                                           "calibration"]
+                                                           "calibration", "calibration_note"]
     params = {p.name: (p.dtype.name, p.default) for p in signature.params.params}
     assert params["calibrated"] == ("boolean", True)
     assert sorted(params) == sorted(["pred_len", "T", "top_k", "top_p", "sample_count", "seed", "calibrated"])
@@ -193,9 +302,9 @@ def test_a_bad_calibrator_is_refused_before_logging(tmp_path):
 
     bad = tmp_path / "calibrator.json"
     bad.write_text(json.dumps({"format": "something else"}))
-    with pytest.raises(UserError, match=r"not a calibrator this version reads"):
+    with pytest.raises(UserError, match=r"calibrator.json: the file lacks version"):
         read_calibrator(str(bad))
     bad.write_text("{not json")
-    with pytest.raises(UserError, match=r"cannot read a calibrator") as caught:
+    with pytest.raises(UserError, match=r"calibrator.json is not JSON \(line 1 column 2") as caught:
         log_forecaster(None, str(tmp_path), str(tmp_path), {}, calibrator_path=str(bad))  # nothing logged
     assert "\n" not in str(caught.value)

@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     check_context(config)
     with tempfile.TemporaryDirectory(prefix="kronos-eval-") as scratch:
         tok_dir, pred_dir, run_id = resolve_model(args.model, Path(scratch))
+        # the model's own calibrator (calibration on), checked field by field before any work and by --check
+        from ..evaluation.calibration import is_on  # lazy: numpy
+
+        calibrator = model_calibrator(pred_dir, f"--model '{args.model}'") if is_on(config) else None
         tokenizer = resolve_tokenizer(str(tok_dir), device, what="--model")
         models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
         z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
@@ -119,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if not z_pred:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
-        card = score_forecasters(config, models, console=console, calibrator=model_calibrator(pred_dir))
+        card = score_forecasters(config, models, console=console, calibrator=calibrator)
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"

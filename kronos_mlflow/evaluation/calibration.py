@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..serving.forecasting.quantiles import Calibrator, floored
+from ..serving.forecasting.quantiles import MIN_CALIBRATED_LOOKBACK, Calibrator, floored
 from . import probabilistic as pr
 
 CALIBRATED = "finetuned_calibrated"
@@ -112,7 +112,14 @@ def time_range(origins) -> tuple[str, str]:
 
 
 def too_few(n: int, config: Mapping[str, Any]) -> str:
-    """Why ``n`` calibration origins are refused ('' when enough)."""
+    """Why ``n`` calibration origins are refused ('' when enough), or a lookback too short for
+    the volatility the calibrator scales by (fewer than
+    :data:`~kronos_mlflow.serving.forecasting.quantiles.MIN_CALIBRATED_LOOKBACK` bars)."""
+    lookback = int(config.get("lookback_window") or 0)
+    if lookback < MIN_CALIBRATED_LOOKBACK:
+        return (f"calibration on: lookback_window {lookback} gives no volatility for the calibrator to scale by (the "
+                f"std of the close's log returns needs at least {MIN_CALIBRATED_LOOKBACK} bars); raise lookback_window "
+                f"to {MIN_CALIBRATED_LOOKBACK} or more, or set calibration off")
     need = int(config.get("calibration_min_origins") or 1)
     if n >= need:
         return ""

@@ -4,6 +4,7 @@ id. Every failure is one :class:`~kronos_mlflow.errors.UserError` line naming th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..config.core import flatten
@@ -181,10 +182,15 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
     return dirs[0], dirs[1], run_id
 
 
-def model_calibrator(predictor_dir: Path):
+def model_calibrator(predictor_dir: Path, what: str = "--model"):
     """The calibrator a logged forecaster carries beside its checkpoints (``calibrator/calibrator.json``
-    next to ``predictor/``), or None (a model logged without one, or checkpoint directories)."""
-    from ..serving.forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, read_calibrator  # lazy: mlflow
+    next to ``predictor/``), read and checked by the one reader of handed-over files
+    (:func:`kronos_mlflow.tracking.handover.read_calibrator`), or None (a model logged without one,
+    or checkpoint directories); a damaged one is one line naming ``what``, the file and the field."""
+    from ..serving.forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE  # lazy: mlflow
+    from ..tracking.handover import read_calibrator
 
     path = Path(predictor_dir).parent / CALIBRATOR_ARTIFACT / CALIBRATOR_FILE
-    return read_calibrator(str(path)) if path.is_file() else None
+    if not os.path.lexists(path):
+        return None
+    return read_calibrator(path, f"{what}: its {CALIBRATOR_ARTIFACT}/{CALIBRATOR_FILE}")

@@ -24,7 +24,7 @@ from ..config.core import format_time_range, run_params
 from ..data import resolve_qlib_path
 from .forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
 from .forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
-from .forecasting.quantiles import QLEVELS
+from .forecasting.quantiles import MIN_CALIBRATED_LOOKBACK, QLEVELS
 from ..runtime.fsutil import write_atomic
 from ..tracking.keys import BEST_METRIC, PREDICTOR_VAL_METRIC, TOKENIZER_VAL_METRIC
 from .tokenizer_model import CHECKPOINT_ARTIFACT, MODEL_NAME, tokenize_windows
@@ -232,7 +232,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
 
 def forecaster_signature(pred_len: int):
     """The forecaster's signature: its outputs (``paths``, ``mean``, and the close's
-    ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``) and the parameters with their
+    ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``, ``calibration_note``) and the parameters with their
     defaults (``pred_len``: the config's predict_window; the sampling ones; ``calibrated``). The
     inputs are left open: ``predict`` checks the dict of ``bars`` and ``timestamps`` itself and
     refuses bad input in one short line (MLflow's own schema check would print the whole array)."""
@@ -243,7 +243,8 @@ def forecaster_signature(pred_len: int):
     outputs = Schema([TensorSpec(float32, (-1, -1, -1, 6), "paths"), TensorSpec(float32, (-1, -1, 6), "mean"),
                       TensorSpec(float64, (-1, len(QLEVELS), -1), "quantiles"),
                       TensorSpec(float64, (len(QLEVELS),), "quantile_levels"), TensorSpec(float64, (-1,), "p_up"),
-                      TensorSpec(np.dtype(str), (-1,), "calibration")])
+                      TensorSpec(np.dtype(str), (-1,), "calibration"),
+                      TensorSpec(np.dtype(str), (-1,), "calibration_note")])
     params = [ParamSpec("pred_len", "long", int(pred_len))]
     params += [ParamSpec(k, "double" if isinstance(v, float) else "long", v) for k, v in SAMPLING_DEFAULTS.items()]
     params += [ParamSpec(k, "boolean", v) for k, v in SERVING_DEFAULTS.items()]
@@ -307,7 +308,9 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
         "forecaster_model.py", artifacts, model_config, forecaster_signature(pred_len),
         (example, dict(FORECAST_CHECK)), _metadata(config))
 
-    state = "calibrated" if CALIBRATOR_ARTIFACT in artifacts else "raw"
+    # calibrated where the model carries a calibrator and the example's lookback gives its volatility
+    state = ("calibrated" if CALIBRATOR_ARTIFACT in artifacts
+             and int(config["lookback_window"]) >= MIN_CALIBRATED_LOOKBACK else "raw")
 
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))

@@ -1,5 +1,6 @@
 """Files another run hands over (a walk-forward parent's ``walkforward/folds.json``, an evaluation
-run's ``evaluation/origins.parquet`` and ``forecasts.parquet``), each read through one reader that
+run's ``evaluation/origins.parquet`` and ``forecasts.parquet``, a logged forecaster's
+``calibrator/calibrator.json``), each read through one reader that
 checks it whole (the fold table's, :func:`kronos_mlflow.workflows.walkforward.folds.read_folds_json`,
 with this module's checks): any way it can be wrong is one :class:`~kronos_mlflow.errors.UserError`
 line naming the file and where it came from, never another exception (docs/reliability.md#what-a-name-may-be).
@@ -8,7 +9,6 @@ line naming the file and where it came from, never another exception (docs/relia
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import re
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config import names
 from ..errors import UserError, short_reason
+from ..runtime.fsutil import JsonFileError, load_json
 
 FOLDS_JSON = "walkforward/folds.json"
 ORIGINS_PARQUET = "evaluation/origins.parquet"
@@ -89,24 +90,18 @@ def _regular_file(path: Path, source: str, max_bytes: int) -> int:
     return info.st_size
 
 
-def json_value(path: Path, source: str, expected: str) -> Any:
-    """The JSON value of ``path`` (a regular file of at most :data:`MAX_JSON_BYTES`), or one line
-    naming ``source`` (never the local copy's path: a scratch file the user never sees)."""
-    _regular_file(path, source, MAX_JSON_BYTES)
+def json_value(path: Path, source: str, expected: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value of ``path`` (a regular file of at most ``max_bytes``, read by
+    :func:`kronos_mlflow.runtime.fsutil.load_json`), or one line naming ``source`` (never the
+    local copy's path: a scratch file the user never sees)."""
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{source} cannot be read ({short_reason(exc, 120)})") from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{source} is not UTF-8 text (bad byte at offset {exc.start}); expected {expected}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{source} is not JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); expected "
-                        f"{expected}") from None
-    except (ValueError, RecursionError) as exc:  # an integer of more digits than Python converts; deep nesting
-        raise UserError(f"{source} is not JSON this reader accepts ({short_reason(exc, 100)}); expected "
-                        f"{expected}") from None
+        return load_json(path, max_bytes)
+    except JsonFileError as exc:
+        if exc.kind in ("missing", "not-regular"):
+            raise UserError(f"{source} {exc.detail}; expected the file its command logged") from None
+        if exc.kind in ("too-large", "unreadable"):
+            raise UserError(f"{source} {exc.detail}") from None
+        raise UserError(f"{source} {exc.detail}; expected {expected}") from None
 
 
 def kind_of(value: Any) -> str:
@@ -323,6 +318,108 @@ def read_forecasts(path: str | os.PathLike, source: str):
     return frame
 
 
+# ----------------------------------------------------------------------------- calibrator.json
+
+#: a calibrator's most bytes (six rows of MAX_STEP score quantiles and an isotonic map of many
+#: origins), the largest score quantile it may hold (a score is a close's deviation in units of
+#: its last close times the floored volatility: 1e6 is a move of a hundred times the close) and
+#: the most calibration origins
+MAX_CALIBRATOR_BYTES = 16 << 20
+MAX_SCORE = 1e6
+MAX_ORIGINS = 10**8
+CALIBRATOR_EXPECTED = "the JSON that a run's evaluation/calibrator.json holds"
+_CALIBRATOR_KEYS = ("format", "version", "method", "levels", "intervals", "score_quantiles", "sigma_returns",
+                    "sigma_floor", "p_up", "origins", "base_rate", "time_range")
+
+
+def number(value: Any, source: str, where: str, low: float, high: float) -> float:
+    """``value``, a finite JSON number from ``low`` to ``high``, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise UserError(f"{source}: {where} is '{names.shown(value)}'; expected a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def numbers(value: Any, source: str, where: str, low: float, high: float, longest: int, *,
+            ordered: bool = False) -> list[float]:
+    """``value``, a list of at most ``longest`` numbers from ``low`` to ``high`` (non-decreasing
+    when ``ordered``)."""
+    if not isinstance(value, list) or len(value) > longest:
+        size = f" of {len(value):,}" if isinstance(value, list) else ""
+        raise UserError(f"{source}: {where} is {kind_of(value)}{size}; expected a list of at most {longest:,} numbers")
+    out = [number(v, source, f"{where}[{i}]", low, high) for i, v in enumerate(value)]
+    if ordered:
+        for i in range(1, len(out)):
+            if out[i] < out[i - 1]:
+                raise UserError(f"{source}: {where}[{i}] is {out[i]:g}, below {where}[{i - 1}] {out[i - 1]:g}; "
+                                "expected thresholds in increasing order")
+    return out
+
+
+def _same(value: Any, expected: list, source: str, where: str, meaning: str) -> None:
+    if value != expected:
+        raise UserError(f"{source}: {where} is '{names.shown(value)}'; expected {names.shown(expected, 120)} "
+                        f"({meaning})")
+
+
+def calibrator_from_json(data: Any, source: str):
+    """The :class:`~kronos_mlflow.serving.forecasting.quantiles.Calibrator` of the JSON value
+    ``data``, each field checked: its format and version, the quantile levels and intervals of
+    this version, score quantiles (six rows of 1 to :data:`MAX_STEP` finite numbers within
+    +-:data:`MAX_SCORE`), the volatility's returns and floor, the isotonic map of ``p_up``
+    (thresholds and values in [0, 1], each increasing, equally many, at most ``origins``), a
+    count of origins (1 to :data:`MAX_ORIGINS`), a base rate in [0, 1] and the time range of
+    its forecast bars (two dates in order, or both empty); else one line naming ``source`` and
+    the field."""
+    from ..serving.forecasting import quantiles as qt  # lazy: numpy
+
+    import numpy as np
+
+    data = keys_of(data, _CALIBRATOR_KEYS, source, "the file")
+    if data["format"] != qt.FORMAT:
+        raise UserError(f"{source}: format is '{names.shown(data['format'])}'; expected '{qt.FORMAT}'")
+    if isinstance(data["version"], bool) or data["version"] != qt.VERSION:
+        raise UserError(f"{source}: version is '{names.shown(data['version'])}'; expected {qt.VERSION} (the calibrator "
+                        "version this kronos-mlflow reads)")
+    text(data["method"], source, "method")
+    _same(data["levels"], [float(v) for v in qt.QLEVELS], source, "levels", "this version's quantile levels")
+    _same(data["intervals"], [[float(qt.QLEVELS[lo]), float(qt.QLEVELS[hi])] for lo, hi in qt.INTERVALS], source,
+          "intervals", "this version's central intervals")
+    _same(data["sigma_returns"], qt.HISTVOL_RETURNS, source, "sigma_returns", "the log returns the served volatility uses")
+    _same(data["sigma_floor"], qt.SIGMA_FLOOR, source, "sigma_floor", "the volatility's floor")
+    rows = data["score_quantiles"]
+    if not isinstance(rows, list) or len(rows) != len(qt.INTERVALS):
+        raise UserError(f"{source}: score_quantiles is {kind_of(rows)}"
+                        + (f" of {len(rows)} rows" if isinstance(rows, list) else "")
+                        + f"; expected {len(qt.INTERVALS)} rows, one per central interval")
+    table = [numbers(row, source, f"score_quantiles[{j}]", -MAX_SCORE, MAX_SCORE, MAX_STEP)
+             for j, row in enumerate(rows)]
+    horizon = len(table[0])
+    if not horizon or any(len(row) != horizon for row in table):
+        raise UserError(f"{source}: score_quantiles has rows of {', '.join(str(len(r)) for r in table)} steps; "
+                        f"expected {len(qt.INTERVALS)} rows of the same 1 to {MAX_STEP:,} steps")
+    origins = integer(data["origins"], source, "origins", 1, MAX_ORIGINS)
+    up = keys_of(data["p_up"], ("x", "y"), source, "p_up")
+    x = numbers(up["x"], source, "p_up.x", 0.0, 1.0, origins, ordered=True)
+    y = numbers(up["y"], source, "p_up.y", 0.0, 1.0, origins, ordered=True)
+    if len(x) != len(y):
+        raise UserError(f"{source}: p_up has {len(x)} thresholds x and {len(y)} values y; expected as many of each")
+    base = number(data["base_rate"], source, "base_rate", 0.0, 1.0)
+    span = data["time_range"]
+    if span == ["", ""]:
+        span = ("", "")
+    else:
+        span = period(span, source, "time_range")
+    return qt.Calibrator(np.asarray(table, dtype=np.float64), np.asarray(x, dtype=np.float64),
+                         np.asarray(y, dtype=np.float64), origins, base, tuple(span))
+
+
+def read_calibrator(path: str | os.PathLike, source: str):
+    """The calibrator of the file ``path`` (a ``calibrator.json``: :func:`calibrator_from_json`),
+    or one UserError line naming ``source`` and the field."""
+    return calibrator_from_json(json_value(Path(path), source, CALIBRATOR_EXPECTED, MAX_CALIBRATOR_BYTES), source)
+
+
 # ----------------------------------------------------------------------------- a run's params
 
 
@@ -343,5 +440,5 @@ def scorecard_rule(params: Mapping[str, str], source: str) -> tuple[float, str]:
     return change, unit
 
 
-__all__ = ["ARTIFACTS", "FOLDS_JSON", "FORECASTS_PARQUET", "ORIGINS_PARQUET", "download",
-           "read_forecasts", "read_origins", "scorecard_rule"]
+__all__ = ["ARTIFACTS", "FOLDS_JSON", "FORECASTS_PARQUET", "ORIGINS_PARQUET", "calibrator_from_json", "download",
+           "read_calibrator", "read_forecasts", "read_origins", "scorecard_rule"]

@@ -7,9 +7,9 @@ thin shell over them. Input, params, output, refusals: docs/serving.md#the-predi
 from __future__ import annotations
 
 import contextlib
-import json
 import numbers
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import ConfigError, DataError, UserError
 from ..tokenizer_model import bad_input_as_invalid_parameter
-from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles
+from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles, uncalibrated
 
 TOKENIZER_ARTIFACT = "tokenizer"
 PREDICTOR_ARTIFACT = "predictor"
@@ -167,42 +167,85 @@ def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: 
     return {"paths": paths, "mean": paths.mean(axis=1)}
 
 
-def read_calibrator(path: str) -> Calibrator:
-    """The calibrator of ``path`` (a ``calibrator.json`` or a directory holding one); anything
-    else is a one-line :class:`UserError`."""
+def read_calibrator(path: str, source: str | None = None) -> Calibrator:
+    """The calibrator of ``path`` (a ``calibrator.json`` or a directory holding one), read and
+    checked field by field by the one reader of handed-over files
+    (:func:`kronos_mlflow.tracking.handover.read_calibrator`); anything else is one line naming
+    ``source`` (default: the file) and the field."""
+    from ...tracking.handover import read_calibrator as checked  # lazy: names, pyarrow-free
+
     file = os.path.join(path, CALIBRATOR_FILE) if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{file}: cannot read a calibrator ({exc}); expected the JSON that "
-                        "evaluation/calibrator.json holds") from None
-    if not isinstance(data, Mapping):
-        raise UserError(f"{file}: holds {type(data).__name__}, not a calibrator; expected the JSON that "
-                        "evaluation/calibrator.json holds")
-    return Calibrator.from_json(data, source=file)
+    return checked(file, source or file)
 
 
-def close_distribution(paths: np.ndarray, bars: np.ndarray, calibrator: Calibrator | None = None
-                       ) -> dict[str, np.ndarray]:
+NO_CALIBRATOR = "the model carries no calibrator (a run with calibration off, or an older model)"
+NOT_ASKED = "calibrated: false asked for the paths' own quantiles and p_up"
+
+
+def close_distribution(paths: np.ndarray, bars: np.ndarray, calibrator: Calibrator | None = None,
+                       raw_reason: str = NO_CALIBRATOR) -> dict[str, np.ndarray]:
     """The close's distribution of sample paths ``(B, S, pred_len, 6)`` forecast from lookback
     ``bars`` ``(B, L, 6)``: ``quantiles`` ``(B, 13, pred_len)`` at ``quantile_levels``
     (:data:`~kronos_mlflow.serving.forecasting.quantiles.QLEVELS`, numpy's linear quantiles of the
     paths' closes), ``p_up`` ``(B,)`` (the share of paths whose last close is above the last
-    bar's close; NaN with one path) and ``calibration`` ``(B,)``. With ``calibrator``, both go
-    through it (:meth:`Calibrator.quantiles`, its sigma the std of the lookback's last 20 log
-    returns of the close; :meth:`Calibrator.p_up`) and ``calibration`` is ``"calibrated"``;
-    without, ``"raw"``."""
+    bar's close; NaN with one path), ``calibration`` ``(B,)`` and ``calibration_note`` ``(B,)``.
+    With ``calibrator``, a series whose lookback gives the volatility it scales by (the std of
+    the last 20 log returns of the close, from at least
+    :data:`~kronos_mlflow.serving.forecasting.quantiles.MIN_CALIBRATED_LOOKBACK` positive closes)
+    goes through it (:meth:`Calibrator.quantiles`, :meth:`Calibrator.p_up`): ``calibration``
+    ``"calibrated"``, note ''. Every other series is ``"raw"``, its note saying why (``raw_reason``
+    without a calibrator)."""
     close = np.asarray(paths, dtype=np.float64)[..., CLOSE]  # (B, S, H)
     history = np.asarray(bars, dtype=np.float64)[..., CLOSE]  # (B, L)
     last = history[:, -1]
     levels, p_up = path_quantiles(close, last)
+    note = np.full(len(levels), raw_reason if calibrator is None else "")
     if calibrator is not None:
-        levels = calibrator.quantiles(levels, last, histvol_sigma(history))
-        p_up = np.where(np.isnan(p_up), np.nan, calibrator.p_up(p_up))  # one path states no probability
-    state = "raw" if calibrator is None else "calibrated"
+        note = uncalibrated(history)
+        ok = note == ""
+        if ok.any():
+            levels[ok] = calibrator.quantiles(levels[ok], last[ok], histvol_sigma(history[ok]))
+            # one path states no probability
+            p_up[ok] = np.where(np.isnan(p_up[ok]), np.nan, calibrator.p_up(p_up[ok]))
+    state = np.where(note == "", "calibrated", "raw")
     return {"quantiles": levels, "quantile_levels": QLEVELS.astype(np.float64), "p_up": p_up,
-            "calibration": np.full(len(levels), state)}
+            "calibration": state, "calibration_note": note}
+
+
+#: the model_config keys the pyfunc reads from the model's MLmodel file, with their defaults
+MODEL_CONFIG_DEFAULTS: dict[str, Any] = {"pred_len": 10, "max_context": 512, "clip": 5.0, "device": None}
+
+
+def model_settings(model_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``model_config`` a logged forecaster's MLmodel file carries, checked (through the one
+    reader's checks of handed-over values: :mod:`kronos_mlflow.tracking.handover`): ``pred_len``
+    a whole number from 1 to 100,000 and ``max_context`` from 1 to 1,000,000, ``clip`` a number
+    above 0 up to 1e30 (the config's bounds), ``device`` absent or text; else one line naming the
+    field (other keys are left alone)."""
+    from ...tracking import handover as hv  # lazy: the one reader of handed-over files
+
+    source = "the model's MLmodel file"
+    out = {**MODEL_CONFIG_DEFAULTS, **dict(model_config or {})}
+    out["pred_len"] = hv.integer(out["pred_len"], source, "model_config.pred_len", 1, 100_000)
+    out["max_context"] = hv.integer(out["max_context"], source, "model_config.max_context", 1, 1_000_000)
+    out["clip"] = hv.number(out["clip"], source, "model_config.clip", 0.0, 1e30)
+    if out["clip"] <= 0:
+        raise UserError(f"{source}: model_config.clip is '{out['clip']}'; expected a number above 0")
+    if out["device"] is not None:
+        out["device"] = hv.text(out["device"], source, "model_config.device")
+    return out
+
+
+def loaded_calibrator(path: str) -> tuple[Calibrator | None, str]:
+    """``(calibrator, '')`` of the model's calibrator artifact ``path``, or, when it is
+    malformed, ``(None, why)``: a warning naming the file and the field, and the model answers
+    raw (each answer's ``calibration_note`` says why), never a failed load."""
+    try:
+        return read_calibrator(path, f"the model's {CALIBRATOR_ARTIFACT}/{CALIBRATOR_FILE}"), ""
+    except UserError as exc:
+        why = f"{exc}: answered raw"
+        warnings.warn(f"{exc}; the model answers raw quantiles and p_up", UserWarning, stacklevel=2)
+        return None, why
 
 
 try:  # the class needs mlflow; the functions above do not
@@ -215,14 +258,15 @@ try:  # the class needs mlflow; the functions above do not
         default horizon), ``max_context``, ``clip``, ``device`` (absent: KronosPredictor's choice)."""
 
         def load_context(self, context):
-            model_config = dict(getattr(context, "model_config", None) or {})
-            self.pred_len = int(model_config.get("pred_len", 10))
+            settings = model_settings(getattr(context, "model_config", None))
+            self.pred_len = settings["pred_len"]
             self.predictor = load_forecaster(
                 context.artifacts[TOKENIZER_ARTIFACT], context.artifacts[PREDICTOR_ARTIFACT],
-                max_context=int(model_config.get("max_context", 512)), clip=float(model_config.get("clip", 5.0)),
-                device=model_config.get("device"))
+                max_context=settings["max_context"], clip=settings["clip"], device=settings["device"])
             calibrator = (getattr(context, "artifacts", None) or {}).get(CALIBRATOR_ARTIFACT)
-            self.calibrator = read_calibrator(calibrator) if calibrator else None  # None: a model logged without one
+            self.calibrator, self.raw_reason = None, NO_CALIBRATOR  # a model logged without one
+            if calibrator:
+                self.calibrator, self.raw_reason = loaded_calibrator(calibrator)
 
         # np.ndarray: MLflow infers no schema from this hint (the logged signature is the
         # schema; its inputs are left open so that predict's own checks answer bad input).
@@ -234,7 +278,9 @@ try:  # the class needs mlflow; the functions above do not
                 out = forecast(self.predictor, model_input, **settings)
                 # the bars as the model read them (float32); forecast has checked them
                 bars = np.asarray(model_input["bars"]).astype(np.float32)
-                return {**out, **close_distribution(out["paths"], bars, self.calibrator if calibrated else None)}
+                if not calibrated:
+                    return {**out, **close_distribution(out["paths"], bars, None, NOT_ASKED)}
+                return {**out, **close_distribution(out["paths"], bars, self.calibrator, self.raw_reason)}
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosForecasterPyfunc = None  # type: ignore[assignment]

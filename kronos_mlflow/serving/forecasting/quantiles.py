@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import UserError
 
 QLEVELS = np.array([0.05, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95])
 DECILES = np.array([i for i, level in enumerate(QLEVELS) if round(level * 10, 9) == round(level * 10)])
@@ -23,6 +22,9 @@ COVERAGES = {50: (3, 9), 80: (1, 11), 90: (0, 12)}
 #: the central intervals the calibrated forecaster widens, outermost first: (lower, upper) indices
 INTERVALS = ((0, 12), (1, 11), (2, 10), (3, 9), (4, 8), (5, 7))
 HISTVOL_RETURNS = 20
+#: the fewest closes that give the volatility a calibrator scales by (two log returns, one
+#: degree of freedom): a shorter lookback, or closes not all positive, gets no calibrated answer
+MIN_CALIBRATED_LOOKBACK = 3
 CLOSE = 3  # the close column of the six features (open, high, low, close, volume, amount)
 FORMAT = "kronos-mlflow calibrator"
 VERSION = 1
@@ -46,12 +48,28 @@ def histvol_sigma(history_close: np.ndarray) -> np.ndarray:
     the close ending at the origin (NaN with fewer than two returns or a non-positive close)."""
     c = np.asarray(history_close, dtype=np.float64)
     tail = c[:, -(HISTVOL_RETURNS + 1):]
-    if tail.shape[1] < 3:
+    if tail.shape[1] < MIN_CALIBRATED_LOOKBACK:
         return np.full(len(c), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         returns = np.diff(np.log(tail), axis=1)
         sigma = returns.std(axis=1, ddof=1)
     return np.where(np.isfinite(sigma) & (tail > 0).all(axis=1), sigma, np.nan)
+
+
+def uncalibrated(history_close: np.ndarray) -> np.ndarray:
+    """Per series of lookback closes ``(B, L)``: why its calibrated answer cannot be given ('' where
+    it can): no volatility for the calibrator to scale by (:func:`histvol_sigma` is NaN) because
+    the lookback is shorter than :data:`MIN_CALIBRATED_LOOKBACK` bars or its closes are not all
+    positive and finite."""
+    c = np.asarray(history_close, dtype=np.float64)
+    if c.shape[1] < MIN_CALIBRATED_LOOKBACK:
+        why = (f"a lookback of {c.shape[1]} bars gives no volatility for the calibrator to scale by (the std of the "
+               f"close's log returns needs at least {MIN_CALIBRATED_LOOKBACK} bars): answered raw; send at least "
+               f"{MIN_CALIBRATED_LOOKBACK} bars, {HISTVOL_RETURNS + 1} for the full {HISTVOL_RETURNS} returns")
+        return np.full(len(c), why)
+    why = ("the lookback's last closes are not all positive, so they give no volatility for the calibrator to scale "
+           "by (the std of the close's log returns): answered raw")
+    return np.where(np.isfinite(histvol_sigma(c)), "", why)
 
 
 def floored(sigma: np.ndarray) -> np.ndarray:
@@ -126,24 +144,12 @@ class Calibrator:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "calibrator") -> Calibrator:
-        """A calibrator from its JSON; anything else is a one-line error naming ``source``."""
-        try:
-            if data.get("format") != FORMAT or int(data.get("version", 0)) != VERSION:
-                raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
-            if [[float(a), float(b)] for a, b in data["intervals"]] != [
-                    [float(QLEVELS[lo]), float(QLEVELS[hi])] for lo, hi in INTERVALS]:
-                raise ValueError("intervals differ from this version's")
-            table = np.asarray(data["score_quantiles"], dtype=np.float64)
-            x = np.asarray(data["p_up"]["x"], dtype=np.float64)
-            y = np.asarray(data["p_up"]["y"], dtype=np.float64)
-            if table.ndim != 2 or table.shape[0] != len(INTERVALS) or table.shape[1] < 1 or x.shape != y.shape \
-                    or not (np.isfinite(table).all() and np.isfinite(x).all() and np.isfinite(y).all()):
-                raise ValueError("score_quantiles or p_up of the wrong shape, or not finite")
-            base = float(data["base_rate"])
-            return cls(table, x, y, int(data["origins"]), base, tuple(data.get("time_range") or ("", "")))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UserError(f"{source}: not a calibrator this version reads ({exc}); expected the JSON that "
-                            "evaluation/calibrator.json holds") from None
+        """A calibrator from its JSON, each field checked
+        (:func:`kronos_mlflow.tracking.handover.calibrator_from_json`); anything else is one line
+        naming ``source`` and the field."""
+        from ...tracking.handover import calibrator_from_json  # lazy: the one reader of handed-over files
+
+        return calibrator_from_json(data, source)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True, allow_nan=False)
