@@ -335,6 +335,33 @@ def make_forecaster(inp: Path, ws: Path) -> None:
     shutil.copytree(inp / "pair" / "tokenizer", inp / "swapped" / "predictor")
 
 
+#: damaged calibrators a forecaster may carry (``calibrator/calibrator.json`` next to its
+#: checkpoints): the case's name -> an edit of a good one's JSON, or bytes
+CALIBRATOR_DAMAGE = {
+    "rate": lambda good: {**good, "base_rate": 5},
+    "json": lambda good: b"{not json",
+    "range": lambda good: {**good, "time_range": ["last spring", "2021-08-31T00:00:00"]},
+    "origins": lambda good: json.dumps(good).replace('"origins": 40', '"origins": 1e400').encode(),
+}
+
+
+def make_damaged_calibrators(inp: Path, ws: Path) -> None:
+    """make_forecaster's pair, and a copy of it per :data:`CALIBRATOR_DAMAGE` carrying that
+    damaged calibrator: ``cal_<name>``."""
+    import numpy as np
+
+    from kronos_mlflow.serving.forecasting.quantiles import Calibrator
+
+    make_forecaster(inp, ws)
+    good = Calibrator(np.full((6, 5), 0.5), np.array([0.0, 1.0]), np.array([0.3, 0.7]), 40, 0.5,
+                      ("2021-05-01T00:00:00", "2021-08-31T00:00:00")).to_json()
+    for name, damage in CALIBRATOR_DAMAGE.items():
+        shutil.copytree(inp / "pair", inp / f"cal_{name}")
+        value = damage(good)
+        _write(inp / f"cal_{name}" / "calibrator" / "calibrator.json",
+               value if isinstance(value, bytes) else json.dumps(value))
+
+
 def make_fifo(inp: Path, ws: Path) -> None:
     os.mkfifo(inp / "fifo.yaml")
 
@@ -1124,6 +1151,22 @@ CASES: list[Case] = [
     Case("scorecard-no-store", "evaluate", "`evaluate --model runs:/<id>/best_model` against a sqlite file that does "
          "not exist (no store is made)", CLI + ("evaluate", "--model", f"runs:/{UNKNOWN_RUN}/best_model"),
          "no MLflow database", env={"MLFLOW_TRACKING_URI": "sqlite:///{ws}/new.db"}),
+    # ===== a forecaster's calibrator, read by the handed-over files' reader; a lookback too short for its volatility
+    Case("calibrator-base-rate-check", "evaluate", "`evaluate --check --model` a forecaster whose "
+         "calibrator/calibrator.json says `base_rate: 5`", CLI + ("evaluate", "--model", "{in}/cal_rate", "--check")
+         + BASE, "base_rate is '5'", make=make_damaged_calibrators),
+    Case("calibrator-not-json-check", "evaluate", "`evaluate --check --model` a forecaster whose calibrator.json is "
+         "not JSON", CLI + ("evaluate", "--model", "{in}/cal_json", "--check") + BASE, "calibrator/calibrator.json",
+         make=make_damaged_calibrators),
+    Case("calibrator-time-range", "evaluate", "`evaluate --model` a forecaster whose calibrator's time_range is not "
+         "a date (was a traceback)", CLI + ("evaluate", "--model", "{in}/cal_range") + BASE, "'last spring'",
+         make=make_damaged_calibrators),
+    Case("calibrator-origins-inf", "evaluate", "`evaluate --model` a forecaster whose calibrator says "
+         "`origins: 1e400` (was a traceback)", CLI + ("evaluate", "--model", "{in}/cal_origins") + BASE,
+         "origins is 'inf'", make=make_damaged_calibrators),
+    Case("calibration-lookback-two", "evaluate", "`evaluate --lookback-window 2` with calibration on (no volatility "
+         "for the calibrator to scale by)", EVAL2 + ("--lookback-window", "2"), "lookback_window 2",
+         make=make_forecaster),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
