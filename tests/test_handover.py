@@ -120,6 +120,39 @@ def test_a_folds_json_that_is_missing_a_folder_or_too_large_is_one_line(tmp_path
     _one_line(caught.value, "walkforward/folds.json", "bytes")
 
 
+def test_every_json_reader_reads_through_the_one_bounded_reader(tmp_path):
+    """A FIFO (a read would wait for a writer), a directory and an oversized file given to each
+    JSON reader (a handed-over file, a config or state file, a spool) are one line each, the
+    FIFO without blocking; good bytes read back alike."""
+    from kronos_mlflow.errors import CheckpointError
+    from kronos_mlflow.runtime import fsutil
+    from kronos_mlflow.tracking import spool
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:  # sparse: larger than any of the readers' bounds (the spool's is 1 GiB), refused unread
+        fh.truncate((1 << 30) + 1)
+    readers = {
+        "handover": lambda p: handover.json_value(p, "walkforward/folds.json", "a fold table"),
+        "config": lambda p: fsutil.read_json(p, what="config file", max_bytes=handover.MAX_JSON_BYTES,
+                                             advice="expected a JSON object", error=CheckpointError),
+        "spool": lambda p: spool.read_spool(p),
+    }
+    for name, read in readers.items():
+        for path, needle in ((fifo, "not a regular file"), (tmp_path, "directory" if name == "spool" else
+                                                              "not a regular file"), (big, "bytes")):
+            with pytest.raises(UserError) as caught:
+                read(path)
+            _one_line(caught.value, needle)
+    good = tmp_path / "good.json"
+    good.write_text('{"a": [1, 2.5, "x"]}')
+    assert handover.json_value(good, "s", "e") == fsutil.load_json(good, 100) == {"a": [1, 2.5, "x"]}
+    with pytest.raises(fsutil.JsonFileError) as caught:
+        fsutil.load_json(good, 10)
+    assert caught.value.kind == "too-large"
+
+
 # ----------------------------------------------------------------------------- the parquet tables
 
 
