@@ -17,7 +17,8 @@ and data digest match a FINISHED run of the experiment is reused, not run again 
 true`` runs it again). A step
 that fails or is stopped ends the pipeline with one line naming it; the same command again
 continues there: a stopped training step is relaunched into its own run with the same config,
-so it resumes from its ``checkpoints/last``. See docs/pipeline.md.
+so it resumes from its ``checkpoints/last`` (stopped after its last epoch: from the phase it
+reached, without training again). See docs/pipeline.md.
 """
 
 from __future__ import annotations
