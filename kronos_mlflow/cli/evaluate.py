@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         check_tracking(config)  # where the run will be logged, before the scoring (never created here)
         n_origins = check_origins(config)
         if getattr(args, "_check", False):
-            print(f"[kronos] check passed: the model, {'its zero-shot pair, ' if z_pred else ''}{n_origins:,} test "
+            print(f"[kronos] check passed: the model, {'its calibrator, ' if calibrator is not None else ''}"
+                  f"{'its zero-shot pair, ' if z_pred else ''}{n_origins:,} test "
                   "origins and the backtest's range are usable")
             return 0
         if not z_pred:
