@@ -172,7 +172,7 @@ def read_calibrator(path: str, source: str | None = None) -> Calibrator:
     checked field by field by the one reader of handed-over files
     (:func:`kronos_mlflow.tracking.handover.read_calibrator`); anything else is one line naming
     ``source`` (default: the file) and the field."""
-    from ...tracking.handover import read_calibrator as checked  # lazy: names, pyarrow-free
+    from ...tracking.handover import read_calibrator as checked  # lazy: the one reader of handed-over files
 
     file = os.path.join(path, CALIBRATOR_FILE) if os.path.isdir(path) else path
     return checked(file, source or file)
