@@ -174,3 +174,26 @@ def test_a_step_or_trial_whose_process_left_its_run_running_ends_failed_saying_w
     worker._end(trial, "FAILED", "FAIL", reason=f"trial 0: training exited with code -9 ({shlex.join(['python'])} ...)")
     run = client.get_run(trial)
     assert run.info.status == "FAILED" and run.data.tags["failure_reason"].startswith("trial 0: training exited")
+
+
+def test_train_check_warns_of_a_split_with_no_windows_each_time(tmp_path, commands):
+    """``kronos-mlflow train --check`` with a test range the market holds no bar of: the check
+    passes (the run trains, without a test verdict) and says so in one warning, when it prepares
+    the splits and again once they are cached."""
+    import tiny_runs
+
+    values = {**TINY, "qlib_data_path": str(small_market_path()), "instrument": "csi300", "comet": "off",
+              "dataset_begin_time": "2020-01-01", "dataset_end_time": "2021-12-31",
+              "train_time_range": "2020-01-01:2021-06-30", "val_time_range": "2021-05-01:2021-09-30",
+              "test_time_range": "2026-01-01:2026-06-30", "dataset_path": str(tmp_path / "cache"),
+              "save_path": str(tmp_path / "outputs")}
+    argv = ["kronos-mlflow", "train", "--check", *(w for k, v in values.items() for w in (f"--{k.replace('_', '-')}", v))]
+    env = tiny_runs.isolated_env(tmp_path, tiny_runs.create_sqlite_store(tmp_path))  # a copy: no migration
+    for _ in range(2):
+        proc = commands.run(argv, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        said = [line for line in proc.stderr.splitlines() if "window" in line]
+        assert len(said) == 1 and said[0].startswith("[kronos] warning: no test windows: test_time_range "
+                                                     "2026-01-01:2026-06-30 with instrument 'csi300'"), said
+        assert said[0].endswith("a run's test verdict is unavailable") and "check passed" in proc.stdout
+    assert [p.name for p in (tmp_path / "cache").iterdir()]  # the splits, cached by the first check

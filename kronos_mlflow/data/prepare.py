@@ -274,6 +274,15 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
             )
 
 
+def warn_empty_splits(cache_dir: Path, config: Mapping[str, Any]) -> None:
+    """The :class:`DataWarning` of each empty validation or test split of the complete cache at
+    ``cache_dir`` (from its manifest), as preparing it said them: what a check says of a cache
+    prepared earlier."""
+    cfg = validated(config)
+    manifest = read_manifest(cache_dir)
+    _check_windows(manifest["splits"], cfg, resolve_qlib_path(cfg), int(manifest["window"]))
+
+
 def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any], digest: str, progress: bool) -> dict:
     """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
     never the market (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised).

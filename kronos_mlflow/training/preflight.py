@@ -103,7 +103,7 @@ class DataView:
     moved into place when the block ends without an error (``publish=False``: removed either
     way), else removed."""
 
-    def __init__(self, *, publish: bool = True, quiet_splits: tuple[str, ...] = ("test",)):
+    def __init__(self, *, publish: bool = True, quiet_splits: tuple[str, ...] = ()):
         self.publish_on_success = publish
         self.quiet_splits = quiet_splits  # whose "no <split> windows" warning is not for this door to say
         self._root: Path | None = None
@@ -157,11 +157,17 @@ class DataView:
         """``config`` with a ``dataset_path`` that holds its prepared splits (and a market to read,
         :meth:`market`): its own when the cache is complete there, else a scratch folder's,
         prepared now (a refusal of the data is the one ``kronos-mlflow prepare`` gives)."""
-        from ..data.prepare import MANIFEST, DataWarning, cache_dir_for, prepare_splits  # lazy: numpy
+        from ..data.prepare import (  # lazy: numpy
+            MANIFEST, DataWarning, cache_dir_for, prepare_splits, warn_empty_splits,
+        )
 
         market = self.market(config)
         final = cache_dir_for(market)
-        if (final / MANIFEST).is_file():
+        if (final / MANIFEST).is_file():  # prepared before: its empty splits are said all the same
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DataWarning)
+                warn_empty_splits(final, market)
+            self._warnings += [w for w in caught if issubclass(w.category, DataWarning)]
             return market
         if final not in self._scratch:
             made_here = str(market["qlib_data_path"]) != str(config.get("qlib_data_path") or "")
@@ -181,15 +187,19 @@ class DataView:
     def publish(self) -> None:
         """Move the demo market made here to where it belongs, then each cache prepared here to
         its own ``dataset_path`` (as ``prepare`` would have written it: a complete cache published
-        at once, never over a complete one), and say the data's warnings (bars dropped, an empty
-        validation split), bar the empty splits of ``quiet_splits`` (an empty test split is the
-        verdict's or the scorecard's to say)."""
+        at once, never over a complete one), and say the data's warnings once each (bars dropped,
+        a validation or test split with no window: a run without validation, or whose test
+        verdict is unavailable), bar the empty splits of ``quiet_splits`` (a door that reads
+        only some splits)."""
         from ..data.demo import ensure_demo_market  # lazy: numpy
         from ..data.prepare import MANIFEST, adopt_cache, publish_cache
 
+        said = set()
         for w in self._warnings:
             if not any(str(w.message).startswith(f"no {split} windows") for split in self.quiet_splits):
-                warnings.warn_explicit(self._at_home(str(w.message)), w.category, w.filename, w.lineno)
+                if (text := self._at_home(str(w.message))) not in said:
+                    said.add(text)
+                    warnings.warn_explicit(text, w.category, w.filename, w.lineno)
         self._warnings.clear()
         for freq, made in self._demo.items():
             ensure_demo_market(freq=freq, made=made)
