@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.keys import COMET
+from ..config.keys import COMET, TRACKING
 from ..config.sections import section
 from ..config.secrets import install_secret_filter
 from .comet import CometLogger, check_comet, comet_mode, start_comet
@@ -86,9 +86,10 @@ def build_tracking(
     comet_settings = section(config, COMET)  # Comet is handed its section only
     check_comet(comet_settings)  # comet online without a key: refused before the MLflow run is made
     mode = comet_mode(comet_settings)
-    run_name = str(config.get("run_name") or "") or None
+    names = section(config, TRACKING)  # the MLflow names and the system metrics
+    run_name = str(names.run_name or "") or None
     mlflow_logger = MLflowLogger(
-        experiment_name=str(config.get("experiment_name") or "") or None,
+        experiment_name=str(names.experiment_name or "") or None,
         run_name=run_name,
         tags=mlflow_tags,
         run_id=run_id,
@@ -102,7 +103,7 @@ def build_tracking(
             print(f"[kronos] Comet: the saved experiment key is not run {mlflow_logger.run_id}'s; a new Comet "
                   "experiment is started", flush=True)
             comet_experiment_key = None
-    mlflow_logger.system_metrics = start_system_metrics(config, mlflow_logger.run_id, mlflow_logger.tracking_uri,
+    mlflow_logger.system_metrics = start_system_metrics(names, mlflow_logger.run_id, mlflow_logger.tracking_uri,
                                                         resume=mlflow_logger.attached)
     loggers: list[ExperimentLogger] = [mlflow_logger]
     comet = start_comet(comet_settings, mode, run_name, mlflow_logger, comet_experiment_key) if mode else None

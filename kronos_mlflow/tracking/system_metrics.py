@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
 from typing import Any
+
+from ..config.keys import TRACKING
+from ..config.sections import as_section
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +22,10 @@ SAMPLES_PER_POINT = 3
 STOP_TIMEOUT_S = 15.0
 
 
-def enabled(config: Mapping[str, Any]) -> bool:
-    """``system_metrics`` is on and MLflow's own switch is not explicitly false."""
-    if str(config.get("system_metrics", "on")).strip().lower() != "on":
+def enabled(tracking: Any) -> bool:
+    """``system_metrics`` is on and MLflow's own switch is not explicitly false. ``tracking``: the
+    config's ``tracking`` section (:func:`kronos_mlflow.config.sections.section`), or the whole config."""
+    if str(as_section(tracking, TRACKING).system_metrics).strip().lower() != "on":
         return False
     env = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower()
     return env not in ("false", "0", "no", "off")
@@ -83,17 +86,19 @@ class SystemMetrics:
                         timeout_s)
 
 
-def start_system_metrics(config: Mapping[str, Any], run_id: str, tracking_uri: str,
+def start_system_metrics(tracking: Any, run_id: str, tracking_uri: str,
                          *, resume: bool = False) -> SystemMetrics | None:
-    """Start MLflow's monitor on ``run_id`` (a RUNNING run) when ``config`` asks for it.
+    """Start MLflow's monitor on ``run_id`` (a RUNNING run) when the config's ``tracking`` section
+    (or the whole config) asks for it.
 
     ``resume``: the run already holds system metrics (a resumed run): continue their steps.
     Returns None when off, or when the monitor cannot start (psutil missing: one warning; the
     run goes on without system metrics).
     """
-    if not enabled(config):
+    settings = as_section(tracking, TRACKING)
+    if not enabled(settings):
         return None
-    interval = float(config.get("system_metrics_interval_s", 30.0))
+    interval = float(settings.system_metrics_interval_s)
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
