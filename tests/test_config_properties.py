@@ -368,6 +368,10 @@ def test_every_kronos_variable_the_package_reads_is_declared_once():
     assert "KRONOS_PROGRESS_SECONDS" in found and found <= {*st_.NAMES, *st_.HANDED_OVER}, found - {*st_.NAMES,
                                                                                                  *st_.HANDED_OVER}
     assert not set(st_.NAMES) & set(st_.HANDED_OVER)
+    read = re.compile(rf"(?:environ(?:\.get)?|getenv)\W*[\"']({'|'.join(st_.NAMES)})[\"']")
+    bypass = [str(path.relative_to(root)) for path in (root / "kronos_mlflow").rglob("*.py")
+              if path.name != "settings.py" and read.search(path.read_text())]
+    assert not bypass, f"read through config/settings.py, not os.environ: {bypass}"
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config import settings
 from ..errors import UserError
 from ..runtime.fsutil import JsonFileError, parse_json, read_bounded
 from .ownership import TAG as OWNER_TAG
@@ -54,12 +55,9 @@ class SpoolError(UserError):
 
 
 def default_spool_dir() -> Path:
-    """``$KRONOS_MLFLOW_SPOOL_DIR``, else ``$KRONOS_MLFLOW_HOME/spool`` (``~/.cache/kronos_mlflow/spool``)."""
-    explicit = os.environ.get("KRONOS_MLFLOW_SPOOL_DIR", "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    home = os.environ.get("KRONOS_MLFLOW_HOME") or "~/.cache/kronos_mlflow"
-    return Path(home).expanduser() / "spool"
+    """``$KRONOS_MLFLOW_SPOOL_DIR``, else ``$KRONOS_MLFLOW_HOME/spool`` (``~/.cache/kronos_mlflow/spool``),
+    as :mod:`kronos_mlflow.config.settings` declares them."""
+    return settings.spool_dir()
 
 
 def spool_path(directory: str | os.PathLike, run_id: str) -> Path:
