@@ -177,23 +177,31 @@ import half_stage_dependency_not_installed  # noqa: E402,F401 - fails after the 
 
 def test_a_plugin_that_fails_after_registering_leaves_no_trace(tmp_path):
     """A plugin whose module registers its stage and then fails on an import is left out whole,
-    through what users type: ``kronos-mlflow pipeline --help`` shows the working plugin's flag and
-    not the broken one's, with one warning naming it; its stage is no ``--stage`` a command takes."""
+    and so is one whose spec's pipeline flags are malformed, through what users type:
+    ``kronos-mlflow pipeline --help`` shows the working plugin's flag and not the broken ones',
+    with one warning for each; the stage is no ``--stage`` a command takes."""
     site = tmp_path / "site"
-    info = site / "half_stage-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: half-stage\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{stages.ENTRY_POINTS}]\n{HALF} = half_stage\n")
-    (site / "half_stage.py").write_text(HALF_PLUGIN)
+    odd = HALF_PLUGIN.replace(HALF, "odd_tokenizer").replace('"half_epochs": ("half tokenizer epochs", "epochs")',
+                                                             '"odd-epochs": "epochs"')
+    for module, name, text in (("half_stage", HALF, HALF_PLUGIN),
+                               ("odd_stage", "odd_tokenizer", odd.split("\nimport half_stage")[0])):
+        info = site / f"{module}-0.1.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[{stages.ENTRY_POINTS}]\n{name} = {module}\n")
+        (site / f"{module}.py").write_text(text)
     env = {**tiny_runs.isolated_env(tmp_path), "PYTHONPATH": os.pathsep.join([plugin_path(tmp_path), str(site)])}
     cli = str(Path(sys.executable).with_name("kronos-mlflow"))
     shown = subprocess.run([cli, "pipeline", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert "--sharp-epochs" in shown.stdout and "--half-epochs" not in shown.stdout and "half" not in shown.stdout
-    (line,) = shown.stderr.strip().splitlines()
-    assert f"stage plugin {HALF} (half_stage) does not load, left out" in line, line
-    assert "half_stage_dependency_not_installed" in line and "Traceback" not in shown.stderr
+    assert "--sharp-epochs" in shown.stdout and "half" not in shown.stdout and "odd" not in shown.stdout
+    lines = sorted(shown.stderr.strip().splitlines())
+    assert len(lines) == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert f"stage plugin {HALF} (half_stage) does not load, left out" in lines[0], lines
+    assert "half_stage_dependency_not_installed" in lines[0]
+    assert "stage plugin odd_tokenizer (odd_stage) does not load, left out" in lines[1], lines
+    assert "pipeline_flags['odd-epochs'] is not a lower-case flag name" in lines[1]
     refused = subprocess.run([sys.executable, "-m", "kronos_mlflow.train", "--stage", HALF, "--check"], env=env,
                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr

@@ -10,6 +10,7 @@ torch at module level; their methods import the stage's pieces when called.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -130,9 +131,28 @@ def register(spec: StageSpec) -> StageSpec:
         raise ValueError(f"stage {spec.name!r} is registered twice")
     if not NAME.fullmatch(spec.name) or not isinstance(spec.config_keys, StageKeys):
         raise ValueError(f"stage {spec.name!r}: a stage needs a lower-case name and its config_keys (a StageKeys)")
+    _check_pipeline_attributes(spec)
     register_keys(spec.name, spec.config_keys)
     REGISTRY[spec.name] = spec
     return spec
+
+
+def _check_pipeline_attributes(spec: StageSpec) -> None:
+    """What every pipeline command reads of a spec has its shape: ``pipeline_position`` a finite
+    number, ``pipeline_flags`` lower-case flag names, each to (help text, a config key)."""
+    from ..config import DEFAULTS
+
+    position = spec.pipeline_position
+    flags = spec.pipeline_flags
+    if isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
+        raise ValueError(f"stage {spec.name!r}: pipeline_position {position!r} is not a finite number")
+    if not isinstance(flags, Mapping):
+        raise ValueError(f"stage {spec.name!r}: pipeline_flags is not a mapping of flag -> (help, config key)")
+    for flag, value in flags.items():
+        if (not isinstance(flag, str) or not NAME.fullmatch(flag) or not isinstance(value, tuple) or len(value) != 2
+                or not isinstance(value[0], str) or value[1] not in DEFAULTS):
+            raise ValueError(f"stage {spec.name!r}: pipeline_flags[{flag!r}] is not a lower-case flag name -> "
+                             "(help, config key)")
 
 
 @contextlib.contextmanager
