@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 
 from . import core as cfg
+from .keys import KEY, SECTIONS
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--key-name`` / ``--key_name`` for every config key and alias, plus ``--config FILE.yaml``;
     values are parsed and validated by :func:`kronos_mlflow.config.core.load_config`."""
     parser.add_argument("--config", dest="_config_file", metavar="FILE.yaml", help="YAML file of config keys")
+    # --help lists the keys by section (config/keys.py), each alias beside its key's section
+    groups = {name: parser.add_argument_group(f"{name} (config keys)") for name in SECTIONS}
     for key in list(cfg.DEFAULTS) + list(cfg.ALIASES):
         target = cfg.ALIASES.get(key, key)
         flags = sorted({f"--{key.replace('_', '-')}", f"--{key}"})
@@ -20,8 +23,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         shown = ":".join(default) if time_range else default
         help_text = (f"alias of --{target.replace('_', '-')}" if key in cfg.ALIASES
                      else f"{cfg.HELP[key]} (default: {shown!s})")
-        parser.add_argument(*flags, dest=f"cfg__{key}", default=argparse.SUPPRESS, metavar="VALUE",
-                            help=help_text.replace("%", "%%"))  # argparse formats help with %
+        groups[KEY[target].section].add_argument(*flags, dest=f"cfg__{key}", default=argparse.SUPPRESS,
+                                                 metavar="VALUE",
+                                                 help=help_text.replace("%", "%%"))  # argparse formats help with %
 
 
 def config_overrides(args: argparse.Namespace) -> dict:
