@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..config.core import DEFAULTS
 from ..config.stage_keys import STAGE_CONFIG, StageKeys, register_keys, stage_of
 from ..errors import ConfigError
 
@@ -140,8 +141,6 @@ def register(spec: StageSpec) -> StageSpec:
 def _check_pipeline_attributes(spec: StageSpec) -> None:
     """What every pipeline command reads of a spec has its shape: ``pipeline_position`` a finite
     number, ``pipeline_flags`` lower-case flag names, each to (help text, a config key)."""
-    from ..config import DEFAULTS
-
     position = spec.pipeline_position
     flags = spec.pipeline_flags
     if isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
