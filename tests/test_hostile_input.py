@@ -1215,7 +1215,7 @@ CASES: list[Case] = [
          SWEEP + ("--output-dir", "{ws}/sweeps/out", "--study-name", "../../x"), "../../x"),
     Case("sweep-study-absolute", "sweep", "`--study-name` an absolute path",
          SWEEP + ("--output-dir", "{ws}/sweeps", "--study-name", "{ws}/elsewhere"), "would not stay inside --output-dir"),
-    # ===== KRONOS_MLFLOW_* settings (kronos_mlflow/config/settings.py): refused, not warned about
+    # ===== KRONOS_* settings (kronos_mlflow/config/settings.py): refused, not warned about
     Case("env-http-timeout", "environment", "`KRONOS_MLFLOW_HTTP_TIMEOUT_S=ten`", TRAIN + BASE,
          "KRONOS_MLFLOW_HTTP_TIMEOUT_S", env={"KRONOS_MLFLOW_HTTP_TIMEOUT_S": "ten"}),
     Case("env-finalize-wait", "environment", "`KRONOS_MLFLOW_FINALIZE_WAIT_S=-5` for a sweep", SWEEP,
@@ -1699,7 +1699,8 @@ def render_table(results: dict[str, Result]) -> str:
         "- YAML files (configs, search spaces) are checked on the parser's events before any value is built: no",
         "  alias, no tag, text keys only, caps on size, values, nesting and number length; a long value is never",
         "  echoed back whole, by any refusal;",
-        "- `KRONOS_MLFLOW_*` settings: a malformed one is refused at the start of every command that reads it;",
+        "- `KRONOS_*` settings (one declaration each, `kronos_mlflow/config/settings.py`): a malformed one is",
+        "  refused at the start of every command that reads it;",
         "- output paths must be directories or creatable ones; tracking and storage URIs need a scheme some",
         "  store serves and, for sqlite, an existing folder;",
         "- `--check` (the MLproject's first step) refuses whatever the run would refuse at its start or end:",
