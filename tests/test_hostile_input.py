@@ -166,6 +166,8 @@ def make_csvs(inp: Path, ws: Path) -> None:
            "2024-01-03T09:30:00+09:00,1,2,0.5,1.6,100\n")
     _write(inp / "zone_and_none.csv", CSV_HEADER + "2024-01-02 09:30:00+08:00,1,2,0.5,1.5,100\n"
            "2024-01-02 09:35:00,1,2,0.5,1.6,100\n")
+    _write(inp / "offsets_no_zone.csv", CSV_HEADER + "2024-01-02 00:00:00-05:00,1,2,0.5,1.5,100\n"
+           "2024-01-03 00:00:00-04:00,1,2,0.5,1.6,100\n")  # -04:00 in January: no zone's daylight saving
     _write(inp / "epoch_two_units.csv", CSV_HEADER + "1704067200,1,2,0.5,1.5,100\n1704153600000,1,2,0.5,1.6,100\n")
     _write(inp / "epoch_no_unit.csv", CSV_HEADER + "15000000000,1,2,0.5,1.5,100\n15000086400,1,2,0.5,1.6,100\n")
     _write(inp / "epoch_huge.csv", CSV_HEADER + "99999999999999999999999,1,2,0.5,1.5,100\n")
@@ -788,6 +790,9 @@ CASES: list[Case] = [
          make=make_market_past_end),
     Case("csv-two-zones", "CSV", "timestamps at +08:00 and +09:00 in one file",
          CLI + ("import-csv", "{in}/two_zones.csv", "--out", "{ws}/imported"), "+09:00"),
+    Case("csv-offsets-no-daylight-saving", "CSV", "offsets `-05:00` then `-04:00` in January (no zone's daylight "
+         "saving: yfinance's moving offsets are imported, these are not)",
+         CLI + ("import-csv", "{in}/offsets_no_zone.csv", "--out", "{ws}/imported"), "-04:00"),
     Case("csv-zone-and-none", "CSV", "one timestamp with an offset, the next without",
          CLI + ("import-csv", "{in}/zone_and_none.csv", "--out", "{ws}/imported"), "no offset"),
     Case("csv-epoch-two-units", "CSV", "epoch seconds then epoch milliseconds in one file",
