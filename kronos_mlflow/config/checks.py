@@ -160,7 +160,8 @@ def _first_existing(path: Path) -> Path:
 def directory(key: str, value: Any, *, error: type[UserError] = ConfigError, what: str | None = None,
               must_exist: bool = False) -> Path:
     """A path that is a directory, or that can be made one: refused when it (or a folder above
-    it) is a regular file, or when the nearest existing folder above it is not writable."""
+    it) is a regular file, or when it (an existing directory, unless ``must_exist``: one to read)
+    or the nearest existing folder above it is not writable."""
     name = what or key
     text = str(value).strip()
     if not text or "\0" in text:
@@ -174,11 +175,23 @@ def directory(key: str, value: Any, *, error: type[UserError] = ConfigError, wha
         raise error(f"{name}: '{shown(text)}' cannot be used as a path ({why}); expected a directory path") from None
 
 
+def _why_not(path: Path) -> str:
+    """`` (a read-only file system)`` when ``path`` lies on one, else ''."""
+    try:
+        return " (a read-only file system)" if os.statvfs(path).f_flag & os.ST_RDONLY else ""
+    except (OSError, AttributeError):
+        return ""
+
+
 def _directory(name: str, text: str, error: type[UserError], must_exist: bool) -> Path:
     path = Path(os.path.expanduser(text))
     if path.exists():
         if not path.is_dir():
             raise error(f"{name}: '{shown(text, 200)}' is a file, not a directory; expected a directory path")
+        # the kernel's answer, for root too: a read-only mount or an immutable folder is not writable
+        if not must_exist and not os.access(path, os.W_OK | os.X_OK):
+            raise error(f"{name}: directory '{shown(text, 200)}' is not writable{_why_not(path)}; "
+                        "expected a writable directory path")
         return path
     if must_exist:
         raise error(f"{name}: directory '{shown(text, 200)}' does not exist")

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config.core import lora_targets
 from ..errors import ConfigError
+from ..runtime.disks import writing
 
 ADAPTER = "default"  # peft's adapter name
 ADAPTER_CONFIG = "adapter_config.json"
@@ -134,17 +135,19 @@ def save_adapter(model: nn.Module, config: Mapping[str, Any], directory: str | o
     from peft import get_peft_model_state_dict  # lazy: transformers
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    with writing(directory):
+        directory.mkdir(parents=True, exist_ok=True)
     tensors = {PEFT_PREFIX + name: t.detach().to("cpu", torch.float32).contiguous().clone()
                for name, t in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
     settings = lora_config(config).to_dict()
     settings.update({"peft_type": "LORA", "base_model_name_or_path": None, "inference_mode": True})
     settings = {k: (sorted(v) if isinstance(v, set) else v) for k, v in settings.items()}
     weights_tmp, config_tmp = directory / f".{ADAPTER_WEIGHTS}.tmp", directory / f".{ADAPTER_CONFIG}.tmp"
-    safetensors.torch.save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
-    config_tmp.write_text(json.dumps(settings, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(weights_tmp, directory / ADAPTER_WEIGHTS)
-    os.replace(config_tmp, directory / ADAPTER_CONFIG)
+    with writing(directory):  # a full disk: one line naming the folder
+        safetensors.torch.save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
+        config_tmp.write_text(json.dumps(settings, indent=2, sort_keys=True, default=str), encoding="utf-8")
+        os.replace(weights_tmp, directory / ADAPTER_WEIGHTS)
+        os.replace(config_tmp, directory / ADAPTER_CONFIG)
     return directory
 
 

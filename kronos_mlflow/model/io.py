@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, UserError, short_reason
+from ..runtime.disks import writing
 from ..runtime.fsutil import fsync_dir, fsync_file, read_json
 
 CONFIG_NAME = "config.json"
@@ -34,6 +35,14 @@ def _download_hint(hub_id: str) -> str:
 
 
 def save_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -> str:
+    """:func:`write_checkpoint`; a full disk or a folder that cannot be written is one line naming
+    ``save_directory`` (:class:`~kronos_mlflow.runtime.disks.DiskError`), the files there before
+    left whole."""
+    with writing(save_directory):
+        return write_checkpoint(model, save_directory)
+
+
+def write_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) -> str:
     """Write ``model.config`` to ``config.json`` and its weights to ``model.safetensors`` in
     ``save_directory`` (created).
 

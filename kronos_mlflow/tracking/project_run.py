@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import EXIT_USAGE, UserError, leave_the_line_to_rank_0
+from ..runtime.disks import disk_error
 from ..runtime.stopping import TrainingStopped, exit_code, report, stop_reason
 
 from ..config.secrets import redact
@@ -25,8 +26,10 @@ from .server import hide_uri_printing
 def exit_in_one_line(name: str, work: Callable[[], int | None], *, speaks: bool = True, rank: str | None = None) -> int:
     """Every command's way out: ``work()``'s exit code; a refusal (UserError) one line
     ``NAME: error: ...`` on stderr, recorded on the launcher's run, exit 2; a stop signal one
-    line, exit 128 + its number; Ctrl-C where nothing stops more gently, 130; a crash recorded,
-    then raised (its traceback). ``speaks``: this process says it (one rank of a group; another
+    line, exit 128 + its number; Ctrl-C where nothing stops more gently, 130; a full disk or a
+    folder that cannot be written (an OSError, or safetensors' error wrapping one) one line
+    naming the path, exit 2 (:mod:`kronos_mlflow.runtime.disks`); a crash recorded, then raised
+    (its traceback). ``speaks``: this process says it (one rank of a group; another
     rank names itself only for a refusal of its own)."""
     try:
         return int(work() or 0)
@@ -49,6 +52,13 @@ def exit_in_one_line(name: str, work: Callable[[], int | None], *, speaks: bool 
             report(f"{name}: interrupted")
         return 130
     except Exception as exc:  # a crash: the traceback follows; the run it leaves says why it failed
+        disk = disk_error(exc)
+        if disk is not None:  # a full disk or an unwritable folder met mid-run: one line naming the path
+            line = f"{name}: error: {disk}"
+            if speaks:
+                print(line, file=sys.stderr)
+                record_failure(line, disk)
+            return EXIT_USAGE
         if speaks:
             record_failure(f"{name}: {type(exc).__name__}: {exc}")
         raise

@@ -21,6 +21,7 @@ import torch
 
 from ...config.digest import digest_config
 from ...errors import CheckpointError, short_reason
+from ...runtime.disks import writing
 from ...runtime.fsutil import fsync_dir, fsync_file, read_json
 from ...config.layout import RunLayout
 from ...model.io import check_finite
@@ -49,7 +50,15 @@ def state_dir(save_dir: str | os.PathLike) -> Path:
 # saving
 
 
-def save_training_state(
+def save_training_state(directory: str | os.PathLike, **state: Any) -> Path:
+    """:func:`write_training_state`; a full disk or a folder that cannot be written is one line
+    naming ``directory`` (:class:`~kronos_mlflow.runtime.disks.DiskError`): the state saved before
+    stays whole, so the same command resumes from it once that is fixed."""
+    with writing(directory):
+        return write_training_state(directory, **state)
+
+
+def write_training_state(
     directory: str | os.PathLike,
     *,
     model,
