@@ -439,6 +439,18 @@ def make_busy_directory(inp: Path, ws: Path) -> None:
     _HELD.append(hold(RunLayout.of(config, 1).root / WRITER_LOCK, "test"))
 
 
+def make_busy_out(inp: Path, ws: Path) -> None:
+    """An ``--out`` folder another live import is writing: this process holds the lock an import
+    takes (``flock`` on the folder)."""
+    import fcntl
+
+    folder = inp / "volume"
+    folder.mkdir()
+    fd = os.open(folder, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _HELD.append(fd)
+
+
 def _spool(folder: Path, run_id: str, records: list[dict], experiment_id: str = "0", name: str | None = None,
            token: str | None = None) -> Path:
     import json as _json
@@ -686,6 +698,8 @@ CASES: list[Case] = [
          CLI + ("import-csv", "{in}/dup_day.csv", "--out", "{ws}/imported"), "2024-01-02"),
     Case("csv-out-is-checkpoints", "CSV", "`--out` pointing at the existing outputs",
          CLI + ("import-csv", "{in}/good.csv", "--out", "{ws}/outputs"), "outputs"),
+    Case("csv-out-being-written", "CSV", "`--out` a folder another import is writing (two started together)",
+         CLI + ("import-csv", "{in}/good.csv", "--out", "{in}/volume"), "volume", make=make_busy_out),
     # --- checkpoints (--pretrained-tokenizer-path)
     Case("ckpt-truncated", "checkpoint", "model.safetensors cut to 1000 bytes",
          TRAIN + BASE + ("--pretrained-tokenizer-path", "{in}/truncated_ckpt"), "model.safetensors",

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..runtime.fsutil import fsync_dir
+from ..runtime.runlock import Busy
 from ..config.checks import NAME_RE  # symbols and universe names become file names
 
 CALENDAR_FILE = Path("calendars") / "day.txt"
@@ -135,8 +137,6 @@ def _lock_dir(final: Path, what: str) -> int | None:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the renames stay atomic, two writers are not told apart
         return None
-    from ..runtime.runlock import Busy
-
     while True:
         fd = os.open(final, os.O_RDONLY)
         try:
@@ -243,8 +243,6 @@ def _publish(tmp: Path, final: Path) -> None:
     for entry in _calendars_last(tmp.iterdir()):
         os.rename(entry, final / entry.name)
     tmp.rmdir()
-    from ..runtime.fsutil import fsync_dir
-
     fsync_dir(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
