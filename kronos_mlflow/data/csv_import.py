@@ -214,7 +214,10 @@ def _daylight_saving_zone(wall: np.ndarray, offsets: np.ndarray) -> str | None:
     utc = pd.DatetimeIndex(instants.astype("datetime64[s]"))
     for zone in _ZONES:
         if all(offset_at(zone, t) == offsets[t] for t in probes):
-            local = utc.tz_localize("UTC").tz_convert(str(zone.key)).tz_localize(None)
+            try:
+                local = utc.tz_localize("UTC").tz_convert(str(zone.key)).tz_localize(None)
+            except (KeyError, ValueError, OverflowError):  # a zone pandas does not read, times beyond it
+                continue
             if ((local - utc).total_seconds().to_numpy() == offsets).all():
                 return str(zone.key)
     return None
