@@ -170,3 +170,39 @@ def test_the_resume_lookup_continues_a_late_stop_and_not_a_finished_run(tmp_path
     assert find_resumable(older, config) is None
     middle = _saved_state(tmp_path / "middle", config, last=False)  # stopped while training: resumed as ever
     assert find_resumable(middle, config)["next_epoch"] == 1
+
+
+def test_a_continued_fit_trains_nothing_and_redoes_no_recorded_phase(tiny):
+    """In-process: a fit that reached its scorecard phase, continued, logs no step, epoch or
+    verdict metric and returns the recorded result; a trial pruned at its last epoch is never
+    continued."""
+    import torch
+    from recording import Recorder
+
+    from kronos_mlflow.config.layout import RunLayout
+    from kronos_mlflow.model import KronosTokenizer
+    from kronos_mlflow.config.core import model_kwargs
+    from kronos_mlflow.runtime.console import Console
+    from kronos_mlflow.stages.tokenizer.training import TokenizerStage
+    from kronos_mlflow.training import loop
+    from kronos_mlflow.training.checkpoint import find_resumable
+
+    def fit(config, **kwargs):
+        torch.manual_seed(0)
+        logger = Recorder()
+        result = loop.fit(KronosTokenizer(**model_kwargs(config)), torch.device("cpu"), config, logger,
+                          loop.RunFiles(RunLayout.of(config)), Console(False), stage=TokenizerStage(), **kwargs)
+        return result, [sorted(m) for _, m in logger.metrics]
+
+    config = tiny(compile="off", epochs=1)
+    first, logged = fit(config)
+    assert any("train_tokenizer_loss_batch" in m for m in logged) and any("test_tokenizer_loss" in m for m in logged)
+    state = find_resumable(RunLayout.of(config).root, config, world_size=1)
+    assert state["phase"]["phase"] == "scorecard"  # the tokenizer has no scorecard: the phase is done at once
+    again, logged = fit(config, resume_state=state)
+    assert logged == [] and json.loads(json.dumps(first)) == again
+
+    pruned = tiny(compile="off", epochs=1, seed=7)
+    with pytest.raises(loop.TrainingPruned):
+        fit(pruned, should_stop=lambda epoch, value: True)
+    assert find_resumable(RunLayout.of(pruned).root, pruned, world_size=1) is None  # the same command trains anew

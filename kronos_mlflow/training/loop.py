@@ -410,6 +410,39 @@ def phase_state(config: Mapping[str, Any], world_size: int, progress: Progress,
                                        "config_digest": checkpoint.config_digest(config, world_size=world_size)})
 
 
+def after_training(progress: Progress, data: RunData, device, config: Mapping[str, Any], logger: ExperimentLogger,
+                   files: RunFiles, console: Console, *, rank: int, world_size: int, stage: TrainingStage,
+                   hooks: Sequence[EpochHook], run_ids: Mapping[str, Any] | None,
+                   record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What follows the last epoch, phase by phase: :func:`finish_run` (``summarized``),
+    :func:`judge_on_test` (``verdict``), the stage's scorecard or calibrator (``scorecard`` /
+    ``calibration``). Each phase that completes is recorded with the result so far
+    (:mod:`~kronos_mlflow.training.checkpoint.phase`); ``record``, a stopped run's, says which are
+    done: they are not done again, their numbers come from it."""
+    files.phase_state = phase_state(config, world_size, progress, run_ids)
+    files.phase = record["phase"] if record else checkpoint.phase.TRAINED
+    done = functools.partial(checkpoint.phase.done, record)
+    result: dict[str, Any] = dict(record["result"]) if record else {}
+    if not done("summarized"):
+        result = finish_run(progress, data, device, config, logger, files, stage, hooks)
+        files.record_phase("summarized", result)
+    if not done("verdict"):
+        result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
+                                       world_size=world_size, stage=stage)
+        files.record_phase("verdict", result)
+    if not done("scorecard"):
+        reused: dict[str, Any] = {}
+        for hook in hooks:
+            reused.update(hook.forecasts())
+        card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
+                               console=console, step=max(progress.best_epoch, 0), reused=reused)
+        if card is not None:
+            result["scorecard"] = card.as_json()
+        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") == "on"
+        files.record_phase("calibration" if alone else "scorecard", result)
+    return result
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -422,8 +455,10 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     as the loop itself; what it does once is in named pieces: :func:`load_data`,
     :func:`resume_or_start` (a killed run's state, or the starting weights' validation),
     :func:`validate_epoch` (validation, its metrics, the best checkpoint), :func:`save_progress` (the
-    training state), :func:`finish_run` (the result and the plots) and :func:`judge_on_test` (the best
-    checkpoint against the starting weights on the test windows: the verdict).
+    training state), then :func:`after_training`: :func:`finish_run` (the result and the plots),
+    :func:`judge_on_test` (the best checkpoint against the starting weights on the test windows: the
+    verdict) and the stage's scorecard, each phase recorded so that a run stopped after its
+    training continues there (``resume_state`` saved after the last epoch: no epoch runs again).
 
     ``stage`` (:mod:`kronos_mlflow.stages`: its spec's ``training``) supplies the loss, the
     validation and its metrics, the plots and the held-out comparison. ``hooks`` run after each
@@ -495,28 +530,6 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
                 files.record_phase("pruned")
             raise TrainingPruned(f"pruned after epoch {epoch + 1}/{last_epoch + 1} with val_loss {val.loss}")
         barrier()
-    # After the last epoch each phase that completes is recorded (checkpoint/phase.py): a run
-    # stopped or failed in one continues there, and a phase done is not done again.
-    record = (resume_state or {}).get("phase") if progress.start_epoch > last_epoch else None
-    files.phase_state = phase_state(config, world_size, progress, run_ids)
-    files.phase = record["phase"] if record else checkpoint.phase.TRAINED
-    done = functools.partial(checkpoint.phase.done, record)
-    result: dict[str, Any] = dict(record["result"]) if record else {}
-    if not done("summarized"):
-        result = finish_run(progress, data, device, config, logger, files, stage, hooks)
-        files.record_phase("summarized", result)
-    if not done("verdict"):
-        result["test"] = judge_on_test(progress, device, config, logger, files, console, rank=rank,
-                                       world_size=world_size, stage=stage)
-        files.record_phase("verdict", result)
-    if not done("scorecard"):
-        reused: dict[str, Any] = {}
-        for hook in hooks:
-            reused.update(hook.forecasts())
-        card = stage.scorecard(config, files.layout, device, rank=rank, world_size=world_size, logger=logger,
-                               console=console, step=max(progress.best_epoch, 0), reused=reused)
-        if card is not None:
-            result["scorecard"] = card.as_json()
-        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") == "on"
-        files.record_phase("calibration" if alone else "scorecard", result)
-    return result
+    return after_training(progress, data, device, config, logger, files, console, rank=rank, world_size=world_size,
+                          stage=stage, hooks=hooks, run_ids=run_ids,
+                          record=(resume_state or {}).get("phase") if progress.start_epoch > last_epoch else None)
