@@ -34,7 +34,7 @@ COST: dict[str, int] = {
     "test_scorecard_skill.py": 220, "test_hostile_input.py": 215, "test_backtest.py": 210, "test_forecast_eval.py": 210,
     "test_hostile_launchers.py": 200, "test_ui_browser.py": 190, "test_verdict_runs.py": 165, "predictor_sweep": 150,
     "test_spool.py": 140, "test_speed_paths.py": 115, "test_data_intraday.py": 110, "test_trainer.py": 90,
-    "test_command_stops.py": 85,
+    "test_command_stops.py": 85, "test_late_stops.py": 90,
 }
 
 
