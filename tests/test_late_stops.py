@@ -83,7 +83,7 @@ def test_ctrl_c_in_the_verdict_then_in_the_model_logging_continues_without_train
     code, err = _stop_after(command, tmp_path, env, "summarized", "first")  # in the held-out verdict
     assert code == 130, err[-3000:]
     lines = [line for line in err.splitlines() if "stopped by SIGINT" in line]
-    assert lines == ["kronos-mlflow train: stopped by SIGINT after its training (its summarized phase done); the "
+    assert lines == ["kronos-mlflow train: stopped by SIGINT after its training (phase reached: summarized); the "
                      "training state and the best checkpoint are kept: the same command continues from there "
                      "without training again"], err[-3000:]
     assert "Traceback" not in err
@@ -95,13 +95,13 @@ def test_ctrl_c_in_the_verdict_then_in_the_model_logging_continues_without_train
     assert code == 130, err[-3000:]
     said = (tmp_path / "second.out").read_text()
     assert "epoch 1/2" not in said and "starting weights" not in said, said  # no epoch trained again
-    assert "training is complete (2 epochs, 16 steps" in said and "after its summarized phase" in said, said
+    assert "training is complete (2 epochs, 16 steps" in said and "the phase it reached (summarized)" in said, said
     (run,) = client.search_runs(["0"])
-    assert run.info.status == "KILLED" and "its scorecard phase done" in run.data.tags["stop_reason"]
+    assert run.info.status == "KILLED" and "(phase reached: scorecard)" in run.data.tags["stop_reason"]
 
     done = commands.run(command, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "epoch 1/2" not in done.stdout and "after its scorecard phase" in done.stdout, done.stdout
+    assert "epoch 1/2" not in done.stdout and "the phase it reached (scorecard)" in done.stdout, done.stdout
     (run,) = client.search_runs(["0"])  # the same run throughout
     assert run.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, STEP)) == list(range(16))  # once each

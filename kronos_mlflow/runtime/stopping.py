@@ -139,7 +139,7 @@ def stop_reason(signum: int, root, after: str | None = None) -> str:
     where = f" in {root / 'checkpoints'}" if root is not None else ""
     name = signal.Signals(signum).name
     if after is not None:
-        return (f"stopped by {name} after its training (its {after} phase done); the training state and the best "
+        return (f"stopped by {name} after its training (phase reached: {after}); the training state and the best "
                 f"checkpoint are kept{where}: the same command continues from there without training again")
     where = f" in {root / 'checkpoints' / 'last'}" if root is not None else ""
     return (f"stopped by {name}; the training state after the last finished epoch is "

@@ -297,8 +297,8 @@ def resume_or_start(raw_model, optimizer, scheduler, data: RunData, device, logg
     if progress.start_epoch > last_epoch:  # stopped after its training: what follows it continues
         reached = (resume_state.get("phase") or {}).get("phase", checkpoint.phase.TRAINED)
         console.print(f"training is complete ({last_epoch + 1} epochs, {progress.global_step} steps, best val_loss "
-                      f"{progress.best_val_loss:.6f}); the run stopped after its {reached} phase and continues "
-                      f"from there with its best checkpoint, without training again ({state['directory']})")
+                      f"{progress.best_val_loss:.6f}); continuing its run after the phase it reached ({reached}) "
+                      f"with its best checkpoint, without training again ({state['directory']})")
         return progress
     console.print(f"resuming at epoch {progress.start_epoch + 1}/{last_epoch + 1} (step {progress.global_step}, "
                   f"best val_loss {progress.best_val_loss:.6f}) from {state['directory']}")
