@@ -13,6 +13,7 @@ import pytest
 
 from kronos_mlflow.errors import UserError
 from kronos_mlflow.evaluation import calibration as cb, probabilistic as pr
+from kronos_mlflow.serving.forecasting import calibrator_file
 from kronos_mlflow.serving.forecasting.quantiles import Calibrator, histvol_sigma
 
 H, LOOKBACK, PATHS = 5, 30, 40
@@ -95,14 +96,14 @@ def test_an_overconfident_p_up_is_recalibrated_by_isotonic_regression():
 def test_the_calibrator_is_json_and_a_bad_one_is_refused_in_one_line():
     cal, *_ = _fit_and_apply(width=0.5, n=300)
     text = cal.dumps()
-    again = Calibrator.from_json(json.loads(text))
+    again = calibrator_file.from_json(json.loads(text))
     np.testing.assert_array_equal(again.score_quantiles, cal.score_quantiles)
     np.testing.assert_array_equal(again.up_x, cal.up_x)
     assert again.origins == 300
     for bad in ({}, {**json.loads(text), "score_quantiles": [[1.0]]}, {**json.loads(text), "version": 99},
                 {**json.loads(text), "p_up": {"x": [0.1], "y": []}}):
         with pytest.raises(UserError) as err:
-            Calibrator.from_json(bad, source="calibrator.json")
+            calibrator_file.from_json(bad, source="calibrator.json")
         assert "\n" not in str(err.value) and "calibrator.json" in str(err.value)
     # steps past the fitted horizon grow with sqrt(h / H)
     wide = cal.steps(2 * H)

@@ -68,7 +68,8 @@ def test_forecasts_parquet_has_a_row_per_origin_forecaster_and_step(scored):
     n, horizon = int(card.metrics["eval_origins"]), config["predict_window"]
     assert list(frame.columns[:7]) == ["datetime", "instrument", "forecaster", "step", "actual", "mean", "median"]
     assert list(frame.columns[7:]) == ALL_QCOLS + ["pit", "p_up"]
-    assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated"}
+    assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated",
+                                        "ensemble"}
     assert len(frame) == 5 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
     assert (frame["median"] == frame["q0.5"]).all()
     naive = frame[frame["forecaster"] == "persistence"]
@@ -223,7 +224,8 @@ def test_coverage_pit_brier_and_histvol_are_recomputed_from_the_saved_forecasts(
     horizon = config["predict_window"]
     raw = {(s, str(d)): past for s, d, past, _ in _raw_origins(config)}
     prefixes = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "histvol": "histvol_test_",
-                "finetuned_calibrated": "calibrated_test_", "persistence": "persistence_test_"}
+                "finetuned_calibrated": "calibrated_test_", "persistence": "persistence_test_",
+                "ensemble": "ensemble_test_"}
     for name, prefix in prefixes.items():
         rows = frame[frame["forecaster"] == name].sort_values(["datetime", "instrument", "step"], kind="stable")
         y = rows["actual"].to_numpy().reshape(-1, horizon)
@@ -292,7 +294,9 @@ def test_the_pictures_and_the_calibrator_are_written(scored, tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "calibrator.json").read_text())
     assert data["origins"] == card.metrics["calibration_origins"] >= 30
-    again = Calibrator.from_json(data)
+    from kronos_mlflow.serving.forecasting import calibrator_file
+
+    again = calibrator_file.from_json(data)
     np.testing.assert_array_equal(again.score_quantiles, card.calibrator.score_quantiles)
 
 
@@ -318,3 +322,43 @@ def test_the_scorecard_says_origins_done_of_total_per_forecaster(scored, capsys,
         done = [int(d) for d, total in re.findall(rf"^\[kronos\] scorecard: {name}: (\d+)/(\d+) origins, \S+ "
                                                   r"origins/s, ETA \S+$", out, flags=re.MULTILINE) if int(total) == n]
         assert done == [min(k, n) for k in range(16, n + 16, 16)], out
+
+
+def test_the_ensemble_is_fit_on_validation_alone_and_judged_against_each_member(scored):
+    """The ensemble's weights (greedy selection on the calibration origins) sum to 1, its
+    validation WQL is no worse than its best member's, it is scored on test with a verdict against
+    every other forecaster; then every test outcome is changed: the test score changes, every
+    fitted weight and the ensemble's calibrator stay the same."""
+    from test_forecast_eval import _tiny_pair
+
+    from kronos_mlflow.evaluation import ensemble as en, probabilistic as pr
+    from kronos_mlflow.evaluation.origins import CLOSE, forecast_origins
+    from kronos_mlflow.evaluation.scorecard import PREFIXES, _calibrate
+
+    config, card, _ = scored
+    m = card.metrics
+    weights = {name: m[f"ensemble_weight_{name}"] for name in en.MEMBERS}
+    assert weights == card.ensemble.weights and sum(weights.values()) == pytest.approx(1.0)
+    assert all(round(w * m["ensemble_rounds"]) == pytest.approx(w * m["ensemble_rounds"]) for w in weights.values())
+    assert m["validation_wql_ensemble"] <= min(m[f"validation_wql_{name}"] for name in en.MEMBERS) * (1 + 1e-9)
+    for name in ("finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated"):
+        assert card.tags[f"verdict_wql_ensemble_vs_{name}"] in ("better", "worse", "inconclusive")
+        assert m[f"wql_skill_ensemble_vs_{name}"] == pytest.approx(
+            1 - m["ensemble_test_wql_close"] / m[f"{PREFIXES[name]}wql_close"], rel=1e-9)
+    origins = forecast_origins(config)
+    every = np.arange(len(origins))
+    history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
+    u = pr.uniforms(int(config["seed"]), actual.shape)
+    paths = history[:, -1, None, None] * np.exp(np.random.default_rng(0).normal(0, 0.01, (len(origins), 4,
+                                                                                        actual.shape[1])))
+    fitted = []
+    for outcome in (actual, actual[::-1] * 1.5):
+        per = {"finetuned": sc.origin_scores(paths, history, outcome, u)}
+        out, _ = _calibrate(config, {"finetuned": _tiny_pair(1)}, origins, per, history, outcome, u, rank=0,
+                            world_size=1, console=None)
+        fitted.append((out["ensemble"], sc.wql(per["ensemble"])))
+    (first, wql_a), (second, wql_b) = fitted
+    assert wql_a != pytest.approx(wql_b), "the test outcome changed the test score"
+    assert first.weights == second.weights == card.ensemble.weights
+    np.testing.assert_array_equal(first.calibrator.score_quantiles, second.calibrator.score_quantiles)
+    np.testing.assert_array_equal(first.calibrator.score_quantiles, card.ensemble.calibrator.score_quantiles)

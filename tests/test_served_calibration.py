@@ -26,7 +26,7 @@ from test_forecaster import _windows, _write_checkpoints
 from tiny_runs import TRACKING_ENV, isolated_env, isolated_vars, tiny_config
 
 from kronos_mlflow.evaluation import calibration
-from kronos_mlflow.serving.forecasting import quantiles
+from kronos_mlflow.serving.forecasting import calibrator_file, quantiles
 
 CLOSE = quantiles.CLOSE
 OUTPUTS = ["calibration", "calibration_note", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
@@ -279,7 +279,7 @@ def test_the_signature_and_the_model_files(served):
     assert sorted(p.name for p in (local / "artifacts" / "predictor").iterdir()) == sorted([CONFIG_NAME, WEIGHTS_NAME])
     stored = (local / "artifacts" / "calibrator" / "calibrator.json").read_text()
     assert stored == served["json"]
-    assert quantiles.Calibrator.from_json(json.loads(stored)).to_json() == served["cal"].to_json()
+    assert calibrator_file.from_json(json.loads(stored)).to_json() == served["cal"].to_json()
     assert not list(local.rglob("*.pkl")) and not list(local.rglob("*.pickle"))
 
     signature = mlflow.models.Model.load(str(local / "MLmodel")).signature

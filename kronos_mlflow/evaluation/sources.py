@@ -185,12 +185,12 @@ def resolve_model(spec: str, scratch: Path, tracking_uri: str | None = None) -> 
 def model_calibrator(predictor_dir: Path, what: str = "--model"):
     """The calibrator a logged forecaster carries beside its checkpoints (``calibrator/calibrator.json``
     next to ``predictor/``), read and checked by the one reader of handed-over files
-    (:func:`kronos_mlflow.tracking.handover.read_calibrator`), or None (a model logged without one,
+    (:func:`kronos_mlflow.serving.forecasting.calibrator_file.read`), or None (a model logged without one,
     or checkpoint directories); a damaged one is one line naming ``what``, the file and the field."""
     from ..serving.forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE  # lazy: mlflow
-    from ..tracking.handover import read_calibrator
+    from ..serving.forecasting import calibrator_file  # lazy: mlflow
 
     path = Path(predictor_dir).parent / CALIBRATOR_ARTIFACT / CALIBRATOR_FILE
     if not os.path.lexists(path):
         return None
-    return read_calibrator(path, f"{what}: its {CALIBRATOR_ARTIFACT}/{CALIBRATOR_FILE}")
+    return calibrator_file.read(path, f"{what}: its {CALIBRATOR_ARTIFACT}/{CALIBRATOR_FILE}")

@@ -318,18 +318,7 @@ def read_forecasts(path: str | os.PathLike, source: str):
     return frame
 
 
-# ----------------------------------------------------------------------------- calibrator.json
-
-#: a calibrator's most bytes (six rows of MAX_STEP score quantiles and an isotonic map of many
-#: origins), the largest score quantile it may hold (a score is a close's deviation in units of
-#: its last close times the floored volatility: 1e6 is a move of a hundred times the close) and
-#: the most calibration origins
-MAX_CALIBRATOR_BYTES = 16 << 20
-MAX_SCORE = 1e6
-MAX_ORIGINS = 10**8
-CALIBRATOR_EXPECTED = "the JSON that a run's evaluation/calibrator.json holds"
-_CALIBRATOR_KEYS = ("format", "version", "method", "levels", "intervals", "score_quantiles", "sigma_returns",
-                    "sigma_floor", "p_up", "origins", "base_rate", "time_range")
+# ----------------------------------------------------------------------------- numbers
 
 
 def number(value: Any, source: str, where: str, low: float, high: float) -> float:
@@ -356,70 +345,6 @@ def numbers(value: Any, source: str, where: str, low: float, high: float, longes
     return out
 
 
-def _same(value: Any, expected: list, source: str, where: str, meaning: str) -> None:
-    if value != expected:
-        raise UserError(f"{source}: {where} is '{names.shown(value)}'; expected {names.shown(expected, 120)} "
-                        f"({meaning})")
-
-
-def calibrator_from_json(data: Any, source: str):
-    """The :class:`~kronos_mlflow.serving.forecasting.quantiles.Calibrator` of the JSON value
-    ``data``, each field checked: its format and version, the quantile levels and intervals of
-    this version, score quantiles (six rows of 1 to :data:`MAX_STEP` finite numbers within
-    +-:data:`MAX_SCORE`), the volatility's returns and floor, the isotonic map of ``p_up``
-    (thresholds and values in [0, 1], each increasing, equally many, at most ``origins``), a
-    count of origins (1 to :data:`MAX_ORIGINS`), a base rate in [0, 1] and the time range of
-    its forecast bars (two dates in order, or both empty); else one line naming ``source`` and
-    the field."""
-    from ..serving.forecasting import quantiles as qt  # lazy: numpy
-
-    import numpy as np
-
-    data = keys_of(data, _CALIBRATOR_KEYS, source, "the file")
-    if data["format"] != qt.FORMAT:
-        raise UserError(f"{source}: format is '{names.shown(data['format'])}'; expected '{qt.FORMAT}'")
-    if isinstance(data["version"], bool) or data["version"] != qt.VERSION:
-        raise UserError(f"{source}: version is '{names.shown(data['version'])}'; expected {qt.VERSION} (the calibrator "
-                        "version this kronos-mlflow reads)")
-    text(data["method"], source, "method")
-    _same(data["levels"], [float(v) for v in qt.QLEVELS], source, "levels", "this version's quantile levels")
-    _same(data["intervals"], [[float(qt.QLEVELS[lo]), float(qt.QLEVELS[hi])] for lo, hi in qt.INTERVALS], source,
-          "intervals", "this version's central intervals")
-    _same(data["sigma_returns"], qt.HISTVOL_RETURNS, source, "sigma_returns", "the log returns the served volatility uses")
-    _same(data["sigma_floor"], qt.SIGMA_FLOOR, source, "sigma_floor", "the volatility's floor")
-    rows = data["score_quantiles"]
-    if not isinstance(rows, list) or len(rows) != len(qt.INTERVALS):
-        raise UserError(f"{source}: score_quantiles is {kind_of(rows)}"
-                        + (f" of {len(rows)} rows" if isinstance(rows, list) else "")
-                        + f"; expected {len(qt.INTERVALS)} rows, one per central interval")
-    table = [numbers(row, source, f"score_quantiles[{j}]", -MAX_SCORE, MAX_SCORE, MAX_STEP)
-             for j, row in enumerate(rows)]
-    horizon = len(table[0])
-    if not horizon or any(len(row) != horizon for row in table):
-        raise UserError(f"{source}: score_quantiles has rows of {', '.join(str(len(r)) for r in table)} steps; "
-                        f"expected {len(qt.INTERVALS)} rows of the same 1 to {MAX_STEP:,} steps")
-    origins = integer(data["origins"], source, "origins", 1, MAX_ORIGINS)
-    up = keys_of(data["p_up"], ("x", "y"), source, "p_up")
-    x = numbers(up["x"], source, "p_up.x", 0.0, 1.0, origins, ordered=True)
-    y = numbers(up["y"], source, "p_up.y", 0.0, 1.0, origins, ordered=True)
-    if len(x) != len(y):
-        raise UserError(f"{source}: p_up has {len(x)} thresholds x and {len(y)} values y; expected as many of each")
-    base = number(data["base_rate"], source, "base_rate", 0.0, 1.0)
-    span = data["time_range"]
-    if span == ["", ""]:
-        span = ("", "")
-    else:
-        span = period(span, source, "time_range")
-    return qt.Calibrator(np.asarray(table, dtype=np.float64), np.asarray(x, dtype=np.float64),
-                         np.asarray(y, dtype=np.float64), origins, base, tuple(span))
-
-
-def read_calibrator(path: str | os.PathLike, source: str):
-    """The calibrator of the file ``path`` (a ``calibrator.json``: :func:`calibrator_from_json`),
-    or one UserError line naming ``source`` and the field."""
-    return calibrator_from_json(json_value(Path(path), source, CALIBRATOR_EXPECTED, MAX_CALIBRATOR_BYTES), source)
-
-
 # ----------------------------------------------------------------------------- a run's params
 
 
@@ -440,5 +365,5 @@ def scorecard_rule(params: Mapping[str, str], source: str) -> tuple[float, str]:
     return change, unit
 
 
-__all__ = ["ARTIFACTS", "FOLDS_JSON", "FORECASTS_PARQUET", "ORIGINS_PARQUET", "calibrator_from_json", "download",
-           "read_calibrator", "read_forecasts", "read_origins", "scorecard_rule"]
+__all__ = ["ARTIFACTS", "FOLDS_JSON", "FORECASTS_PARQUET", "ORIGINS_PARQUET", "download", "number", "numbers",
+           "read_forecasts", "read_origins", "scorecard_rule"]

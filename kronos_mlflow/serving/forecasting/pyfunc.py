@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import ConfigError, DataError, UserError
 from ..tokenizer_model import bad_input_as_invalid_parameter
+from . import calibrator_file
 from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles, uncalibrated
 
 TOKENIZER_ARTIFACT = "tokenizer"
@@ -170,12 +171,10 @@ def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: 
 def read_calibrator(path: str, source: str | None = None) -> Calibrator:
     """The calibrator of ``path`` (a ``calibrator.json`` or a directory holding one), read and
     checked field by field by the one reader of handed-over files
-    (:func:`kronos_mlflow.tracking.handover.read_calibrator`); anything else is one line naming
-    ``source`` (default: the file) and the field."""
-    from ...tracking.handover import read_calibrator as checked  # lazy: the one reader of handed-over files
-
+    (:func:`kronos_mlflow.serving.forecasting.calibrator_file.read`); anything else is one line
+    naming ``source`` (default: the file) and the field."""
     file = os.path.join(path, CALIBRATOR_FILE) if os.path.isdir(path) else path
-    return checked(file, source or file)
+    return calibrator_file.read(file, source or file)
 
 
 NO_CALIBRATOR = "the model carries no calibrator (a run with calibration off, or an older model)"

@@ -142,14 +142,5 @@ class Calibrator:
                 "origins": int(self.origins), "base_rate": float(self.base_rate),
                 "time_range": list(self.time_range), **self.extra}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str = "calibrator") -> Calibrator:
-        """A calibrator from its JSON, each field checked
-        (:func:`kronos_mlflow.tracking.handover.calibrator_from_json`); anything else is one line
-        naming ``source`` and the field."""
-        from ...tracking.handover import calibrator_from_json  # lazy: the one reader of handed-over files
-
-        return calibrator_from_json(data, source)
-
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True, allow_nan=False)
