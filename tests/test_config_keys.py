@@ -62,7 +62,7 @@ def test_sections_hold_every_key_typed_and_frozen():
     seen = {}
     for name in SECTIONS:
         part = getattr(every, name)
-        assert type(part) is sec.SECTION_TYPES[name] and part.section == name
+        assert type(part) is sec.section_type(name) and part.section == name
         for field in dataclasses.fields(part):
             value = getattr(part, field.name)
             assert value == (tuple(config[field.name]) if isinstance(config[field.name], list) else config[field.name])

@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from .keys import KEY, SECTIONS, section_keys
 
-__all__ = ["Sections", "SECTION_TYPES", "as_section", "key_section", "section", "sections"]
+__all__ = ["as_section", "key_section", "section", "section_type", "sections", "sections_type"]
 
 
 def _frozen(value: Any) -> Any:
     return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def _section_type(name: str) -> type:
+@functools.cache
+def section_type(name: str) -> type:
+    """The frozen dataclass of section ``name`` (``BacktestSection`` for ``backtest``), made on
+    first use: a process that never builds a section pays nothing for it."""
     keys = section_keys(name)
     fields = [(key.name, tuple if key.type is list else key.type) for key in keys]
     cls = dataclasses.make_dataclass(f"{name.title()}Section", fields, frozen=True,
@@ -37,30 +41,32 @@ def _section_type(name: str) -> type:
     return cls
 
 
-#: section name -> its frozen dataclass (``SECTION_TYPES["backtest"]`` is ``BacktestSection``).
-SECTION_TYPES: dict[str, type] = {name: _section_type(name) for name in SECTIONS}
-Sections = dataclasses.make_dataclass("Sections", [(name, SECTION_TYPES[name]) for name in SECTIONS], frozen=True,
-                                      namespace={"__module__": __name__})
-Sections.__doc__ = "Every section of one config: ``sections(config).<section>.<key>``."
+@functools.cache
+def sections_type() -> type:
+    """The frozen dataclass of every section: ``Sections``."""
+    cls = dataclasses.make_dataclass("Sections", [(name, section_type(name)) for name in SECTIONS], frozen=True,
+                                     namespace={"__module__": __name__})
+    cls.__doc__ = "Every section of one config: ``sections(config).<section>.<key>``."
+    return cls
 
 
 def section(config: Mapping[str, Any], name: str):
     """The section ``name`` of ``config``: its keys' values, a key the mapping leaves out at its
     declared default."""
-    cls = SECTION_TYPES[name]
+    cls = section_type(name)
     return cls(**{key.name: _frozen(config[key.name] if key.name in config else copy.deepcopy(key.default))
                   for key in section_keys(name)})
 
 
-def sections(config: Mapping[str, Any]) -> Sections:
+def sections(config: Mapping[str, Any]):
     """Every section of ``config`` (a validated config: every key present)."""
-    return Sections(**{name: section(config, name) for name in SECTIONS})
+    return sections_type()(**{name: section(config, name) for name in SECTIONS})
 
 
 def as_section(value: Any, name: str):
     """``value`` when it is already section ``name``, else that section of the mapping ``value``:
     what a component that takes a section calls, so a caller holding the whole config may pass it."""
-    return value if isinstance(value, SECTION_TYPES[name]) else section(value, name)
+    return value if isinstance(value, section_type(name)) else section(value, name)
 
 
 def key_section(key: str) -> str:
