@@ -206,3 +206,21 @@ def test_a_continued_fit_trains_nothing_and_redoes_no_recorded_phase(tiny):
     with pytest.raises(loop.TrainingPruned):
         fit(pruned, should_stop=lambda epoch, value: True)
     assert find_resumable(RunLayout.of(pruned).root, pruned, world_size=1) is None  # the same command trains anew
+
+
+def test_a_run_stopped_while_its_model_was_logged_keeps_its_directory(tmp_path):
+    """Its summary.json is written before the model is logged: the same command still finds the
+    run's directory (a finished run's is never reused)."""
+    from kronos_mlflow.config.layout import RunLayout
+    from tiny_runs import tiny_config
+
+    config = tiny_config(tmp_path)
+    first = RunLayout.of(config)
+    first.checkpoints.mkdir(parents=True)
+    first.summary.write_text("{}")
+    for reached, directory in (("scorecard", first.root), ("logged", first.root),
+                               ("finished", first.root.with_name(first.root.name + "-2"))):
+        first.phase.write_text(json.dumps({"phase": reached}))
+        assert RunLayout.of(config).root == directory, reached
+    first.phase.unlink()  # a run finished before phases were recorded
+    assert RunLayout.of(config).root.name.endswith("-2")

@@ -6,6 +6,7 @@ directory is never reused).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 from .core import stage_keys
 from .digest import config_digest
 
+_MAX_PHASE_BYTES = 16 << 20
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -23,12 +26,12 @@ class RunLayout:
     @classmethod
     def of(cls, config: Mapping[str, Any], world_size: int = 1) -> RunLayout:
         """This run's directory: the first ``cfg-<digest>[-N]`` under the run folder that holds
-        no finished run (docs/run-records.md#where-a-runs-files-are)."""
+        no finished run (:meth:`finished`; docs/run-records.md#where-a-runs-files-are)."""
         base = cls.folder(config)
         key = run_key(config, world_size)
         for n in range(1, 10_000):
             layout = cls(base / (key if n == 1 else f"{key}-{n}"))
-            if not layout.summary.exists():
+            if not layout.finished():
                 return layout
         raise RuntimeError(f"{base} holds 10,000 finished runs of one config")  # pragma: no cover
 
@@ -74,6 +77,27 @@ class RunLayout:
     @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+    @property
+    def phase(self) -> Path:
+        """How far the run got after its last epoch (kronos_mlflow/training/checkpoint/phase.py)."""
+        return self.checkpoints / "phase.json"
+
+    def finished(self) -> bool:
+        """The directory holds a finished run: its ``summary.json`` is written and no phase record
+        says the run was stopped before its end (a stop while its model was logged continues
+        here: docs/reliability.md#a-stop-after-the-last-epoch)."""
+        if not self.summary.exists():
+            return False
+        try:
+            if self.phase.stat().st_size > _MAX_PHASE_BYTES:
+                return False  # not a record of ours: the run's own start says so, in one line
+            reached = json.loads(self.phase.read_text(encoding="utf-8")).get("phase")
+        except FileNotFoundError:
+            return True  # a run finished before phases were recorded
+        except (OSError, ValueError, AttributeError):
+            return False  # damaged: the run's own start says so, in one line
+        return reached in ("finished", "pruned")
 
 
 def run_key(config: Mapping[str, Any], world_size: int = 1) -> str:
