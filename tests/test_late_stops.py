@@ -27,8 +27,10 @@ def _phase(root: Path) -> str | None:
         return None
 
 
-def _stop_after(command: list[str], tmp: Path, env: dict, phase: str, name: str) -> tuple[int, str]:
-    """The command, stopped by Ctrl-C (SIGINT to its process) in the phase after ``phase``. The
+def _stop_after(command: list[str], tmp: Path, env: dict, phase: str, name: str, *,
+                summary: bool = False) -> tuple[int, str]:
+    """The command, stopped by Ctrl-C (SIGINT to its process) in the phase after ``phase``
+    (``summary``: once summary.json is written too). The
     process is frozen (SIGSTOP) the moment phase.json says ``phase``, so the signal lands in the
     next phase however fast this machine is, as a Ctrl-Z, Ctrl-C and ``fg`` would; the test
     checks where it stopped. Returns the exit code and stderr."""
@@ -44,7 +46,7 @@ def _stop_after(command: list[str], tmp: Path, env: dict, phase: str, name: str)
                 root = run_dir(tmp / "outputs")
             except AssertionError:
                 root = None
-            if root is not None and _phase(root) == phase:
+            if root is not None and _phase(root) == phase and (not summary or (root / "summary.json").exists()):
                 os.kill(proc.pid, signal.SIGSTOP)
                 break
             time.sleep(0.002)
@@ -91,7 +93,8 @@ def test_ctrl_c_in_the_verdict_then_in_the_model_logging_continues_without_train
     assert run.info.status == "KILLED" and "after its training" in run.data.tags["stop_reason"]
     assert "verdict" not in run.data.tags
 
-    code, err = _stop_after(command, tmp_path, env, "scorecard", "second")  # the verdict done: in the model logging
+    # the verdict done, summary.json written: in the model's logging
+    code, err = _stop_after(command, tmp_path, env, "scorecard", "second", summary=True)
     assert code == 130, err[-3000:]
     said = (tmp_path / "second.out").read_text()
     assert "epoch 1/2" not in said and "starting weights" not in said, said  # no epoch trained again
