@@ -100,7 +100,8 @@ def _reference(dirs, x: dict[str, np.ndarray], pred_len: int, seed: int, **sampl
 def test_the_paths_are_predict_paths_for_the_same_seed(logged):
     x = _windows()
     got = logged["model"].predict(x, params={"seed": 11, "sample_count": 3, "T": 0.8, "top_p": 0.95})
-    assert sorted(got) == ["calibration", "calibration_note", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
+    assert sorted(got) == ["calibration", "calibration_note", "forecaster", "mean", "p_up", "paths", "quantile_levels",
+                           "quantiles"]
     assert got["paths"].shape == (2, 3, 5, 6) and got["paths"].dtype == np.float32
     expected = _reference(logged["dirs"], x, 5, 11, T=0.8, top_k=0, top_p=0.95, sample_count=3)
     np.testing.assert_array_equal(got["paths"], expected.astype(np.float32))
@@ -230,7 +231,7 @@ def test_the_artifacts_load_upstream_style_and_the_run_records_the_model(logged)
     assert {m.key: m.value for m in model.metrics} == {"val_loss": 1.5}
     params = {p.name: p.default for p in info.signature.params.params}
     assert params == {"pred_len": 5, "T": 1.0, "top_k": 0, "top_p": 0.9, "sample_count": 1, "seed": 0,
-                      "calibrated": True}
+                      "calibrated": True, "forecaster": "calibrated"}
     version = client.get_model_version(REGISTERED, "1")
     assert version.run_id == logger.run_id
 

@@ -70,7 +70,7 @@ def test_forecasts_parquet_has_a_row_per_origin_forecaster_and_step(scored):
     assert list(frame.columns[7:]) == ALL_QCOLS + ["pit", "p_up"]
     assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated",
                                         "ensemble"}
-    assert len(frame) == 5 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
+    assert len(frame) == 6 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
     assert (frame["median"] == frame["q0.5"]).all()
     naive = frame[frame["forecaster"] == "persistence"]
     assert (naive[QCOLS].to_numpy() == naive[["mean"]].to_numpy()).all(), "persistence's deciles are its forecast"

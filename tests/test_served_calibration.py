@@ -29,7 +29,7 @@ from kronos_mlflow.evaluation import calibration
 from kronos_mlflow.serving.forecasting import calibrator_file, quantiles
 
 CLOSE = quantiles.CLOSE
-OUTPUTS = ["calibration", "calibration_note", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
+OUTPUTS = ["calibration", "calibration_note", "forecaster", "mean", "p_up", "paths", "quantile_levels", "quantiles"]
 
 
 def _synthetic_calibrator(horizon: int, n: int = 60, paths: int = 8) -> quantiles.Calibrator:
@@ -43,6 +43,22 @@ def _synthetic_calibrator(horizon: int, n: int = 60, paths: int = 8) -> quantile
     actual = last[:, None] * np.exp(np.cumsum(rng.normal(0, 0.03, size=(n, horizon)), axis=1))
     p_up = rng.integers(0, paths + 1, size=n) / paths
     return calibration.fit(levels, last, sigma, actual, p_up, ("2023-01-02T00:00:00", "2023-03-31T00:00:00"))
+
+
+def _synthetic_ensemble(horizon: int, n: int = 60):
+    """An ensemble fit on synthetic origins whose fine-tuned paths are too narrow."""
+    from kronos_mlflow.evaluation import ensemble
+
+    rng = np.random.default_rng(8)
+    history = 20 * np.exp(np.cumsum(rng.normal(0, 0.02, size=(n, 30)), axis=1))
+    last = history[:, -1]
+    steps = np.sqrt(np.arange(1, horizon + 1))
+    z = np.array([-1.645, -1.282, -0.842, -0.674, -0.524, -0.253, 0.0, 0.253, 0.524, 0.674, 0.842, 1.282, 1.645])
+    levels = last[:, None, None] * np.exp(0.3 * 0.02 * z[None, :, None] * steps[None, None, :])
+    actual = last[:, None] * np.exp(np.cumsum(rng.normal(0, 0.02, size=(n, horizon)), axis=1))
+    raw = {"levels": levels, "mean": levels[:, 6], "p_up": rng.integers(0, 9, size=n) / 8}
+    fitted, _ = ensemble.fit(raw, history, actual, 10, ("2023-01-02T00:00:00", "2023-03-31T00:00:00"))
+    return fitted
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +92,20 @@ def served(tmp_path_factory):
             without = MLflowLogger(experiment_name="served", run_name="raw")
             raw_info = log_forecaster(without, str(tokenizer), str(predictor), config, step=2)
             without.finalize("success")
+            ensemble = _synthetic_ensemble(int(config["predict_window"]))
+            (layout.root / "evaluation" / "ensemble.json").write_text(ensemble.dumps())
+            with_ens = MLflowLogger(experiment_name="served", run_name="ensemble")
+            log_predictor_model(with_ens, layout, config, {"best_epoch": 2}, {}, None)
+            with_ens.finalize("success")
         finally:
             mlflow.set_tracking_uri(None)  # the logging sets the process-global URI: do not leak it
         uri = isolated_vars(tmp)["MLFLOW_TRACKING_URI"]
         cal_uri = mlflow.MlflowClient(uri).get_run(with_cal.run_id).data.tags["best_model_uri"]
+        ens_uri = mlflow.MlflowClient(uri).get_run(with_ens.run_id).data.tags["best_model_uri"]
         yield {"tmp": tmp, "uri": uri, "cal": cal, "cal_uri": cal_uri, "raw_info": raw_info,
                "json": (layout.root / "evaluation" / "calibrator.json").read_text(),
-               "model": mlflow.pyfunc.load_model(cal_uri), "raw_model": mlflow.pyfunc.load_model(raw_info.model_uri)}
+               "model": mlflow.pyfunc.load_model(cal_uri), "raw_model": mlflow.pyfunc.load_model(raw_info.model_uri),
+               "ensemble": ensemble, "ens_uri": ens_uri, "ens_model": mlflow.pyfunc.load_model(ens_uri)}
 
 
 def _raw(out: dict, bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -284,10 +307,12 @@ def test_the_signature_and_the_model_files(served):
 
     signature = mlflow.models.Model.load(str(local / "MLmodel")).signature
     assert [s.name for s in signature.outputs.inputs] == ["paths", "mean", "quantiles", "quantile_levels", "p_up",
-                                                           "calibration", "calibration_note"]
+                                                           "calibration", "calibration_note", "forecaster"]
     params = {p.name: (p.dtype.name, p.default) for p in signature.params.params}
     assert params["calibrated"] == ("boolean", True)
-    assert sorted(params) == sorted(["pred_len", "T", "top_k", "top_p", "sample_count", "seed", "calibrated"])
+    assert params["forecaster"] == ("string", "calibrated")
+    assert sorted(params) == sorted(["pred_len", "T", "top_k", "top_p", "sample_count", "seed", "calibrated",
+                                     "forecaster"])
     # the model logged without a calibrator has the same signature and no calibrator artifact
     raw_local = Path(mlflow.artifacts.download_artifacts(artifact_uri=served["raw_info"].model_uri,
                                                          dst_path=str(served["tmp"] / "dl-raw"),
@@ -308,3 +333,48 @@ def test_a_bad_calibrator_is_refused_before_logging(tmp_path):
     with pytest.raises(UserError, match=r"calibrator.json is not JSON \(line 1 column 2") as caught:
         log_forecaster(None, str(tmp_path), str(tmp_path), {}, calibrator_path=str(bad))  # nothing logged
     assert "\n" not in str(caught.value)
+
+
+def test_the_ensemble_answers_by_default_where_the_model_carries_one(served):
+    """A model logged with ``evaluation/ensemble.json`` answers as the ensemble by default (its
+    weights mixing the paths' quantiles, histvol's and persistence's, then its calibrator), says
+    so in ``forecaster``; ``forecaster: calibrated`` and ``raw`` answer as those; a model without
+    one answers as before and refuses ``forecaster: ensemble`` in one line; a bad value is one line."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from kronos_mlflow.serving.forecasting import ensemble as served_ensemble
+
+    x = _windows(n=3)
+    params = {"sample_count": 8, "seed": 2}
+    out = served["ens_model"].predict(x, params=params)
+    assert sorted(out) == OUTPUTS and list(out["forecaster"]) == ["ensemble"] * 3
+    raw, raw_up = _raw(out, x["bars"])
+    close = x["bars"][..., CLOSE].astype(np.float64)
+    close_paths = out["paths"][..., CLOSE].astype(np.float64)
+    expected = served["ensemble"].apply(raw, close_paths.mean(axis=1), raw_up, close, quantiles.histvol_sigma(close))
+    np.testing.assert_allclose(out["quantiles"], expected["levels"], rtol=1e-12)
+    np.testing.assert_allclose(out["p_up"], expected["p_up"], rtol=1e-12)
+    calibrated = served["ens_model"].predict(x, params={**params, "forecaster": "calibrated"})
+    np.testing.assert_allclose(calibrated["quantiles"], served["model"].predict(x, params=params)["quantiles"],
+                               rtol=1e-12)
+    assert list(calibrated["forecaster"]) == ["calibrated"] * 3
+    plain = served["ens_model"].predict(x, params={**params, "forecaster": "raw"})
+    np.testing.assert_allclose(plain["quantiles"], raw, rtol=1e-12)
+    assert list(plain["forecaster"]) == ["raw"] * 3
+    # the model logged before the ensemble answers as it did; asked for an ensemble, one line
+    old = served["model"].predict(x, params=params)
+    assert list(old["forecaster"]) == ["calibrated"] * 3
+    for model, value, needle in ((served["model"], "ensemble", "carries no ensemble"),
+                                 (served["ens_model"], "best", "forecaster is 'best'")):
+        with pytest.raises(MlflowException) as caught:
+            model.predict(x, params={"forecaster": value})
+        message = str(caught.value.message)
+        assert needle in message and "\n" not in message.strip() and len(message) < 300, message
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=served["ens_uri"],
+                                                     dst_path=str(served["tmp"] / "dl-ens"), tracking_uri=served["uri"]))
+    assert sorted(p.name for p in (local / "artifacts").iterdir()) == ["calibrator", "ensemble", "predictor", "tokenizer"]
+    assert served_ensemble.read(str(local / "artifacts" / "ensemble" / "ensemble.json")).weights == \
+        served["ensemble"].weights
+    signature = mlflow.models.Model.load(str(local / "MLmodel")).signature
+    assert {p.name: p.default for p in signature.params.params}["forecaster"] == "ensemble"

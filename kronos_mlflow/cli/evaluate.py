@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         from ..evaluation.calibration import is_on  # lazy: numpy
 
         calibrator = model_calibrator(pred_dir, f"--model '{args.model}'") if is_on(config) else None
+        from ..evaluation.ensemble import model_ensemble  # lazy: numpy
+
+        ensemble = model_ensemble(pred_dir, f"--model '{args.model}'") if calibrator is not None else None
         tokenizer = resolve_tokenizer(str(tok_dir), device, what="--model")
         models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
         z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         if not z_pred:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
-        card = score_forecasters(config, models, console=console, calibrator=calibrator)
+        card = score_forecasters(config, models, console=console, calibrator=calibrator, ensemble=ensemble)
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"

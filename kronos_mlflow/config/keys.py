@@ -373,6 +373,10 @@ KEYS: tuple[Key, ...] = (
              "the model and served by default (docs/calibration.md); off."),
     Key("calibration_min_origins", EVALUATION, 30, low=POSITIVE, high=10**9, neutral=True,
         help="Fewest calibration origins (validation forecast origins) calibration on accepts."),
+    Key("ensemble_rounds", EVALUATION, 25, low=NON_NEGATIVE, high=10_000, neutral=True,
+        help="Rounds of greedy ensemble selection (with replacement) of the ensemble forecaster, fit on the "
+             "calibration origins with the calibrator, scored, logged with the model and served by default "
+             "(docs/calibration.md#the-ensemble-forecaster-ensemble); 0 = no ensemble."),
     Key("bootstrap_unit", EVALUATION, "date", choices=("date", "origin"), neutral=True,
         help="What the scorecard's bootstrap intervals resample: date (whole origin dates, since a date's "
              "cross-section moves together) or origin (each origin alone)."),

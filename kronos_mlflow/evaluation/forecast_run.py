@@ -51,9 +51,14 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
     if reason:
         console.print(f"no calibrator logged with the model: {reason}")
         return None
+    from . import ensemble as en  # lazy: scipy, scikit-learn
+
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
+    keep: dict[str, Any] = {}
     calibrator = fit_calibrator(pair(frozen, layout.best_model, config, device), origins, config, rank=rank,
-                                world_size=world_size, console=console, paths=(reused or {}).get(origins.digest))
+                                world_size=world_size, console=console, paths=(reused or {}).get(origins.digest),
+                                keep=keep)
+    ensemble, losses = en.build_for(config, keep)
     if rank == 0:
         directory = Path(layout.root) / "evaluation"
         directory.mkdir(parents=True, exist_ok=True)
@@ -62,6 +67,13 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
         logger.log_metrics({"calibration_origins": float(calibrator.origins)}, step=0)
         console.print(f"calibrator: fit on {calibrator.origins:,} validation origins "
                       f"({calibrator.time_range[0][:10]}..{calibrator.time_range[1][:10]}), logged with the model")
+        if ensemble is not None:
+            for path in en.write_artifacts(ensemble, losses, directory):
+                logger.log_artifact(str(path), "evaluation")
+            logger.log_metrics({**{f"ensemble_weight_{k}": v for k, v in ensemble.weights.items()}, **losses},
+                               step=0)
+            console.print("ensemble: " + ", ".join(f"{k} {v:.2f}" for k, v in ensemble.weights.items())
+                          + f" (validation WQL {losses['validation_wql_ensemble']:.4f}), logged with the model")
     return calibrator
 
 

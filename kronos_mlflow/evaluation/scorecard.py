@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..config.core import horizons
 from ..runtime.fsutil import write_atomic
-from . import calibration as cb, forecasters as fc, probabilistic as pr, scores as sc
+from . import calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
 from .calibration import CALIBRATED
 from .backtest import backtest_signals, breadth_reason, skip_reason
 from .figures import forecasts_figure, horizons_figure, pit_figure, reliability_figure, scorecard_figure
@@ -28,7 +28,7 @@ from .verdict import decide
 #: forecaster -> metric prefix; the order of the scorecard
 PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
             "seasonal_naive": "seasonal_naive_test_", "histvol": "histvol_test_",
-            CALIBRATED: "calibrated_test_"}
+            CALIBRATED: "calibrated_test_", en.ENSEMBLE: "ensemble_test_"}
 BASELINES = ("zeroshot", "persistence", "histvol", "seasonal_naive")
 VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence",
                 "histvol": "verdict_vs_histvol"}
@@ -66,6 +66,8 @@ class Scorecard:
     pit: dict[str, np.ndarray] = field(default_factory=dict)
     p_up: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     calibrator: Any = None  # the fitted :class:`~kronos_mlflow.evaluation.calibration.Calibrator`
+    ensemble: Any = None  # the fitted :class:`~kronos_mlflow.serving.forecasting.ensemble.Ensemble`
+    ensemble_losses: dict[str, float] = field(default_factory=dict)  # its members' validation WQL
 
     def calibration_line(self) -> str:
         """Coverage, PIT KS and Brier before and after calibration ('' without it)."""
@@ -209,7 +211,7 @@ def _ic_intervals(per, dates) -> dict[str, float]:
 
 def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
                       rank: int = 0, world_size: int = 1, console=None, calibrator=None,
-                      reused: Mapping[str, Any] | None = None) -> Scorecard:
+                      reused: Mapping[str, Any] | None = None, ensemble=None) -> Scorecard:
     """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
     ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
     (a collective when ``world_size > 1``: every rank calls it); with ``calibration: on``, the
@@ -231,7 +233,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         per["histvol"] = sc.distribution_scores(vol, history, actual)
     calibration, cal_seconds = _calibrate(config, predictors, origins, per, history, actual, u, rank=rank,
                                           world_size=world_size, console=console, calibrator=calibrator,
-                                          reused=reused)
+                                          reused=reused, ensemble=ensemble)
     if cal_seconds is not None:
         seconds["calibration"] = cal_seconds
     groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
@@ -255,6 +257,12 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high,
                         "calibration_origins": float(calibration["calibrator"].origins)})
         tags[CALIBRATION_TAG] = decide(-high, -low, float(config["verdict_min_change"]))
+    if calibration.get("ensemble") is not None:
+        more, more_tags = en.record_metrics(calibration["ensemble"], per, groups, float(config["verdict_min_change"]),
+                                            PREFIXES)
+        metrics.update(more)
+        metrics.update(calibration["ensemble_losses"])
+        tags.update(more_tags)
     tags["calibration"] = calibration["status"]
     metrics.update(_ic_intervals(per, origins.dates))
     metrics["direction_baseline"] = sc.direction_baseline(per["persistence"]["actual_return"])
@@ -282,11 +290,12 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
                      pit={name: scores["pit"] for name, scores in per.items()},
                      p_up={name: (scores["p_up"], scores["up"]) for name, scores in per.items()
                            if name not in ("persistence", "seasonal_naive")},
-                     calibrator=calibration["calibrator"])
+                     calibrator=calibration["calibrator"], ensemble=calibration.get("ensemble"),
+                     ensemble_losses=calibration.get("ensemble_losses", {}))
 
 
 def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *, rank, world_size, console,
-               calibrator=None, reused=None):
+               calibrator=None, reused=None, ensemble=None):
     """The calibration origins' base rate of a rise and, with ``calibration: on`` and a fine-tuned
     pair, the calibrator (``calibrator``, the served model's own, when given and fit on bars
     before the first test forecast bar; else fit here on the pair's forecasts of them) and the
@@ -303,10 +312,16 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
         out["status"] = "model"
     else:
         started = time.time()
+        keep: dict[str, Any] = {}
         calibrator = fit_calibrator(predictors["finetuned"], cal_origins, config, rank=rank, world_size=world_size,
-                                 console=console)
+                                 console=console, keep=keep)
+        ensemble, out["ensemble_losses"] = en.build_for(config, keep)
         seconds = round(time.time() - started, 3)
         out["status"] = "on"
+    if ensemble is not None:
+        per[en.ENSEMBLE] = sc.distribution_scores(en.forecast(ensemble, per["finetuned"], history, actual, u),
+                                                  history, actual)
+        out["ensemble"] = ensemble
     test_raw = {"levels": per["finetuned"]["levels"], "mean": per["finetuned"]["mean"], "p_up": per["finetuned"]["p_up"]}
     dist = cb.calibrated(calibrator, test_raw, history[:, -1], pr.histvol_sigma(history), actual, u)
     per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
@@ -315,7 +330,7 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
 
 
 def fit_calibrator(predictor, origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
-                   console=None, paths: np.ndarray | None = None) -> cb.Calibrator:
+                   console=None, paths: np.ndarray | None = None, keep: dict | None = None) -> cb.Calibrator:
     """A calibrator fit on a Kronos pair's forecasts of the calibration ``origins`` (sampled as
     the scorecard samples; a collective when ``world_size > 1``), or on ``paths`` already drawn
     for them."""
@@ -330,6 +345,9 @@ def fit_calibrator(predictor, origins, config: Mapping[str, Any], *, rank: int =
         console.print(f"calibration: the {len(origins):,} validation origins' paths objective val_skill drew with "
                       "the kept weights, reused")
     raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(int(config["seed"]), actual.shape))
+    if keep is not None:  # what the ensemble is fit on (evaluation/ensemble.py)
+        keep.update(raw={**raw, "mean": np.asarray(paths).mean(axis=1)}, history=history, actual=actual,
+                    time_range=cb.time_range(origins))
     return cb.fit(raw["levels"], history[:, -1], pr.histvol_sigma(history), actual, raw["p_up"], cb.time_range(origins))
 
 
@@ -365,6 +383,8 @@ def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
     if card.calibrator is not None:
         write_atomic(directory / CALIBRATOR_NAME, card.calibrator.dumps())
         out.append(directory / CALIBRATOR_NAME)
+    if card.ensemble is not None:
+        out += en.write_artifacts(card.ensemble, card.ensemble_losses, directory, card.description)
     for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure),
                        ("horizons.png", horizons_figure), ("pit.png", pit_figure),
                        ("reliability.png", reliability_figure)):

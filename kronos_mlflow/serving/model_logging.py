@@ -24,6 +24,7 @@ from ..config.core import format_time_range, run_params
 from ..data import resolve_qlib_path
 from .forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
 from .forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
+from .forecasting import ensemble as served_ensemble
 from .forecasting.quantiles import MIN_CALIBRATED_LOOKBACK, QLEVELS
 from ..runtime.fsutil import write_atomic
 from ..tracking.keys import BEST_METRIC, PREDICTOR_VAL_METRIC, TOKENIZER_VAL_METRIC
@@ -230,7 +231,7 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
 
 
-def forecaster_signature(pred_len: int):
+def forecaster_signature(pred_len: int, forecaster: str = "calibrated"):
     """The forecaster's signature: its outputs (``paths``, ``mean``, and the close's
     ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``, ``calibration_note``) and the parameters with their
     defaults (``pred_len``: the config's predict_window; the sampling ones; ``calibrated``). The
@@ -244,10 +245,12 @@ def forecaster_signature(pred_len: int):
                       TensorSpec(float64, (-1, len(QLEVELS), -1), "quantiles"),
                       TensorSpec(float64, (len(QLEVELS),), "quantile_levels"), TensorSpec(float64, (-1,), "p_up"),
                       TensorSpec(np.dtype(str), (-1,), "calibration"),
-                      TensorSpec(np.dtype(str), (-1,), "calibration_note")])
+                      TensorSpec(np.dtype(str), (-1,), "calibration_note"),
+                      TensorSpec(np.dtype(str), (-1,), "forecaster")])
     params = [ParamSpec("pred_len", "long", int(pred_len))]
     params += [ParamSpec(k, "double" if isinstance(v, float) else "long", v) for k, v in SAMPLING_DEFAULTS.items()]
-    params += [ParamSpec(k, "boolean", v) for k, v in SERVING_DEFAULTS.items()]
+    params += [ParamSpec(k, "boolean", v) for k, v in SERVING_DEFAULTS.items() if isinstance(v, bool)]
+    params += [ParamSpec("forecaster", "string", forecaster)]  # ensemble | calibrated | raw
     return ModelSignature(inputs=None, outputs=outputs, params=ParamSchema(params))
 
 
@@ -257,7 +260,8 @@ FORECAST_CHECK = {"sample_count": 2, "seed": 0}
 
 def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config: Mapping[str, Any], step: int = 0,
                    metrics: Mapping[str, float] | None = None, heldout_metrics: Mapping[str, float] | None = None,
-                   heldout_dataset: tuple[str, str] | None = None, calibrator_path: str | None = None):
+                   heldout_dataset: tuple[str, str] | None = None, calibrator_path: str | None = None,
+                   ensemble_path: str | None = None):
     """Log the predictor run's forecaster as the MLflow Model ``best_model`` of
     ``mlflow_logger``'s run: ``tokenizer_dir`` (the tokenizer the predictor was trained on) and
     ``predictor_dir`` (the best predictor checkpoint), each a ``config.json`` +
@@ -270,6 +274,8 @@ def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config
     ``ModelInfo``."""
     if calibrator_path is not None:
         read_calibrator(os.fspath(calibrator_path))  # a bad file is refused before anything is logged
+    if ensemble_path is not None:  # the ensemble (evaluation/ensemble.json): served by default
+        served_ensemble.read(os.fspath(ensemble_path))
     with tempfile.TemporaryDirectory(prefix="kronos-forecaster-") as staging:
         artifacts = _forecaster_artifacts(tokenizer_dir, predictor_dir, staging)
         if calibrator_path is not None:
@@ -277,6 +283,11 @@ def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config
             os.makedirs(directory)
             shutil.copyfile(os.fspath(calibrator_path), os.path.join(directory, CALIBRATOR_FILE))
             artifacts[CALIBRATOR_ARTIFACT] = directory
+        if ensemble_path is not None:
+            directory = os.path.join(staging, served_ensemble.ARTIFACT)
+            os.makedirs(directory)
+            shutil.copyfile(os.fspath(ensemble_path), os.path.join(directory, served_ensemble.FILE))
+            artifacts[served_ensemble.ARTIFACT] = directory
         return _log_forecaster(mlflow_logger, artifacts, config, int(step), metrics, heldout_metrics, heldout_dataset)
 
 
@@ -305,7 +316,8 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
     example = example_forecast_input(config)
     expected = forecast(predictor, example, pred_len, **FORECAST_CHECK)
     files = _ModelFiles(
-        "forecaster_model.py", artifacts, model_config, forecaster_signature(pred_len),
+        "forecaster_model.py", artifacts, model_config, forecaster_signature(
+            pred_len, "ensemble" if served_ensemble.ARTIFACT in artifacts else "calibrated"),
         (example, dict(FORECAST_CHECK)), _metadata(config))
 
     # calibrated where the model carries a calibrator and the example's lookback gives its volatility
@@ -314,8 +326,9 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
 
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))
+        who = "ensemble" if served_ensemble.ARTIFACT in artifacts and state == "calibrated" else state
         return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean")) and bool(
-            np.all(np.asarray(got["calibration"]) == state))
+            np.all(np.asarray(got["calibration"]) == state)) and bool(np.all(np.asarray(got["forecaster"]) == who))
 
     return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
 
@@ -448,10 +461,12 @@ def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result
     """A predictor run's ``best_model``: the forecaster holding its tokenizer and best checkpoint,
     and the calibrator the scorecard wrote (``evaluation/calibrator.json``) where there is one."""
     calibrator = Path(layout.root) / "evaluation" / CALIBRATOR_FILE
+    ensemble = Path(layout.root) / "evaluation" / served_ensemble.FILE
     log_forecaster(mlflow_logger, str(layout.tokenizer), str(layout.best_model), config,
                step=max(result["best_epoch"], 0), metrics=best_epoch_metrics(result, PREDICTOR_VAL_METRIC),
                heldout_metrics=heldout,
-               heldout_dataset=dataset, calibrator_path=str(calibrator) if calibrator.is_file() else None)
+               heldout_dataset=dataset, calibrator_path=str(calibrator) if calibrator.is_file() else None,
+               ensemble_path=str(ensemble) if ensemble.is_file() else None)
 
 
 def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None,

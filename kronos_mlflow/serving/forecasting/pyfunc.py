@@ -18,6 +18,8 @@ import numpy as np
 from ...errors import ConfigError, DataError, UserError
 from ..tokenizer_model import bad_input_as_invalid_parameter
 from . import calibrator_file
+from .ensemble import ARTIFACT as ENSEMBLE_ARTIFACT, check_forecaster
+from .ensemble import close_distribution as ensemble_distribution, loaded as loaded_ensemble
 from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles, uncalibrated
 
 TOKENIZER_ARTIFACT = "tokenizer"
@@ -28,8 +30,9 @@ COLUMNS = ("open", "high", "low", "close", "volume", "amount")
 INPUT_KEYS = ("bars", "timestamps")
 # The sampling settings and their defaults (pred_len's default is the config's predict_window).
 SAMPLING_DEFAULTS: dict[str, Any] = {"T": 1.0, "top_k": 0, "top_p": 0.9, "sample_count": 1, "seed": 0}
-# The pyfunc's own setting: calibrated quantiles and p_up (where the model holds a calibrator).
-SERVING_DEFAULTS: dict[str, Any] = {"calibrated": True}
+# The pyfunc's own settings: calibrated quantiles and p_up (where the model holds a calibrator);
+# which forecaster answers ('': the ensemble where the model holds one, else the calibrated one).
+SERVING_DEFAULTS: dict[str, Any] = {"calibrated": True, "forecaster": ""}
 PARAM_NAMES = ("pred_len", *SAMPLING_DEFAULTS, *SERVING_DEFAULTS)
 _INPUT_SHAPE = '{"bars": (B, L, 6), "timestamps": (B, L + pred_len)}'
 
@@ -121,6 +124,7 @@ def sampling_params(params: Mapping[str, Any] | None, pred_len_default: int) -> 
     if not isinstance(merged["calibrated"], bool):
         raise ConfigError(f"calibrated is {merged['calibrated']!r}; expected true or false (false: the raw quantiles "
                           "and p_up of the sample paths)")
+    check_forecaster(merged["forecaster"])
     return merged
 
 
@@ -150,7 +154,7 @@ def forecast(predictor, model_input: Any, pred_len: int, T: float = 1.0, top_k: 
 
     settings = sampling_params({"T": T, "top_k": top_k, "top_p": top_p, "sample_count": sample_count,
                                 "seed": seed}, pred_len)
-    del settings["calibrated"]  # the pyfunc's, not the sampler's
+    del settings["calibrated"], settings["forecaster"]  # the pyfunc's, not the sampler's
     bars, stamps = forecast_inputs(model_input, settings["pred_len"])
     lookback = bars.shape[1]
     try:
@@ -266,6 +270,8 @@ try:  # the class needs mlflow; the functions above do not
             self.calibrator, self.raw_reason = None, NO_CALIBRATOR  # a model logged without one
             if calibrator:
                 self.calibrator, self.raw_reason = loaded_calibrator(calibrator)
+            ensemble = (getattr(context, "artifacts", None) or {}).get(ENSEMBLE_ARTIFACT)
+            self.ensemble, self.ensemble_reason = loaded_ensemble(ensemble) if ensemble else (None, "")
 
         # np.ndarray: MLflow infers no schema from this hint (the logged signature is the
         # schema; its inputs are left open so that predict's own checks answer bad input).
@@ -274,12 +280,25 @@ try:  # the class needs mlflow; the functions above do not
             with bad_input_as_invalid_parameter():
                 settings = sampling_params(params, self.pred_len)
                 calibrated = settings.pop("calibrated")
+                which = settings.pop("forecaster") or ("ensemble" if self.ensemble is not None else "calibrated")
+                if which == "ensemble" and self.ensemble is None and not self.ensemble_reason:
+                    raise ConfigError("forecaster is 'ensemble' but the model carries no ensemble (a run with "
+                                      "ensemble_rounds 0 or calibration off, or an older model); expected calibrated "
+                                      "or raw")
                 out = forecast(self.predictor, model_input, **settings)
                 # the bars as the model read them (float32); forecast has checked them
                 bars = np.asarray(model_input["bars"]).astype(np.float32)
-                if not calibrated:
-                    return {**out, **close_distribution(out["paths"], bars, None, NOT_ASKED)}
-                return {**out, **close_distribution(out["paths"], bars, self.calibrator, self.raw_reason)}
+                if not calibrated or which == "raw":
+                    dist = close_distribution(out["paths"], bars, None, NOT_ASKED if not calibrated else
+                                              "forecaster: raw asked for the paths' own quantiles and p_up")
+                elif which == "ensemble" and self.ensemble is not None:
+                    return {**out, **ensemble_distribution(out["paths"], bars, self.ensemble)}
+                else:  # calibrated, or an ensemble that did not load (its note says why)
+                    dist = close_distribution(out["paths"], bars, self.calibrator,
+                                              self.ensemble_reason if which == "ensemble" else self.raw_reason)
+                    if which == "ensemble" and self.calibrator is None:
+                        dist["calibration_note"] = np.full(len(bars), self.ensemble_reason)
+                return {**out, **dist, "forecaster": dist["calibration"].copy()}
 
 except ImportError:  # pragma: no cover - mlflow is a dependency
     KronosForecasterPyfunc = None  # type: ignore[assignment]
