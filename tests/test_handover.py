@@ -579,7 +579,7 @@ def test_scoring_commands_never_inherit_a_place_to_write(tmp_path, monkeypatch):
     from kronos_mlflow.cli import evaluate
     from kronos_mlflow.config.core import DEFAULTS, load_config
     from kronos_mlflow.evaluation.sources import recorded_settings
-    from kronos_mlflow.config.stage_keys import PLACES_TO_WRITE
+    from kronos_mlflow.config.keys import PLACES_TO_WRITE
     from kronos_mlflow.stages.tokenizer import command as tok
 
     for keys in (evaluate.INHERITED_KEYS, tok.INHERITED_KEYS):

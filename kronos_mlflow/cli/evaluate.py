@@ -22,11 +22,11 @@ from ..evaluation.sources import (
 from ..config.flags import add_config_arguments, config_overrides
 from ..tracking.ownership import Claim, evidence, write_owner
 from ..training.preflight import DataView, check_context, check_scorecard, check_tracking
-from ..config.stage_keys import PLACES_TO_WRITE
+from ..config.keys import PLACES_TO_WRITE
 
 PREDICTOR_RUN_TAG = "predictor_run_id"
 #: What ``--model``'s run decides unless a flag or the config file says otherwise; never a place
-#: to write (``dataset_path``, ``save_path``: :data:`~kronos_mlflow.config.stage_keys.PLACES_TO_WRITE`).
+#: to write (``dataset_path``, ``save_path``: :data:`~kronos_mlflow.config.keys.PLACES_TO_WRITE`).
 INHERITED_KEYS = tuple(k for k in (*cfg.DATA_WINDOW_KEYS, *cfg.EVALUATION_KEYS)
                        if k != "evaluate" and k not in PLACES_TO_WRITE)
 

@@ -45,8 +45,8 @@ ALIASES: dict[str, str] = {
     "weight_decay": "adam_weight_decay",
     "tokenizer": "finetuned_tokenizer_path",
 }
-from .stage_keys import (DATA_WINDOW_KEYS, EVALUATION_KEYS, STAGE_ALIASES, StageKeys,  # noqa: E402,F401
-                         registered, stage_keys, stage_names, stage_of)
+from .keys import DATA_WINDOW_KEYS, EVALUATION_KEYS  # noqa: E402,F401
+from .stage_keys import (STAGE_ALIASES, StageKeys, registered, stage_keys, stage_names, stage_of)  # noqa: E402,F401
 
 # Views of the declarations for the modules that read them (the rules live on each Key).
 TIME_RANGE_KEYS = tuple(key.name for key in KEYS if key.kind == "time_range")

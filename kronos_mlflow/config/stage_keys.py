@@ -40,21 +40,8 @@ MLPROJECT_PARAMS: dict[str, str] = {
     "freeze_layers": "freeze_layers",
 }
 
-#: Groups of keys read from their declarations (:mod:`kronos_mlflow.config.keys`, which imports
-#: this module): ``EVALUATION_KEYS`` (the scorecard's and the backtest's: a predictor run's
-#: end-of-run evaluation), ``DATA_WINDOW_KEYS`` (where the windows come from and how long they are:
-#: what a scoring command takes from the run that made the model it scores, unless given) and
-#: ``PLACES_TO_WRITE`` (where a command writes: always the command's own, never taken from a
-#: run's recorded settings).
-_KEY_GROUPS = ("EVALUATION_KEYS", "DATA_WINDOW_KEYS", "PLACES_TO_WRITE")
-
-
-def __getattr__(name: str):
-    if name in _KEY_GROUPS:
-        from . import keys  # keys imports this module: read on first use
-
-        return getattr(keys, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: (The groups of keys, ``EVALUATION_KEYS``, ``DATA_WINDOW_KEYS`` and ``PLACES_TO_WRITE``, are read
+#: from the key declarations: :mod:`kronos_mlflow.config.keys`.)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config.core import flatten
 from ..errors import UserError, short_reason
 from ..config.secrets import redact_uri
-from ..config.stage_keys import PLACES_TO_WRITE
+from ..config.keys import PLACES_TO_WRITE
 
 MLFLOW_SCHEMES = ("runs:/", "models:/")
 ACCEPTED = ("a checkpoint directory (config.json + model.safetensors), runs:/<run id>/best_model, "
@@ -113,7 +113,7 @@ def recorded_settings(spec: str, keys, what: str, tracking_uri: str | None = Non
     """What the run that made ``spec`` (a ``runs:/`` or ``models:/`` URI) recorded for ``keys``,
     as the params it logged, and that run's id: a scoring command's defaults for the data and
     the window sizes, so that it scores the run on what it was trained and judged on. A place to
-    write (:data:`~kronos_mlflow.config.stage_keys.PLACES_TO_WRITE`: ``dataset_path``, ``save_path``, ...)
+    write (:data:`~kronos_mlflow.config.keys.PLACES_TO_WRITE`: ``dataset_path``, ``save_path``, ...)
     is never among them, whatever ``keys`` asks: those are the command's own. Nothing is
     downloaded; the store and the run are checked first (:func:`mlflow_store`). ``({}, '')``
     for a directory or hub id, or a model whose run is not known."""

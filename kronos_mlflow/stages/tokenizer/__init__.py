@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config.core import model_kwargs
-from ...config.stage_keys import EVALUATION_KEYS, StageKeys
+from ...config.keys import EVALUATION_KEYS
+from ...config.stage_keys import StageKeys
 from ...errors import UserError
 from ...config.published import source
 from ...evaluation.sources import resolve_tokenizer

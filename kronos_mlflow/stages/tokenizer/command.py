@@ -40,7 +40,7 @@ from ...runtime.distributed import resolve_device
 from ...errors import UserError
 from ...evaluation.heldout import compare_on
 from ...evaluation.sources import ACCEPTED, kept_settings, recorded_settings, resolve_tokenizer
-from ...config.stage_keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
+from ...config.keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
 from ...evaluation.verdict import HeldOut, percent
 from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
 from ...tracking.keys import TEST_WINDOWS_DIGEST_TAG
