@@ -116,6 +116,43 @@ def test_deterministic_in_seed(tmp_path):
     assert (a / "features/demo000/close.day.bin").read_bytes() != (c / "features/demo000/close.day.bin").read_bytes()
 
 
+def test_a_planted_signal_tilts_returns_by_the_lagged_30_day_rank_and_signal_0_is_the_plain_market(tmp_path):
+    plain = write_demo_market(tmp_path / "a", 12, 3, start="2020-01-01", end="2021-12-31")
+    zero = write_demo_market(tmp_path / "b", 12, 3, start="2020-01-01", end="2021-12-31", signal=0.0)
+    files = sorted(p.relative_to(plain) for p in plain.rglob("*") if p.is_file())
+    assert all((plain / f).read_bytes() == (zero / f).read_bytes() for f in files)
+    assert demo_market_path(6, 4, signal=0.0) == demo_market_path(6, 4)
+    assert demo_market_path(6, 4, signal=0.1).name.endswith("-signal0.1")
+
+    def logs(m):  # (T, n) log closes, filled forward over suspensions
+        import pandas as pd
+
+        c = np.full((len(m.calendar), len(m.series)), np.nan)
+        for i, s in enumerate(m.series):
+            c[s.start : s.end + 1, i] = s.fields["close"]
+        return np.log(pd.DataFrame(c).ffill().to_numpy())
+
+    def rank_ic(m, h=10):
+        import pandas as pd
+
+        log = logs(m)
+        ics = []
+        for t in range(40, len(log) - h, h):
+            feature, label = log[t] - log[t - 30], log[t + h] - log[t]
+            ok = np.isfinite(feature) & np.isfinite(label)
+            ics.append(pd.Series(feature[ok]).corr(pd.Series(label[ok]), method="spearman"))
+        return float(np.mean(ics))
+
+    base = generate_demo_market(40, 0, "2015-01-01", "2019-12-31")
+    planted = generate_demo_market(40, 0, "2015-01-01", "2019-12-31", signal=0.1)
+    assert abs(rank_ic(base)) < 0.08 < 0.2 < rank_ic(planted)
+    # the first 30 days are the plain market's; the tilt draws no random numbers (volumes keep theirs)
+    assert np.array_equal(logs(base)[:30], logs(planted)[:30], equal_nan=True)
+    first = next(i for i, s in enumerate(base.series) if s.start == 0)
+    assert np.array_equal(base.series[first].fields["volume"][:30], planted.series[first].fields["volume"][:30],
+                          equal_nan=True)
+
+
 def test_bin_format_is_qlibs(small_market):
     raw = np.fromfile(small_market / "features/demo001/close.day.bin", dtype="<f4")
     start, values = pv.read_series(small_market, "DEMO001", "close")
@@ -149,6 +186,9 @@ def test_cli_demo_data(tmp_path, capsys):
     (["--seed", "-1"], "--seed: -1 is out of range"),
     (["--start", "2022-01-01", "--end", "2021-01-01"], "after end"),
     (["--start", "yesterday"], "not dates"),
+    (["--signal", "2"], "--signal: 2 is out of range"),
+    (["--signal", "strong"], "--signal: 'strong' is not a number"),
+    (["--signal", "0.1", "--freq", "5min"], "daily market only"),
 ])
 def test_cli_demo_data_bad_input(tmp_path, capsys, argv, needle):
     out = tmp_path / "m"

@@ -1191,6 +1191,11 @@ CASES: list[Case] = [
          CLI + ("demo-data", "--out", "{ws}/demo", "--seed", "99999999999999999999"), "99999999999999999999"),
     Case("demo-symbols-float", "demo data", "`kronos-mlflow demo-data --symbols 1e9`",
          CLI + ("demo-data", "--out", "{ws}/demo", "--symbols", "1e9"), "1e9"),
+    Case("demo-signal-nan", "demo data", "`kronos-mlflow demo-data --signal nan`",
+         CLI + ("demo-data", "--out", "{ws}/demo", "--signal", "nan"), "--signal"),
+    Case("demo-signal-intraday", "demo data", "`kronos-mlflow demo-data --freq 5min --signal 0.1` (a planted "
+         "signal is for daily bars)", CLI + ("demo-data", "--out", "{ws}/demo", "--freq", "5min", "--signal", "0.1"),
+         "daily market only"),
     # ===== YAML read with limits (kronos_mlflow/config/yamlfile.py): refused on the parser's events, never echoed
     Case("config-alias-bomb", "config file", "a 342-byte YAML alias bomb (`*a` nine times, nine levels deep)",
          TRAIN + BASE + ("--config", "{in}/bomb.yaml"), "alias"),

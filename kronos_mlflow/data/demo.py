@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..config.settings import home
-from ..config.checks import integer, seed as check_seed
+from ..config.checks import integer, number, seed as check_seed
 from . import provider as pv
 
 GENERATOR_VERSION = 1
@@ -23,6 +23,8 @@ DEFAULT_SEED = 0
 DEFAULT_START = "2010-01-04"
 DEFAULT_END = "2025-06-30"
 MAX_SYMBOLS = 5000
+MAX_SIGNAL = 1.0  # --signal's largest strength
+SIGNAL_LOOKBACK = 30  # days of the planted signal's feature (the trailing return it ranks)
 FIELDS = ("open", "high", "low", "close", "volume", "amount", "vwap", "factor")
 UNIVERSE = "csi300"
 BENCHMARK = "SH000300"  # upstream's benchmark of csi300
@@ -125,7 +127,7 @@ def _symbol_series(rng: np.random.Generator, name: str, i: int, a: int, b: int,
 
 
 def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED,
-                         start: str = DEFAULT_START, end: str = DEFAULT_END) -> DemoMarket:
+                         start: str = DEFAULT_START, end: str = DEFAULT_END, signal: float = 0.0) -> DemoMarket:
     """The market as arrays (deterministic in its arguments), built to look like daily A-share
     data to a model, not to be tradeable:
 
@@ -139,9 +141,12 @@ def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_S
       (as Qlib stores them);
     - ``csi300`` is a fixed three-quarter subset of ``all`` (same listing spans);
     - :data:`BENCHMARK` (upstream's benchmark for csi300, in no instrument file) is an index of
-      the csi300 members (:func:`benchmark_series`); only its ``close`` is stored.
+      the csi300 members (:func:`benchmark_series`); only its ``close`` is stored;
+    - ``signal`` > 0 plants a cross-sectional signal (:func:`plant_signal`); at 0 the market is
+      the plain one, byte for byte (the signal draws no random numbers).
     """
     _check_size(n_symbols, seed)
+    signal = check_signal(signal)
     n = int(n_symbols)
     calendar = _business_days(start, end)
     T = len(calendar)
@@ -160,6 +165,8 @@ def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_S
     drift = rng.normal(0.0002, 0.0003, n)
     ret = drift + mkt_beta * m_ret + i_ret  # (T, n) close-to-close log return
     cond_vol = np.sqrt((mkt_beta * 0.011) ** 2 + i_vol**2)
+    if signal > 0:
+        ret = plant_signal(ret, cond_vol, signal)
 
     # Prices: open gaps from the previous close, the rest of the day moves to the close.
     close = np.exp(np.log(rng.lognormal(np.log(15.0), 0.7, n)) + np.cumsum(ret, axis=0))
@@ -192,6 +199,36 @@ def generate_demo_market(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_S
     members = sorted(names[:k])
     return DemoMarket(calendar=calendar, series=series, universes={"all": names, UNIVERSE: members},
                       benchmark=benchmark_series([s for s in series if s.symbol in set(members)], T))
+
+
+def check_signal(signal) -> float:
+    """``--signal`` as a float in [0, :data:`MAX_SIGNAL`]; else one line (DataError, exit 2)."""
+    return number("--signal", signal, 0.0, MAX_SIGNAL, error=DataError)
+
+
+def signal_feature(ret: np.ndarray, t: int) -> np.ndarray:
+    """The planted signal's feature on day ``t`` (n,): each symbol's cross-sectional rank of its
+    log return over the :data:`SIGNAL_LOOKBACK` days ending at day ``t - 1``'s close, scaled to
+    zero mean and unit variance across symbols (``+sqrt(3)`` the best, ``-sqrt(3)`` the worst)."""
+    past = ret[max(0, t - SIGNAL_LOOKBACK) : t].sum(axis=0)
+    n = past.shape[0]
+    if n < 2:
+        return np.zeros(n)
+    ranks = np.argsort(np.argsort(past, kind="stable"), kind="stable").astype(np.float64)
+    return (ranks / (n - 1) - 0.5) * np.sqrt(12.0)
+
+
+def plant_signal(ret: np.ndarray, cond_vol: np.ndarray, strength: float) -> np.ndarray:
+    """``ret`` (T, n) with a momentum signal planted, day by day: from day :data:`SIGNAL_LOOKBACK`
+    on, day ``t``'s log return gains ``strength x cond_vol[t] x feature[t]``, the feature
+    (:func:`signal_feature`) read from the (already tilted) returns up to day ``t - 1``: what a
+    trader knows at the previous close. A day's tilt is ``strength`` of the symbol's own
+    volatility, so its one-day rank IC is about ``strength`` and a horizon's sums it over the days.
+    Symbols before their listing count in the ranks (their returns exist, unstored)."""
+    out = np.array(ret, dtype=np.float64, copy=True)
+    for t in range(SIGNAL_LOOKBACK, out.shape[0]):
+        out[t] += strength * cond_vol[t] * signal_feature(out, t)
+    return out
 
 
 def benchmark_series(members: list[pv.SymbolSeries], n_days: int) -> pv.SymbolSeries:
@@ -229,14 +266,16 @@ def _write_market(root: Path, market: DemoMarket, progress: bool = False) -> Non
 
 def write_demo_market(out, n_symbols: int | None = None, seed: int = DEFAULT_SEED, *,
                       start: str | None = None, end: str = DEFAULT_END, force: bool = False,
-                      progress: bool = False, freq: str = "day") -> Path:
+                      progress: bool = False, freq: str = "day", signal: float = 0.0) -> Path:
     """Write the demo market as a Qlib directory at ``out`` (atomically); return its path.
 
     ``out`` must be missing or empty unless ``force``. ``freq`` other than ``day`` writes an
-    intraday market (:func:`generate_intraday_market`).
+    intraday market (:func:`generate_intraday_market`); ``signal``: a daily market's planted
+    signal's strength (:func:`plant_signal`).
     """
     if freq == "day":
-        market = generate_demo_market(DEFAULT_SYMBOLS if n_symbols is None else n_symbols, seed, start or DEFAULT_START, end)
+        market = generate_demo_market(DEFAULT_SYMBOLS if n_symbols is None else n_symbols, seed, start or DEFAULT_START,
+                                      end, signal)
     else:
         market = generate_intraday_market(freq, INTRADAY_DEFAULT_SYMBOLS if n_symbols is None else n_symbols, seed,
                                           start or INTRADAY_DEFAULT_START, end)
@@ -247,9 +286,12 @@ def write_demo_market(out, n_symbols: int | None = None, seed: int = DEFAULT_SEE
 
 
 def demo_market_path(n_symbols: int = DEFAULT_SYMBOLS, seed: int = DEFAULT_SEED, freq: str = "day", *,
-                     home: Path | None = None) -> Path:
-    """Where the demo market of these arguments is kept under ``home`` (default :func:`kronos_home`)."""
+                     home: Path | None = None, signal: float = 0.0) -> Path:
+    """Where the demo market of these arguments is kept under ``home`` (default :func:`kronos_home`);
+    a planted signal's market in a folder of its own (``...-signal0.05``)."""
     tail = "" if freq == "day" else f"-{freq}"
+    if signal:
+        tail += f"-signal{float(signal):g}"
     root = kronos_home() if home is None else Path(home)
     return root / "demo_market" / f"v{GENERATOR_VERSION}-n{int(n_symbols)}-seed{int(seed)}{tail}"
 
@@ -272,7 +314,8 @@ def default_demo_calendar(freq: str = "day") -> list[str]:
 
 
 def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, progress: bool = False,
-                       freq: str = "day", *, home: Path | None = None, made: Path | None = None) -> Path:
+                       freq: str = "day", *, home: Path | None = None, made: Path | None = None,
+                       signal: float = 0.0) -> Path:
     """The cached default demo market, generated on first use (safe under concurrent ranks), under
     ``home`` (default :func:`kronos_home`). ``made``: the same market made elsewhere (in a scratch
     folder, while a command's checks ran), moved into place instead of generated again (its
@@ -280,7 +323,10 @@ def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, p
     if n_symbols is None:
         n_symbols = DEFAULT_SYMBOLS if freq == "day" else INTRADAY_DEFAULT_SYMBOLS
     _check_size(n_symbols, seed)
-    final = demo_market_path(n_symbols, seed, freq, home=home)
+    signal = check_signal(signal)
+    if signal and freq != "day":
+        raise DataError(f"--signal {signal:g} plants a signal in a daily market only; expected --freq day or --signal 0")
+    final = demo_market_path(n_symbols, seed, freq, home=home, signal=signal)
 
     def build(tmp: Path) -> None:
         if made is not None:
@@ -289,7 +335,7 @@ def ensure_demo_market(n_symbols: int | None = None, seed: int = DEFAULT_SEED, p
             for entry in Path(made).iterdir():
                 shutil.move(str(entry), str(tmp / entry.name))
         elif freq == "day":
-            _write_market(tmp, generate_demo_market(n_symbols, seed), progress)
+            _write_market(tmp, generate_demo_market(n_symbols, seed, signal=signal), progress)
         else:
             _write_intraday(tmp, generate_intraday_market(freq, n_symbols, seed), progress)
 
@@ -348,6 +394,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"first calendar day (default {DEFAULT_START}; intraday {INTRADAY_DEFAULT_START})")
     parser.add_argument("--end", default=DEFAULT_END, help=f"last calendar day (default {DEFAULT_END})")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--signal", default=0.0,
+                        help=f"plant a cross-sectional momentum signal of this strength, 0 to {MAX_SIGNAL:g} "
+                             "(daily bars; each day's return tilted by strength x its volatility x the rank "
+                             f"of its past {SIGNAL_LOOKBACK} days' return; default 0: the plain market)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -358,15 +408,19 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_SYMBOLS if args.freq == "day" else INTRADAY_DEFAULT_SYMBOLS)
     symbols = integer("--symbols", symbols, 1, MAX_SYMBOLS, error=DataError)
     args.seed = check_seed("--seed", args.seed, error=DataError)
+    signal = check_signal(args.signal)
+    if signal and args.freq != "day":
+        raise DataError(f"--signal {signal:g} plants a signal in a daily market only; expected --freq day or --signal 0")
     if args.out is None:
         if (args.start, args.end) != (None, DEFAULT_END):
             raise DataError("--start/--end need --out; the shared demo cache always uses the default dates")
         _check_size(symbols, args.seed)
-        path = ensure_demo_market(symbols, args.seed, progress=True, freq=args.freq)
+        path = ensure_demo_market(symbols, args.seed, progress=True, freq=args.freq, signal=signal)
     else:
         path = write_demo_market(args.out, symbols, args.seed, start=args.start, end=args.end,
-                                 force=args.force, progress=True, freq=args.freq)
-    print(f"demo market ({symbols} symbols, {args.freq} bars, seed {args.seed}) at {path} "
+                                 force=args.force, progress=True, freq=args.freq, signal=signal)
+    planted = f", signal {signal:g}" if signal else ""
+    print(f"demo market ({symbols} symbols, {args.freq} bars, seed {args.seed}{planted}) at {path} "
           f"[{time.perf_counter() - t0:.1f}s]; instruments: all, {UNIVERSE}")
     return 0
 
