@@ -69,8 +69,8 @@ def test_forecasts_parquet_has_a_row_per_origin_forecaster_and_step(scored):
     assert list(frame.columns[:7]) == ["datetime", "instrument", "forecaster", "step", "actual", "mean", "median"]
     assert list(frame.columns[7:]) == ALL_QCOLS + ["pit", "p_up"]
     assert set(frame["forecaster"]) == {"finetuned", "zeroshot", "persistence", "histvol", "finetuned_calibrated",
-                                        "ensemble"}
-    assert len(frame) == 6 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
+                                        "ensemble", "aci"}
+    assert len(frame) == 7 * n * horizon and set(frame["step"]) == set(range(1, horizon + 1))
     assert (frame["median"] == frame["q0.5"]).all()
     naive = frame[frame["forecaster"] == "persistence"]
     assert (naive[QCOLS].to_numpy() == naive[["mean"]].to_numpy()).all(), "persistence's deciles are its forecast"
@@ -225,7 +225,7 @@ def test_coverage_pit_brier_and_histvol_are_recomputed_from_the_saved_forecasts(
     raw = {(s, str(d)): past for s, d, past, _ in _raw_origins(config)}
     prefixes = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "histvol": "histvol_test_",
                 "finetuned_calibrated": "calibrated_test_", "persistence": "persistence_test_",
-                "ensemble": "ensemble_test_"}
+                "ensemble": "ensemble_test_", "aci": "aci_test_"}
     for name, prefix in prefixes.items():
         rows = frame[frame["forecaster"] == name].sort_values(["datetime", "instrument", "step"], kind="stable")
         y = rows["actual"].to_numpy().reshape(-1, horizon)

@@ -377,6 +377,10 @@ KEYS: tuple[Key, ...] = (
         help="Rounds of greedy ensemble selection (with replacement) of the ensemble forecaster, fit on the "
              "calibration origins with the calibrator, scored, logged with the model and served by default "
              "(docs/calibration.md#the-ensemble-forecaster-ensemble); 0 = no ensemble."),
+    Key("aci_step", EVALUATION, 0.01, low=NON_NEGATIVE, high=1.0, neutral=True,
+        help="Step size of adaptive conformal inference (aci, scored on the test origins in date order): how far "
+             "one origin date's outcomes move each band's level (docs/calibration.md#bands-that-adapt-aci); "
+             "0 = no aci."),
     Key("bootstrap_unit", EVALUATION, "date", choices=("date", "origin"), neutral=True,
         help="What the scorecard's bootstrap intervals resample: date (whole origin dates, since a date's "
              "cross-section moves together) or origin (each origin alone)."),

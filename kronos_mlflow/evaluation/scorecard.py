@@ -18,8 +18,9 @@ import pandas as pd
 
 from ..config.core import horizons
 from ..runtime.fsutil import write_atomic
-from . import calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
+from . import aci, calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
 from .calibration import CALIBRATED
+from .ic_stats import rank_ic_metrics
 from .backtest import backtest_signals, breadth_reason, skip_reason
 from .figures import forecasts_figure, horizons_figure, pit_figure, reliability_figure, scorecard_figure
 from .origins import CLOSE, Origins, calendar_of_test_range, forecast_origins, no_origins_reason, signal_origins
@@ -28,7 +29,7 @@ from .verdict import decide
 #: forecaster -> metric prefix; the order of the scorecard
 PREFIXES = {"finetuned": "test_", "zeroshot": "zeroshot_test_", "persistence": "persistence_test_",
             "seasonal_naive": "seasonal_naive_test_", "histvol": "histvol_test_",
-            CALIBRATED: "calibrated_test_", en.ENSEMBLE: "ensemble_test_"}
+            CALIBRATED: "calibrated_test_", en.ENSEMBLE: "ensemble_test_", aci.ACI: "aci_test_"}
 BASELINES = ("zeroshot", "persistence", "histvol", "seasonal_naive")
 VERDICT_TAGS = {"zeroshot": "verdict_vs_zeroshot", "persistence": "verdict_vs_persistence",
                 "histvol": "verdict_vs_histvol"}
@@ -265,6 +266,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         tags.update(more_tags)
     tags["calibration"] = calibration["status"]
     metrics.update(_ic_intervals(per, origins.dates))
+    metrics.update(rank_ic_metrics(per, origins.dates, history[:, -1], actual, steps, PREFIXES, SIGNALS))
     metrics["direction_baseline"] = sc.direction_baseline(per["persistence"]["actual_return"])
     for name in ("finetuned", "zeroshot"):
         if name in per:
@@ -307,12 +309,11 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     out["base_rate"] = base if base is not None else float("nan")
     if not cb.is_on(config) or predictors.get("finetuned") is None:
         return out, None
-    seconds = None
+    seconds, keep = None, {}
     if calibrator is not None and cb.before(calibrator, origins):
         out["status"] = "model"
     else:
         started = time.time()
-        keep: dict[str, Any] = {}
         calibrator = fit_calibrator(predictors["finetuned"], cal_origins, config, rank=rank, world_size=world_size,
                                  console=console, keep=keep)
         ensemble, out["ensemble_losses"] = en.build_for(config, keep)
@@ -325,6 +326,10 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     test_raw = {"levels": per["finetuned"]["levels"], "mean": per["finetuned"]["mean"], "p_up": per["finetuned"]["p_up"]}
     dist = cb.calibrated(calibrator, test_raw, history[:, -1], pr.histvol_sigma(history), actual, u)
     per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
+    adaptive = aci.scored_from(keep, ensemble, per["finetuned"], per[en.ENSEMBLE] if ensemble is not None
+                               else per[CALIBRATED], history, actual, origins, float(config.get("aci_step", 0.01)), u)
+    if adaptive is not None:
+        per[aci.ACI] = sc.distribution_scores(adaptive, history, actual)
     out["calibrator"] = calibrator
     return out, seconds
 
