@@ -139,17 +139,18 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
-    if out["objective"] == "val_skill" and "predictor" not in models and not published.source(
+    if out["objective"] in ("val_skill", "val_ic") and "predictor" not in models and not published.source(
             out, "pretrained_predictor_path"):
         said = ("auto found no published predictor: " + published.reason(out, "pretrained_predictor_path")
                 if out["pretrained_predictor_path"].strip().lower() == published.AUTO else
                 "pretrained_predictor_path is " + (out["pretrained_predictor_path"].strip() or "empty"))
-        raise ConfigError("objective val_skill for the tokenizer forecasts with pretrained_predictor_path's predictor "
+        raise ConfigError(f"objective {out['objective']} for the tokenizer forecasts with pretrained_predictor_path's "
+                          "predictor "
                           f"on each epoch's tokenizer, and {said}; expected a predictor "
                           "checkpoint with the tokenizer's bits (e.g. NeoQuasar/Kronos-small), or objective val_loss")
-    if out["objective"] == "val_skill" and (time_bounds(*out["val_time_range"])[1]
-                                            <= time_bounds(*out["train_time_range"])[1]):
-        raise ConfigError(f"objective val_skill forecasts the bars of val_time_range after train_time_range, and "
+    if out["objective"] in ("val_skill", "val_ic") and (time_bounds(*out["val_time_range"])[1]
+                                                   <= time_bounds(*out["train_time_range"])[1]):
+        raise ConfigError(f"objective {out['objective']} forecasts the bars of val_time_range after train_time_range, and "
                           f"val_time_range {format_time_range(out['val_time_range'])} ends no later than train_time_range "
                           f"{format_time_range(out['train_time_range'])}; expected a val_time_range that goes "
                           "past the end of training, or objective val_loss")

@@ -339,10 +339,12 @@ KEYS: tuple[Key, ...] = (
     Key("n_val_iter", TRAINING, 20_000, low=POSITIVE, high=10**12, entry_points=TRAINING_RUNS,
         help="Validation windows per epoch (over all processes)."),
     # objective val_skill forecasts inside a forked random state: the training numbers are the same
-    Key("objective", TRAINING, "val_loss", choices=("val_loss", "val_skill"), entry_points=("sweep",), neutral=True,
-        help="What a sweep ranks trials by: val_loss (the validation loss, minimised) or val_skill (each epoch's "
-             "forecast skill against persistence on the validation split's origins, maximised; a tokenizer forecasts "
-             "with pretrained_predictor_path's predictor)."),
+    Key("objective", TRAINING, "val_loss", choices=("val_loss", "val_skill", "val_ic"), entry_points=("sweep",),
+        neutral=True,
+        help="What a sweep ranks trials by: val_loss (the validation loss, minimised), val_skill (each epoch's "
+             "forecast skill against persistence on the validation split's origins, maximised) or val_ic (each "
+             "epoch's mean per-date rank IC of the forecast return on those origins, maximised); a tokenizer "
+             "forecasts with pretrained_predictor_path's predictor."),
     Key("n_val_skill_windows", TRAINING, 500, low=POSITIVE, high=10**9, neutral=True,
         help="Most validation forecast origins objective val_skill scores each epoch (evenly spaced whole dates "
              "beyond it; each costs a forecast per epoch)."),

@@ -184,7 +184,7 @@ def read_by(config: Mapping[str, Any]) -> list[str]:
     """The keys a training run of ``config`` reads: its stage's models' (a predictor's tokenizer,
     also its zero-shot pair's), and the predictor ``objective: val_skill`` forecasts with."""
     keys = [key for names in stage_keys(config).models.values() for key in names]
-    if config.get("objective") == "val_skill":
+    if config.get("objective") in ("val_skill", "val_ic"):
         keys.append("pretrained_predictor_path")
     return used_keys(config, dict.fromkeys(keys))
 

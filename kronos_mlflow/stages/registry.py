@@ -107,7 +107,7 @@ class StageSpec:
     # ---- preflight
     def forecasts(self, config: Mapping[str, Any]) -> bool:
         """Whether a run of ``config`` forecasts (its logged model, its scorecard, val_skill)."""
-        return config.get("objective") == "val_skill"
+        return config.get("objective") in ("val_skill", "val_ic")
 
     def loads_checkpoints(self, config: Mapping[str, Any]) -> bool:
         """Whether building the model reads a checkpoint (a preflight loads it then)."""

@@ -237,14 +237,14 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     model = None
     if spec.loads_checkpoints(config):
         model = spec.build_model(config, tokenizer=tokenizer)  # loads each checkpoint as its kind; the same bits
-    if config["objective"] == "val_skill":
+    if config["objective"] in ("val_skill", "val_ic"):
         spec.check_objective(config, model if model is not None else spec.build_model(config))
     if model is not None and config["finetune_mode"] != "full":
         from ..model import finetune  # lazy: torch (peft for lora)
 
         finetune.apply(model, config, spec)  # freeze_layers within the model's blocks; lora_targets in it
     ready = data.config(config)
-    if config["objective"] == "val_skill":
+    if config["objective"] in ("val_skill", "val_ic"):
         from ..evaluation.val_skill import val_origins  # lazy: torch, mlflow, pandas
 
         val_origins(ready)  # some validation origin forecasts bars after training

@@ -169,7 +169,7 @@ def fit_stage(model, stage, config: Mapping[str, Any], layout, info, logger, con
     ``files``: the run's :class:`~kronos_mlflow.training.loop.RunFiles` (default: rank 0's, made
     here). Returns ``(model, result)``."""
     from ..model import finetune  # lazy: torch
-    from ..evaluation.val_skill import epoch_hooks  # lazy: torch, mlflow, pandas
+    from ..evaluation.val_ic import epoch_hooks  # lazy: torch, mlflow, pandas
     from .loop import RunFiles, fit, prepare_model
 
     model = finetune.apply(model, config, spec_of(config))  # finetune_mode: the parts that train

@@ -102,7 +102,7 @@ class TokenizerSpec(StageSpec):
     def check_objective(self, config: Mapping[str, Any], model) -> None:
         """``objective: val_skill`` forecasts with ``pretrained_predictor_path``'s predictor: it
         loads and pairs with ``model`` (one line naming it otherwise)."""
-        if config.get("objective") == "val_skill":
+        if config.get("objective") in ("val_skill", "val_ic"):
             from ..predictor.sources import build_predictor  # lazy: torch, mlflow, pandas
 
             build_predictor(config, model)  # refuses a missing checkpoint or other bits

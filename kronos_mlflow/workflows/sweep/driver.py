@@ -72,15 +72,15 @@ def chosen_keys() -> set[str]:
 
 
 #: What each objective's trial value is (a metric of the trial's run) and the study's direction.
-OBJECTIVE_METRIC = {"val_loss": "best_val_loss", "val_skill": "best_val_skill"}
-DIRECTION = {"val_loss": "minimize", "val_skill": "maximize"}
+OBJECTIVE_METRIC = {"val_loss": "best_val_loss", "val_skill": "best_val_skill", "val_ic": "best_val_ic"}
+DIRECTION = {"val_loss": "minimize", "val_skill": "maximize", "val_ic": "maximize"}
 
 
 def default_study_name(config: Mapping[str, Any]) -> str:
     """The study of a sweep whose --study-name is left at its default: one per stage and objective
     (``kronos-lr-wd``, ``kronos-predictor-lr-wd``, and ``...-val-skill`` for ``objective: val_skill``)."""
     name = spec_of(config).default_study
-    return f"{name}-val-skill" if config.get("objective") == "val_skill" else name
+    return name if config.get("objective", "val_loss") == "val_loss" else f"{name}-{config['objective'].replace('_', '-')}"
 
 
 def sweep_output_dir(save_path: str | None) -> str:
@@ -341,7 +341,8 @@ def build_parser():
                    "then exit (the sweep makes them before its study is opened anyway)")
     p.add_argument("--objective", default=None, help="what ranks the trials: val_loss (best_val_loss, minimised; "
                    "the default) or val_skill (best_val_skill: forecast skill against persistence on the validation "
-                   "split's origins, maximised; the pruner reads each epoch's val_skill_vs_persistence)")
+                   "split's origins, maximised; the pruner reads each epoch's val_skill_vs_persistence) or val_ic "
+                   "(best_val_ic: those origins' mean per-date rank IC, maximised; the pruner reads val_rank_ic)")
     return p
 
 
