@@ -45,6 +45,7 @@ from ...tracking.comet import check_comet
 from ...tracking.gate import check_handed, command_run, named_run
 from ...tracking.project_run import end_failed, end_run, exit_in_one_line, record_failure
 from ...tracking.server import ensure_sqlite_store
+from . import fold_trial, folds as sweep_folds, pooled
 from .champion import PROMOTE, best_trial_record, set_champion
 from .dashboard import study_tags
 from .space import DEFAULT_SPACE, OPTIONAL, PARAMS, load_search_space, suggest
@@ -128,6 +129,7 @@ class SweepWorker:
         self.trials_run = self.duplicates = 0
         self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         self.stopped = False
+        self.fold_plan = getattr(args, "fold_plan", [])  # --folds: each trial runs these (fold_trial)
 
     def budget_spent(self) -> bool:
         budget = getattr(self.args, "trial_epochs_budget", 0)
@@ -196,6 +198,8 @@ class SweepWorker:
         })
         cmd = _train_command(self.args.nproc_per_node, flags)
         print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
+        if self.fold_plan:
+            return fold_trial.judged_on_folds(self, trial, values, run_id, run_name, flags, TrialFailed)
         try:
             returncode = run_child(cmd, env)  # a stop goes on to the trial's process, then is raised here
         except TrainingStopped:
@@ -320,8 +324,7 @@ def build_parser():
     p.add_argument("--study-name", default=DEFAULT_STUDY, help="Optuna study (resumed when it exists; another "
                    "stage's sweep defaults to its own: " + ", ".join(get(n).default_study for n in names()[1:]) + ")")
     p.add_argument("--storage", default="", help="SQLAlchemy URL of the study (default: sqlite:///./optuna.db)")
-    p.add_argument("--pruner", default=DEFAULT_PRUNER, help="successive_halving (default), hyperband, median, "
-                   "percentile[:P], none; options as median:n_startup_trials=3,n_warmup_steps=1")
+    p.add_argument("--pruner", default="", help=sweep_folds.PRUNER_HELP)
     p.add_argument("--sampler-seed", default=None, help="TPE sampler seed; a fresh study draws the same "
                    "trials for the same seed, a resumed one mixes in the trials already there")
     p.add_argument("--trial-epochs-budget", default=0,
@@ -343,6 +346,7 @@ def build_parser():
                    "the default) or val_skill (best_val_skill: forecast skill against persistence on the validation "
                    "split's origins, maximised; the pruner reads each epoch's val_skill_vs_persistence) or val_ic "
                    "(best_val_ic: those origins' mean per-date rank IC, maximised; the pruner reads val_rank_ic)")
+    sweep_folds.add_arguments(p)
     return p
 
 
@@ -382,7 +386,7 @@ def parse(argv: Sequence[str] | None):
         checks.mlflow_experiment_name("argument --experiment-name", args.experiment_name)
         if args.output_dir:
             checks.directory("argument --output-dir", args.output_dir)
-        make_pruner(args.pruner)  # its name and options, before any store is opened
+        sweep_folds.check_args(args)  # --folds, --p-threshold, the pruner: before any store is opened
     except UserError as exc:
         parser.error(str(exc))
     # Pass-through flags: every training key, validated now so a typo fails before any trial.
@@ -467,11 +471,12 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     space = load_search_space(args.search_space)
     check_space(space, train_flags, config)
     args.storage = args.storage or default_storage()
-    pruner = make_pruner(args.pruner)
+    pruner = sweep_folds.pruner_of(args)
     experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     check_handed("sweep", experiment_name or None)  # the run MLFLOW_RUN_ID hands over, before any data is read
     check_tracking({**config, "experiment_name": args.experiment_name or config.get("experiment_name") or ""})
     check_trials(args, config)  # the last check: its data cache is written once every check passed
+    args.fold_plan = sweep_folds.plan_of(args, config, check_trials)  # --folds: the table, each fold's checks
     if args.check:
         print("[sweep] check passed: the flags, the search space, every trial's config, checkpoints and data, and "
               "the tracking server are usable", flush=True)
@@ -481,6 +486,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     objective = str(config.get("objective", "val_loss"))
     study = open_study(storage, args.study_name, pruner, args.sampler_seed, direction=DIRECTION[objective],
                        value_name=OBJECTIVE_METRIC[objective])
+    sweep_folds.prepare_study(study, args, config, space)
 
     import mlflow
 
@@ -498,7 +504,8 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
     for key, value in {"n_trials": args.n_trials, "timeout": args.timeout, "study_name": args.study_name,
                        "pruner": args.pruner, "sampler_seed": args.sampler_seed, "nproc_per_node": args.nproc_per_node,
                        "promote": args.promote, "objective": objective,
-                       "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget}.items():
+                       "search_space": args.search_space, "trial_epochs_budget": args.trial_epochs_budget,
+                       **sweep_folds.parent_params(args)}.items():
         log_param_once(client, parent_id, key, value)
     client.set_tag(parent_id, "sampler_seed_used", str(study.sampler_seed_used))
 
@@ -540,8 +547,9 @@ def _finish_parent(client, parent_id, study, args, worker, status, elapsed, conf
                 best_run = named_run(client, best_run, f"best trial {best.number}").info.run_id
                 client.set_tag(parent_id, "best_run", best_run)
                 _show_best_trial_test(client, parent_id, best_run)
-            if args.registered_model_name:
+            if args.registered_model_name and not worker.fold_plan:  # a fold sweep's: pooled.record
                 _move_champion(client, parent_id, study, args, config)
+        pooled.record(client, parent_id, study, worker, args, config)  # --folds: the pooled scores (else nothing)
         with tempfile.TemporaryDirectory() as tmp:
             for path in _plots(study, Path(tmp) / "plots"):
                 client.log_artifact(parent_id, str(path), "plots")
