@@ -59,3 +59,41 @@ def test_a_level_reads_only_outcomes_known_by_its_date():
     assert not np.allclose(a[~upto], b[~upto])
     with pytest.raises(AssertionError):
         np.testing.assert_array_equal(a, b)
+
+
+def test_coverage_by_tercile_quarter_and_the_recovery_after_the_break():
+    """weather.measure on the same break: coverage by volatility tercile and quarter recomputed
+    by hand, the break found at the first date of the doubled volatility, ACI's rolling coverage
+    back within 0.05 of 0.80 while split conformal's is not."""
+    from kronos_mlflow.evaluation import scores as sc, weather as wx
+
+    rng = np.random.default_rng(2)
+    vh, vy, vl, _, _ = _days(rng, 60, 10, 0.01, 0)
+    ch, cy, cl, cdays, cbars = _days(rng, 40, 10, 0.01, 100)  # calm test dates, then the break
+    bh, by, bl, bdays, bbars = _days(rng, 60, 10, 0.025, 140)
+    th, ty, tl = np.concatenate([ch, bh]), np.concatenate([cy, by]), np.concatenate([cl, bl])
+    days, bars = np.concatenate([cdays, bdays]), np.concatenate([cbars, bbars])
+    cal = cb.fit(vl, vh[:, -1], histvol_sigma(vh), vy, np.full(len(vy), 0.5))
+    u = pr.uniforms(0, ty.shape)
+
+    def scored(levels):
+        dist = {"levels": levels, "mean": levels[:, 6], "crps_steps": np.full(ty.shape, np.nan),
+                "pit": pr.pit_from_quantiles(levels, ty, u), "p_up": np.full(len(ty), 0.5)}
+        return sc.distribution_scores(dist, th, ty)
+
+    split = cal.quantiles(tl, th[:, -1], histvol_sigma(th))
+    adaptive, _ = aci.run(aci.scores(vl, vh[:, -1], histvol_sigma(vh), vy), tl, th[:, -1], histvol_sigma(th), ty,
+                          days, bars, step=0.05)
+    per = {"finetuned_calibrated": scored(split), "aci": scored(adaptive)}
+    prefixes = {"finetuned_calibrated": "calibrated_test_", "aci": "aci_test_"}
+    metrics, tags, weather = wx.measure(per, days, th, ty, prefixes)
+    assert tags["vol_change_date"] == str(bdays[0])[:10]
+    tercile = wx.terciles(histvol_sigma(th))
+    for k in (1, 2, 3):
+        inside = pr.coverage(adaptive, ty, 80)[tercile == k].mean()
+        assert metrics[f"aci_test_coverage_80_vol{k}"] == pytest.approx(inside, rel=1e-12)
+    assert "aci_test_coverage_80_2024q2" in metrics and "calibrated_test_pit_ks_vol3" in metrics
+    assert 0 <= metrics["aci_test_recovery_dates"] < 40
+    assert "calibrated_test_recovery_dates" not in metrics  # split conformal never comes back
+    fig = wx.coverage_figure(weather, "synthetic")
+    assert len(fig.axes) == 2

@@ -158,10 +158,42 @@ def test_too_few_calibration_origins_is_a_refusal_before_any_forecast(tmp_path, 
 
     for name, value in isolated_vars(tmp_path).items():
         monkeypatch.setenv(name, value)
-    config = tiny_config(tmp_path, calibration_min_origins=10**6)
+    config = tiny_config(tmp_path, calibration_min_origins=10**6, calibration="on")
     provide_qlib_data(config)
     with pytest.raises(UserError) as err:
         check_scorecard(config)
     line = str(err.value)
     assert "\n" not in line and "calibration_min_origins 1000000" in line and "calibration off" in line
+
+
+def test_calibration_auto_with_too_few_origins_goes_on_without_in_one_line(tmp_path, monkeypatch):
+    """The default, ``calibration: auto``: the same too few origins pass the check, and the
+    scorecard goes on without calibration, in one line saying why and how to get it."""
+    from tiny_runs import isolated_vars, tiny_config
+
+    from kronos_mlflow.config.keys import KEY
+    from kronos_mlflow.data import provide_qlib_data
+    from kronos_mlflow.evaluation.origins import forecast_origins
+    from kronos_mlflow.evaluation.scorecard import _calibrate
+    from kronos_mlflow.training.preflight import check_scorecard
+
+    assert KEY["calibration"].default == "auto"
+    for name, value in isolated_vars(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    config = tiny_config(tmp_path, calibration_min_origins=10**6, calibration="auto")
+    provide_qlib_data(config)
+    assert check_scorecard(config) > 0
+    origins = forecast_origins(config)
+    lines = []
+
+    class Console:
+        print = staticmethod(lines.append)
+
+    never = object()  # a predictor that must not be called
+    out, seconds = _calibrate(config, {"finetuned": never}, origins, {}, None, None, None, rank=0, world_size=1,
+                              console=Console())
+    assert out["status"] == "skipped" and out["calibrator"] is None and seconds is None
+    (line,) = lines
+    assert line.startswith("calibration auto: ") and "fewer than calibration_min_origins 1000000" in line
+    assert "going on without calibration" in line and "calibration on refuses" in line and "\n" not in line
     assert check_scorecard({**config, "calibration": "off"}) > 0

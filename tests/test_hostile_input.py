@@ -1151,8 +1151,9 @@ CASES: list[Case] = [
     Case("scorecard-calibration", "evaluate", "`evaluate --calibration maybe`",
          EVAL2 + ("--calibration", "maybe"), "calibration", make=make_forecaster),
     Case("scorecard-calibration-too-few", "evaluate",
-         "`evaluate --calibration-min-origins 1000000` (more than validation has)",
-         EVAL2 + ("--calibration-min-origins", "1000000"), "calibration_min_origins", make=make_forecaster),
+         "`evaluate --calibration on --calibration-min-origins 1000000` (more than validation has)",
+         EVAL2 + ("--calibration", "on", "--calibration-min-origins", "1000000"), "calibration_min_origins",
+         make=make_forecaster),
     Case("scorecard-signal-stride", "evaluate", "`evaluate --backtest-signal-stride -1`",
          EVAL2 + ("--backtest-signal-stride", "-1"), "backtest_signal_stride", make=make_forecaster),
     Case("scorecard-random-controls", "evaluate", "`evaluate --backtest-n-random 1000000` (a backtest each)",
@@ -1183,8 +1184,8 @@ CASES: list[Case] = [
     Case("calibrator-origins-inf", "evaluate", "`evaluate --model` a forecaster whose calibrator says "
          "`origins: 1e400` (was a traceback)", CLI + ("evaluate", "--model", "{in}/cal_origins") + BASE,
          "origins is 'inf'", make=make_damaged_calibrators),
-    Case("calibration-lookback-two", "evaluate", "`evaluate --lookback-window 2` with calibration on (no volatility "
-         "for the calibrator to scale by)", EVAL2 + ("--lookback-window", "2"), "lookback_window 2",
+    Case("calibration-lookback-two", "evaluate", "`evaluate --calibration on --lookback-window 2` (no volatility "
+         "for the calibrator to scale by)", EVAL2 + ("--calibration", "on", "--lookback-window", "2"), "lookback_window 2",
          make=make_forecaster),
     # ===== demo-data
     Case("demo-seed-huge", "demo data", "`kronos-mlflow demo-data --seed 99999999999999999999`",

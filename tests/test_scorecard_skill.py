@@ -289,7 +289,7 @@ def test_the_pictures_and_the_calibrator_are_written(scored, tmp_path):
 
     _, card, _ = scored
     written = {p.name for p in write_artifacts(card, tmp_path)}
-    assert {"pit.png", "reliability.png", "calibrator.json"} <= written
+    assert {"pit.png", "reliability.png", "calibrator.json", "ensemble.json", "ensemble.png", "coverage.png"} <= written
     for name in ("pit.png", "reliability.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "calibrator.json").read_text())

@@ -370,11 +370,15 @@ KEYS: tuple[Key, ...] = (
     Key("eval_horizons", EVALUATION, "", neutral=True, rule=_horizons,
         help="Forecast steps the scorecard also scores alone (test_mase_close_h<k>), comma separated, each in "
              "1..predict_window; empty = 1,5,predict_window."),
-    Key("calibration", EVALUATION, "on", kind="on_off", choices=ON_OFF, entry_points=SCORECARD_RUNS, neutral=True,
+    Key("calibration", EVALUATION, "auto", kind="on_off", choices=AUTO_ON_OFF, entry_points=SCORECARD_RUNS,
+        neutral=True,
         help="on: quantiles and p_up recalibrated on validation origins, scored (finetuned_calibrated), logged with "
-             "the model and served by default (docs/calibration.md); off."),
+             "the model and served by default (docs/calibration.md), with the ensemble and aci; refused with fewer "
+             "than calibration_min_origins; auto: the same when validation holds that many, else the run goes on "
+             "without it, saying why in one line; off."),
     Key("calibration_min_origins", EVALUATION, 30, low=POSITIVE, high=10**9, neutral=True,
-        help="Fewest calibration origins (validation forecast origins) calibration on accepts."),
+        help="Fewest calibration origins (validation forecast origins) calibration on accepts (auto goes on "
+             "without calibration below it)."),
     Key("ensemble_rounds", EVALUATION, 25, low=NON_NEGATIVE, high=10_000, neutral=True,
         help="Rounds of greedy ensemble selection (with replacement) of the ensemble forecaster, fit on the "
              "calibration origins with the calibrator, scored, logged with the model and served by default "

@@ -130,11 +130,32 @@ def too_few(n: int, config: Mapping[str, Any]) -> str:
 
 
 def check_enough(n: int, config: Mapping[str, Any]) -> None:
+    """Refuse too few calibration origins (:func:`too_few`) with ``calibration: on``; with
+    ``auto`` the run goes on without calibration (:func:`skipped` says why)."""
     reason = too_few(n, config)
-    if reason:
+    if reason and mode(config) == "on":
         raise UserError(reason)
 
 
+def mode(config: Mapping[str, Any]) -> str:
+    """``calibration``: ``auto`` (the default), ``on`` or ``off``."""
+    return str(config.get("calibration", "auto"))
+
+
 def is_on(config: Mapping[str, Any]) -> bool:
-    return str(config.get("calibration", "on")) == "on"
+    """Whether calibration is asked for: ``on``, or ``auto`` (then only with enough origins)."""
+    return mode(config) in ("on", "auto")
+
+
+def skipped(n: int, config: Mapping[str, Any]) -> str:
+    """With ``calibration: auto`` and too few of the ``n`` calibration origins (or a lookback too
+    short), the one line saying that the run goes on without calibration, why and how to get it;
+    '' otherwise."""
+    reason = too_few(n, config)
+    if not reason or mode(config) != "auto":
+        return ""
+    why = reason.removeprefix("calibration on: ").split("; ")[0]
+    return (f"calibration auto: {why}: going on without calibration (no finetuned_calibrated, ensemble or aci, "
+            "and the model carries no calibrator); to get it, widen val_time_range, lower calibration_min_origins "
+            "or raise lookback_window as the case needs (calibration on refuses instead)")
 

@@ -49,7 +49,7 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
     origins = cb.origins_for(config, test)
     reason = cb.too_few(len(origins), config) or ("" if len(test) else "no test origin to calibrate before")
     if reason:
-        console.print(f"no calibrator logged with the model: {reason}")
+        console.print(cb.skipped(len(origins), config) or f"no calibrator logged with the model: {reason}")
         return None
     from . import ensemble as en  # lazy: scipy, scikit-learn
 

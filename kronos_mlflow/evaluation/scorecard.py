@@ -19,6 +19,7 @@ import pandas as pd
 from ..config.core import horizons
 from ..runtime.fsutil import write_atomic
 from . import aci, calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
+from . import weather as wx
 from .calibration import CALIBRATED
 from .ic_stats import rank_ic_metrics
 from .backtest import backtest_signals, breadth_reason, skip_reason
@@ -69,6 +70,7 @@ class Scorecard:
     calibrator: Any = None  # the fitted :class:`~kronos_mlflow.evaluation.calibration.Calibrator`
     ensemble: Any = None  # the fitted :class:`~kronos_mlflow.serving.forecasting.ensemble.Ensemble`
     ensemble_losses: dict[str, float] = field(default_factory=dict)  # its members' validation WQL
+    weather: Any = None  # coverage over test time (:class:`~kronos_mlflow.evaluation.weather.Weather`)
 
     def calibration_line(self) -> str:
         """Coverage, PIT KS and Brier before and after calibration ('' without it)."""
@@ -250,6 +252,9 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         for column in ("mase", "crps") + (("direction", "forecast_return") if signal else ()):
             table[f"{name}_{column}"] = scores[column]
     skills, tags = _skills(per, float(config["verdict_min_change"]), groups)
+    more, more_tags, weather = wx.measure(per, origins.dates, history, actual, PREFIXES)  # coverage in every weather
+    metrics.update(more)
+    tags.update(more_tags)
     metrics.update(skills)
     metrics.update(_brier_skills(per, calibration["base_rate"]))
     if calibration["calibrator"] is not None:
@@ -293,7 +298,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
                      p_up={name: (scores["p_up"], scores["up"]) for name, scores in per.items()
                            if name not in ("persistence", "seasonal_naive")},
                      calibrator=calibration["calibrator"], ensemble=calibration.get("ensemble"),
-                     ensemble_losses=calibration.get("ensemble_losses", {}))
+                     ensemble_losses=calibration.get("ensemble_losses", {}), weather=weather)
 
 
 def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *, rank, world_size, console,
@@ -313,6 +318,12 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     if calibrator is not None and cb.before(calibrator, origins):
         out["status"] = "model"
     else:
+        line = cb.skipped(len(cal_origins), config)  # calibration auto with too few origins: go on without
+        if line:
+            if console is not None:
+                console.print(line)
+            out["status"] = "skipped"
+            return out, None
         started = time.time()
         calibrator = fit_calibrator(predictors["finetuned"], cal_origins, config, rank=rank, world_size=world_size,
                                  console=console, keep=keep)
@@ -327,7 +338,8 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     dist = cb.calibrated(calibrator, test_raw, history[:, -1], pr.histvol_sigma(history), actual, u)
     per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
     adaptive = aci.scored_from(keep, ensemble, per["finetuned"], per[en.ENSEMBLE] if ensemble is not None
-                               else per[CALIBRATED], history, actual, origins, float(config.get("aci_step", 0.01)), u)
+                               else per[CALIBRATED], history, actual, origins, float(config.get("aci_step", 0.01)),
+                               u)
     if adaptive is not None:
         per[aci.ACI] = sc.distribution_scores(adaptive, history, actual)
     out["calibrator"] = calibrator
@@ -390,6 +402,11 @@ def write_artifacts(card: Scorecard, directory: Path) -> list[Path]:
         out.append(directory / CALIBRATOR_NAME)
     if card.ensemble is not None:
         out += en.write_artifacts(card.ensemble, card.ensemble_losses, directory, card.description)
+    if card.weather is not None:
+        wx.coverage_figure(card.weather, card.description).savefig(directory / ".coverage.png.tmp", format="png",
+                                                                   dpi=110)
+        (directory / ".coverage.png.tmp").replace(directory / "coverage.png")
+        out.append(directory / "coverage.png")
     for name, draw in (("scorecard.png", scorecard_figure), ("forecasts.png", forecasts_figure),
                        ("horizons.png", horizons_figure), ("pit.png", pit_figure),
                        ("reliability.png", reliability_figure)):

@@ -438,7 +438,7 @@ def after_training(progress: Progress, data: RunData, device, config: Mapping[st
                                console=console, step=max(progress.best_epoch, 0), reused=reused)
         if card is not None:
             result["scorecard"] = card.as_json()
-        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") == "on"
+        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") in ("on", "auto")
         files.record_phase("calibration" if alone else "scorecard", result)
     return result
 

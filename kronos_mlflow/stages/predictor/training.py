@@ -117,7 +117,7 @@ class PredictorStage(TrainingStage):
         if rank == 0:
             (Path(layout.root) / "evaluation" / CALIBRATOR_FILE).unlink(missing_ok=True)
         if config.get("evaluate", "on") != "on":
-            if config.get("calibration", "on") == "on":
+            if config.get("calibration", "auto") in ("on", "auto"):
                 fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
                                    console=console, reused=reused)
             return None
