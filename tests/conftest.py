@@ -24,6 +24,12 @@ if not os.environ.get("KRONOS_TEST_HF_CACHE"):
 os.environ["HF_HUB_CACHE"] = os.environ["KRONOS_TEST_HF_CACHE"]
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+# The stage registry, built as every command builds it before it loads a config (the tests load
+# configs and ask stages directly); a subprocess that does the same builds its own.
+from kronos_mlflow.stages import build_registry  # noqa: E402
+
+build_registry()
+
 # Shared fixtures. The helpers behind them (importable by tests that need another scope or a
 # subprocess environment): tests/tiny_runs.py (the one tiny config, isolated environments, the
 # sqlite store) and tests/servers.py (mlflow server, PostgreSQL, wait_until).

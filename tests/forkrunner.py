@@ -58,6 +58,7 @@ def _preimport() -> None:
                  "kronos_mlflow.cli.evaluate", "kronos_mlflow.evaluation.scorecard",
                  "kronos_mlflow.evaluation.backtest", "kronos_mlflow.stages.predictor.sources"):
         importlib.import_module(name)
+    importlib.import_module("kronos_mlflow.stages").build_registry()  # as each command builds it
 
 
 _REGISTRIES: list[dict] = []  # the ``__warningregistry__`` of every module loaded before the forks

@@ -122,7 +122,8 @@ import sys
 import torch
 from kronos_mlflow.model import finetune
 from kronos_mlflow.config.core import validate
-from kronos_mlflow.stages import get
+from kronos_mlflow.stages import build_registry, get
+build_registry()
 sys.path.insert(0, sys.argv[1])
 from tiny_runs import TINY
 for stage, extra in (("tokenizer", {}), ("predictor", {"n_layers": 2})):

@@ -386,8 +386,10 @@ from kronos_mlflow.runtime import perf
 from kronos_mlflow.training import loop as trainer, optim
 from kronos_mlflow.config.core import load_config, model_kwargs
 from kronos_mlflow.model import KronosTokenizer
+from kronos_mlflow.stages import build_registry
 from kronos_mlflow.stages.tokenizer.training import TokenizerStage
 
+build_registry()
 config = load_config({"malloc_reuse": sys.argv[1], "compile": "off", "d_model": 64, "ff_dim": 128,
                       "n_heads": 2, "n_enc_layers": 2, "n_dec_layers": 2, "s1_bits": 4, "s2_bits": 4})
 settings = perf.configure_process(config, torch.device("cpu"), local_world_size=1)

@@ -80,3 +80,69 @@ def test_every_stage_is_registered_in_pipeline_order_with_its_config_keys():
 def test_an_unknown_stage_is_one_line_naming_the_registered_ones():
     with pytest.raises(ConfigError, match="stage: 'predicter' is not one of tokenizer, predictor"):
         stages.get("predicter")
+
+
+PROBE = r"""
+import json, sys
+from types import SimpleNamespace
+
+import kronos_mlflow.config
+from kronos_mlflow.config import load_config, stage_keys
+
+imported = sorted(m for m in sys.modules if m.startswith("kronos_mlflow"))
+try:
+    load_config({})
+    unbuilt = ""
+except RuntimeError as exc:
+    unbuilt = str(exc)
+stage_keys.add(SimpleNamespace(name="tokenizer", config_keys=stage_keys.StageKeys(
+    "tokenizer_learning_rate", "tokenizer_save_folder_name", "grad_clip_norm", "pretrained_tokenizer_path",
+    models={"tokenizer": ("pretrained_tokenizer_path",)})))
+stage_keys.mark_built()
+stage = load_config({})["stage"]
+loaded = sorted(m for m in sys.modules if m.startswith("kronos_mlflow"))
+
+from kronos_mlflow import stages
+stage_keys.STAGES.clear(); stage_keys._BUILT.clear()
+stages.build_registry()
+before = set(sys.modules)
+load_config({"stage": "predictor"})
+new = sorted(m for m in set(sys.modules) - before if m.startswith("kronos_mlflow"))
+print(json.dumps({"imported": imported, "loaded": loaded, "unbuilt": unbuilt, "stage": stage, "new": new}))
+"""
+
+
+def _below_the_config(module: str) -> bool:
+    return module in ("kronos_mlflow", "kronos_mlflow.errors") or module.startswith(
+        ("kronos_mlflow.config.", "kronos_mlflow.runtime.")) or module in ("kronos_mlflow.config", "kronos_mlflow.runtime")
+
+
+def test_importing_and_loading_the_config_imports_nothing_above_it(tmp_path):
+    """The config knows no stage: importing it and loading a config (with the stages the command
+    registered, here one the test enters) import nothing above ``config/`` and ``runtime/``; a
+    config loaded before the command built the registry is refused in one line naming the builder."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(_below_the_config(m) for m in got["imported"]), got["imported"]
+    assert all(_below_the_config(m) for m in got["loaded"]), got["loaded"]
+    assert "kronos_mlflow.config.core" in got["loaded"] and got["stage"] == "tokenizer"
+    assert "kronos_mlflow.stages.build_registry()" in got["unbuilt"]
+    assert all(_below_the_config(m) for m in got["new"]), got["new"]
+
+
+def test_one_registry_holds_the_stages_and_their_config_keys():
+    from kronos_mlflow.config import stage_keys
+    from kronos_mlflow.stages import registry
+
+    assert registry.REGISTRY is stage_keys.STAGES and stage_keys.built()
+    assert {name: spec.config_keys for name, spec in registry.REGISTRY.items()} == cfg.registered()
+    stages.build_registry()  # a second build finds it built
+    assert tuple(stage_keys.STAGES) == cfg.stage_names()

@@ -38,8 +38,7 @@ def sharp():
 
         yield sharp_tokenizer.SPEC
     finally:
-        registry.REGISTRY.pop(NAME, None)
-        stage_keys.STAGE_CONFIG.pop(NAME, None)
+        stage_keys.STAGES.pop(NAME, None)
         sys.modules.pop("sharp_tokenizer", None)
         sys.path.remove(str(PLUGINS))
 
@@ -208,19 +207,19 @@ def test_a_plugin_that_fails_after_registering_leaves_no_trace(tmp_path):
     assert f"stage: '{HALF}' is not one of tokenizer, predictor, {NAME}" in refused.stderr, refused.stderr
 
 
-def test_what_a_failed_load_registered_is_taken_back_from_both_registries(sharp):
-    """``all_or_nothing``: the stages and config keys registered inside a block that fails are
+def test_what_a_failed_load_registered_is_taken_back_from_the_registry(sharp):
+    """``all_or_nothing``: the stages (and so their config keys) registered inside a block that fails are
     gone (the pipeline's steps and flags, the sweep's MLproject parameters are read from them);
     those registered before stay."""
     from kronos_mlflow.workflows import pipeline as pl
     from kronos_mlflow.workflows.sweep import driver
 
-    before = (stages.names(), dict(stage_keys.STAGE_CONFIG), pl.flags(), driver.chosen_keys())
+    before = (stages.names(), cfg.registered(), pl.flags(), driver.chosen_keys())
     half = type("HalfSpec", (type(sharp),), {"name": HALF, "pipeline_flags": {"half_epochs": ("h", "epochs")}})
     with pytest.raises(ImportError):
         with registry.all_or_nothing():
             registry.register(half())
-            assert HALF in stages.names() and HALF in stage_keys.STAGE_CONFIG
+            assert HALF in stages.names() and HALF in cfg.registered()
             raise ImportError("a dependency of the plugin")
-    assert (stages.names(), dict(stage_keys.STAGE_CONFIG), pl.flags(), driver.chosen_keys()) == before
+    assert (stages.names(), cfg.registered(), pl.flags(), driver.chosen_keys()) == before
     assert NAME in stages.names() and "half_epochs" not in pl.flags()

@@ -89,6 +89,9 @@ CHECKS = {"heldout_scores": heldout_scores, "val_loss": val_loss, "val_stats": v
 def _worker(rank: int, world_size: int, init_file: str, configs: dict, out_dir: str) -> None:
     import torch.distributed as dist
 
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # a spawned rank builds the stage registry as a command does
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     out = {name: CHECKS[name](config, rank, world_size) for name, config in configs.items()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))

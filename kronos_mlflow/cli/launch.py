@@ -75,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [KEEP_KILLED]:
         return keep_killed(argv[1], int(argv[2]))
+    from ..stages import build_registry  # lazy: the stages and their plugins, not for keep_killed
+
+    build_registry()  # before the training flags' config is checked
     check_launcher_flags(argv)
     check_train_flags(argv)
     from torch.distributed.elastic.multiprocessing.api import SignalException

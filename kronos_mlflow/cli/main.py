@@ -51,6 +51,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         # Import a module only for the subcommand being run: each pulls heavy libraries.
         if name == wanted:
+            from ..stages import build_registry  # lazy: the stages and their plugins, ~250 ms on --help
+
+            build_registry()  # before the command's module and its config: the stages its `stage` key accepts
             module = importlib.import_module(module_name)
             module.add_arguments(p)
             p.set_defaults(_run=module.run)

@@ -23,6 +23,10 @@ run = train.run
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
+    """``python -m kronos_mlflow.train_predictor``: the stage registry built, then the training command."""
+    from ..stages import build_registry  # lazy: kronos-mlflow train-predictor --help stays light
+
+    build_registry()
     return train.cli(argv, prog="python -m kronos_mlflow.train_predictor", name="kronos-mlflow train-predictor",
                      stage=STAGE)
 

@@ -1,5 +1,8 @@
-"""The config keys of each stage (which key plays which role, what its models load from, its
-published starting points), as the stage's own folder declares them; docs/code-map.md."""
+"""The stage registry, the one table of the stages a process knows, and the config keys each
+stage declares (which key plays which role, what its models load from, its published starting
+points). The config imports no stage: the command builds the registry
+(:func:`kronos_mlflow.stages.build_registry`: the package's stages, then the plugins of the
+``kronos_mlflow.stages`` entry-point group) before it loads a config; docs/stages.md."""
 
 from __future__ import annotations
 
@@ -69,27 +72,38 @@ DEFAULT_STAGE = "tokenizer"
 #: Aliases that name the running stage's own key (``learning_rate`` of a predictor run is
 #: ``predictor_learning_rate``).
 STAGE_ALIASES = {"learning_rate": "learning_rate", "lr": "learning_rate"}
-#: Each registered stage's keys, in registration order. A stage's folder declares them on its
-#: spec and :func:`kronos_mlflow.stages.registry.register` enters them here (:func:`register_keys`).
-STAGE_CONFIG: dict[str, StageKeys] = {}
+#: The stage registry: each registered stage's spec by name, in registration order (what the
+#: ``stage`` key accepts, and the order of its refusal). A spec is any object with a ``name`` and
+#: ``config_keys`` (a :class:`StageKeys`): :class:`kronos_mlflow.stages.registry.StageSpec`, whose
+#: ``register`` enters it here. This module reads the keys only.
+STAGES: dict[str, Any] = {}
+_BUILT: list[bool] = []  # [True] once the command's builder has entered every stage
 
 
-def register_keys(name: str, keys: StageKeys) -> None:
-    """Enter stage ``name``'s keys (its spec's registration does: one stage, one folder)."""
-    if name in STAGE_CONFIG:
-        raise ValueError(f"stage {name!r} is registered twice")
-    STAGE_CONFIG[name] = keys
+def add(spec: Any) -> None:
+    """Enter ``spec`` under its name (once per name)."""
+    if spec.name in STAGES:
+        raise ValueError(f"stage {spec.name!r} is registered twice")
+    STAGES[spec.name] = spec
+
+
+def mark_built() -> None:
+    """Say the registry holds every stage of this process: the builder's last step."""
+    _BUILT[:] = [True]
+
+
+def built() -> bool:
+    """Whether the command has built the registry."""
+    return bool(_BUILT)
 
 
 def registered() -> dict[str, StageKeys]:
-    """Every registered stage's keys. The first ask loads the stages (the package's own and the
-    plugins of the ``kronos_mlflow.stages`` entry-point group): a config is read before anything
-    else asks for them, and config sits below the stages (docs/code-map.md)."""
-    if not STAGE_CONFIG:
-        import importlib  # lazy: a plugin load, not an import of a layer above
-
-        importlib.import_module("kronos_mlflow.stages")
-    return STAGE_CONFIG
+    """Every registered stage's keys, in registration order. A config is loaded after the
+    command built the registry; before that there is no stage to check a config against."""
+    if not _BUILT:
+        raise RuntimeError("no stage registry: a command builds it before it loads a config "
+                           "(kronos_mlflow.stages.build_registry())")
+    return {name: spec.config_keys for name, spec in STAGES.items()}
 
 
 def stage_names() -> tuple[str, ...]:

@@ -37,6 +37,12 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__getattr__ = lambda name: getattr(moved, name)
 
 
+def find_spec(fullname: str):
+    """The spec of old module name ``fullname`` (None: not one of :data:`MOVED`); the package's
+    own finder asks this (``kronos_mlflow/__init__.py``)."""
+    return _Alias().find_spec(fullname)
+
+
 def install() -> None:
     """Resolve the old names from now on (once per process; after every other finder)."""
     if not any(isinstance(finder, _Alias) for finder in sys.meta_path):

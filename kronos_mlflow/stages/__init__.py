@@ -3,17 +3,18 @@ May import ``evaluation`` and everything below it (docs/code-map.md); the loop, 
 
 A stage's folder holds its training piece (a :class:`~kronos_mlflow.stages.base.TrainingStage`),
 its held-out piece (a :class:`~kronos_mlflow.stages.base.HeldOutPiece`) and its spec
-(:class:`~kronos_mlflow.stages.registry.StageSpec`, which registers itself). The package's own
-stages are imported below; another package adds one through the ``kronos_mlflow.stages``
-entry-point group (docs/stages.md).
+(:class:`~kronos_mlflow.stages.registry.StageSpec`). Importing this package registers nothing: a
+command builds the registry (:func:`build_registry`: the package's own stages, then the plugins of
+the ``kronos_mlflow.stages`` entry-point group) before it loads a config (docs/stages.md).
 """
 
 from __future__ import annotations
 
 from .base import HeldOutPiece, StepOutput, TrainingStage, Validation
-from .registry import StageSpec, all_or_nothing, get, names, spec_of
+from ..config import stage_keys as _keys
+from .registry import StageSpec, all_or_nothing, get, names, register, spec_of
 
-from . import tokenizer, predictor  # noqa: E402,F401 - each registers its spec
+from . import tokenizer, predictor  # noqa: E402 - the package's own stages, registered by build_registry
 
 ENTRY_POINTS = "kronos_mlflow.stages"
 
@@ -33,7 +34,19 @@ def _load_plugins() -> None:
             warnings.warn(f"stage plugin {entry.name} ({entry.value}) does not load, left out: {exc}", stacklevel=2)
 
 
-_load_plugins()
+def build_registry() -> None:
+    """Fill the one stage registry (:data:`kronos_mlflow.config.stage_keys.STAGES`): the package's
+    stages (tokenizer, then predictor), then every plugin of the ``kronos_mlflow.stages``
+    entry-point group. Each command calls it before it loads a config; once per process (a
+    second call finds it built)."""
+    if _keys.built():
+        return
+    for spec in (tokenizer.SPEC, predictor.SPEC):
+        if spec.name not in _keys.STAGES:
+            register(spec)
+    _load_plugins()
+    _keys.mark_built()
 
-__all__ = ["ENTRY_POINTS", "HeldOutPiece", "StageSpec", "StepOutput", "TrainingStage", "Validation", "get", "names",
-           "spec_of"]
+
+__all__ = ["ENTRY_POINTS", "HeldOutPiece", "StageSpec", "StepOutput", "TrainingStage", "Validation",
+           "build_registry", "get", "names", "spec_of"]

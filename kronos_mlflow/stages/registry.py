@@ -2,9 +2,12 @@
 for it. Everything outside ``kronos_mlflow/stages/`` asks the spec (``stages.get(name)`` or
 ``stages.spec_of(config)``) instead of comparing stage names.
 
-A stage is one folder whose ``__init__`` defines a :class:`StageSpec` subclass and registers
-it: the package's own under ``stages/``, others as plugins (docs/stages.md). Specs import no
-torch at module level; their methods import the stage's pieces when called.
+A stage is one folder whose ``__init__`` defines a :class:`StageSpec` subclass (its ``SPEC``):
+the command registers the package's own and then loads the plugins, whose folders register
+theirs (:func:`kronos_mlflow.stages.build_registry`; docs/stages.md). The table is the config's
+(:data:`kronos_mlflow.config.stage_keys.STAGES`): one registry, read by the config for the keys
+and by everything above for the specs. Specs import no torch at module level; their methods
+import the stage's pieces when called.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..config.core import DEFAULTS
-from ..config.stage_keys import STAGE_CONFIG, StageKeys, register_keys, stage_of
+from ..config import stage_keys as _registry
+from ..config.stage_keys import StageKeys, stage_of
 from ..errors import ConfigError
 
 
@@ -122,19 +126,20 @@ class StageSpec:
         return {}
 
 
-REGISTRY: dict[str, StageSpec] = {}
+#: The registry: the config's one table of stages (:data:`kronos_mlflow.config.stage_keys.STAGES`),
+#: which the command fills (:func:`kronos_mlflow.stages.build_registry`).
+REGISTRY: dict[str, StageSpec] = _registry.STAGES
 NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def register(spec: StageSpec) -> StageSpec:
-    """Add a stage and its config keys (once per name)."""
+    """Add a stage, and so its config keys (once per name)."""
     if spec.name in REGISTRY:
         raise ValueError(f"stage {spec.name!r} is registered twice")
     if not NAME.fullmatch(spec.name) or not isinstance(spec.config_keys, StageKeys):
         raise ValueError(f"stage {spec.name!r}: a stage needs a lower-case name and its config_keys (a StageKeys)")
     _check_pipeline_attributes(spec)
-    register_keys(spec.name, spec.config_keys)
-    REGISTRY[spec.name] = spec
+    _registry.add(spec)
     return spec
 
 
@@ -159,14 +164,12 @@ def all_or_nothing() -> Iterator[None]:
     """The stages a block registers stay only when the block ends without an error: a plugin
     that registers its spec, then fails (an import, a second spec), leaves no stage, no config
     keys and so no flag or pipeline step behind."""
-    stages, keys = dict(REGISTRY), dict(STAGE_CONFIG)
+    kept = dict(REGISTRY)
     try:
         yield
     except BaseException:
-        for table, kept in ((REGISTRY, stages), (STAGE_CONFIG, keys)):
-            for name in [n for n in table if n not in kept]:
-                del table[name]
-            table.update(kept)
+        REGISTRY.clear()
+        REGISTRY.update(kept)
         raise
 
 

@@ -19,7 +19,7 @@ from ...evaluation.sources import resolve_model, resolve_tokenizer
 from ...tracking.keys import (
     PREDICTOR_INITIAL_VAL_METRIC, PREDICTOR_LEARNING_RATE, PREDICTOR_TRAIN_LOSS, PREDICTOR_VAL_METRIC,
 )
-from ..registry import StageSpec, register
+from ..registry import StageSpec
 
 
 
@@ -128,4 +128,4 @@ class PredictorSpec(StageSpec):
         return {"finetuned_tokenizer_path": model_uri, "evaluate": "off"}
 
 
-SPEC = register(PredictorSpec())
+SPEC = PredictorSpec()  # registered by the command (kronos_mlflow.stages.build_registry)

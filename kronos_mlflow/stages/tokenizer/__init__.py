@@ -18,7 +18,7 @@ from ...evaluation.sources import resolve_tokenizer
 from ...tracking.keys import (
     TOKENIZER_INITIAL_VAL_METRIC, TOKENIZER_LEARNING_RATE, TOKENIZER_TRAIN_LOSS, TOKENIZER_VAL_METRIC, VERDICT_TAG,
 )
-from ..registry import StageSpec, register
+from ..registry import StageSpec
 
 
 #: What a tokenizer run never reads (the predictor's keys and the scorecard's): left out of its
@@ -108,4 +108,4 @@ class TokenizerSpec(StageSpec):
             build_predictor(config, model)  # refuses a missing checkpoint or other bits
 
 
-SPEC = register(TokenizerSpec())
+SPEC = TokenizerSpec()  # registered by the command (kronos_mlflow.stages.build_registry)
