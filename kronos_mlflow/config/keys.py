@@ -339,8 +339,8 @@ KEYS: tuple[Key, ...] = (
     Key("n_val_iter", TRAINING, 20_000, low=POSITIVE, high=10**12, entry_points=TRAINING_RUNS,
         help="Validation windows per epoch (over all processes)."),
     # objective val_skill forecasts inside a forked random state: the training numbers are the same
-    Key("objective", TRAINING, "val_loss", choices=("val_loss", "val_skill", "val_ic"), entry_points=("sweep",),
-        neutral=True,
+    Key("objective", TRAINING, "val_loss", choices=("val_loss", "val_skill", "val_ic"),
+        entry_points=("predictor", "sweep"), neutral=True,
         help="What a sweep ranks trials by: val_loss (the validation loss, minimised), val_skill (each epoch's "
              "forecast skill against persistence on the validation split's origins, maximised) or val_ic (each "
              "epoch's mean per-date rank IC of the forecast return on those origins, maximised); a tokenizer "
