@@ -62,14 +62,51 @@ def test_the_ensemble_is_json_read_back_exactly_and_a_damaged_field_is_one_line(
     again = served.read(str(tmp_path / "ensemble.json"))
     assert again.weights == ensemble.weights and again.rounds == 10
     np.testing.assert_array_equal(again.calibrator.score_quantiles, ensemble.calibrator.score_quantiles)
+    assert again.scores.shape == (200, 6, H)  # the mixture's validation scores, for ACI on the logged model
+    np.testing.assert_array_equal(again.scores, ensemble.scores)
     data = json.loads((tmp_path / "ensemble.json").read_text())
     for edit, needle in ((lambda d: d["weights"].update(histvol=2.0), "weights.histvol"),
                          (lambda d: d["weights"].update(finetuned=0.0, histvol=0.0, persistence=0.5), "sum to 0.5"),
                          (lambda d: d.update(rounds=0), "rounds"), (lambda d: d.update(format="x"), "format"),
-                         (lambda d: d["calibrator"].update(base_rate=5), "calibrator: base_rate")):
+                         (lambda d: d["calibrator"].update(base_rate=5), "calibrator: base_rate"),
+                         (lambda d: d["validation_scores"][3][2].append(1.0), "validation_scores"),
+                         (lambda d: d["validation_scores"][0][0].__setitem__(0, "x"), "validation_scores")):
         bad = json.loads(json.dumps(data))
         edit(bad)
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         with pytest.raises(UserError) as err:
             served.read(str(tmp_path / "bad.json"), "the model's ensemble/ensemble.json")
         assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_aci_on_a_logged_ensemble_reads_its_kept_validation_scores():
+    """Scoring a logged model (no validation forecasts at hand), ACI widens by the validation
+    scores its ensemble.json kept: the same bands as where the scorecard fit the ensemble itself."""
+    from dataclasses import dataclass
+
+    from kronos_mlflow.evaluation import aci
+
+    rng = np.random.default_rng(4)
+    history, truth, raw = _market(rng, 300, width=0.3)
+    ensemble, _ = en.fit(raw, history, truth, rounds=10)
+    t_hist, t_truth, t_raw = _market(rng, 200, width=0.3)
+    days = np.datetime64("2024-01-01") + np.repeat(np.arange(40), 5).astype("timedelta64[D]")
+
+    @dataclass
+    class Origins:  # the two things scored_from reads of the scorecard's origins
+        def __len__(self):
+            return len(days)
+
+        def times(self, rows):
+            bars = days[:, None] + np.arange(1, H + 1)[None, :].astype("timedelta64[D]")
+            return days[:, None], bars
+
+    u = pr.uniforms(3, t_truth.shape)
+    conformal = en.forecast(ensemble, t_raw, t_hist, t_truth, u)
+    keep = {"raw": raw, "history": history, "actual": truth}
+    here = aci.scored_from(keep, ensemble, t_raw, conformal, t_hist, t_truth, Origins(), 0.05, u)
+    again = served.from_json(json.loads(ensemble.dumps()), "ensemble.json")
+    logged = aci.scored_from({}, again, t_raw, conformal, t_hist, t_truth, Origins(), 0.05, u)
+    np.testing.assert_allclose(logged["levels"], here["levels"], rtol=1e-12)
+    assert aci.scored_from({}, served.Ensemble(again.weights, 10, again.calibrator), t_raw, conformal, t_hist,
+                           t_truth, Origins(), 0.05, u) is None

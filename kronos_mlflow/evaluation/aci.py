@@ -97,8 +97,11 @@ def forecast(val: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray], hist
     ``test`` its pre-conformal ``levels``, ``mean`` and calibrated ``p_up`` on the test origins."""
     from ..serving.forecasting.quantiles import histvol_sigma
 
-    vc = np.asarray(val["history"], dtype=np.float64)
-    v_scores = scores(np.asarray(val["levels"]), vc[:, -1], histvol_sigma(vc), val["actual"])
+    if "scores" in val:
+        v_scores = np.asarray(val["scores"], dtype=np.float64)
+    else:
+        vc = np.asarray(val["history"], dtype=np.float64)
+        v_scores = scores(np.asarray(val["levels"]), vc[:, -1], histvol_sigma(vc), val["actual"])
     c = np.asarray(history_close, dtype=np.float64)
     levels, _ = run(v_scores, np.asarray(test["levels"]), c[:, -1], histvol_sigma(c), actual, origin_times,
                     bar_times, step)
@@ -114,13 +117,15 @@ def scored_from(keep: Mapping[str, np.ndarray], ensemble, test_raw: Mapping[str,
     """ACI's distribution over the scorecard's test ``origins``, on the base the conformalised
     forecaster ``conformal`` (the ensemble's, else the calibrated one's scores: its mean and
     ``p_up``) widens: the ensemble's mixture (``ensemble``) or the fine-tuned pair's raw quantiles;
-    ``keep``: the calibration origins' raw forecasts, closes and outcomes; None without them."""
+    ``keep``: the calibration origins' raw forecasts, closes and outcomes, or, without them, the
+    validation scores a logged model's ensemble kept; None with neither."""
     from ..serving.forecasting.ensemble import members, mix
     from ..serving.forecasting.quantiles import histvol_sigma
 
-    if not keep or "raw" not in keep or step <= 0:
+    fitted_here = bool(keep) and "raw" in keep
+    if step <= 0 or not (fitted_here or (ensemble is not None and ensemble.scores is not None)):
         return None
-    vc, tc = np.asarray(keep["history"], dtype=np.float64), np.asarray(history_close, dtype=np.float64)
+    tc = np.asarray(history_close, dtype=np.float64)
 
     def base(raw, c):
         if ensemble is None:
@@ -129,6 +134,10 @@ def scored_from(keep: Mapping[str, np.ndarray], ensemble, test_raw: Mapping[str,
 
     every = np.arange(len(origins))
     past, future = origins.times(every)
-    return forecast({"levels": base(keep["raw"], vc), "history": vc, "actual": keep["actual"]},
-                    {"levels": base(test_raw, tc), "mean": conformal["mean"], "p_up": conformal["p_up"]},
+    if fitted_here:
+        vc = np.asarray(keep["history"], dtype=np.float64)
+        val = {"levels": base(keep["raw"], vc), "history": vc, "actual": keep["actual"]}
+    else:
+        val = {"scores": ensemble.scores}
+    return forecast(val, {"levels": base(test_raw, tc), "mean": conformal["mean"], "p_up": conformal["p_up"]},
                     tc, actual, np.asarray(past)[:, -1], future, step, u)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..serving.forecasting import ensemble as served_ensemble
 from ..serving.forecasting.ensemble import ENSEMBLE, FILE, MEMBERS, Ensemble, members, mix, read
 from ..serving.forecasting.quantiles import DECILES, histvol_sigma
 from . import calibration as cb, probabilistic as pr, scores as sc
@@ -76,7 +77,11 @@ def fit(raw: Mapping[str, np.ndarray], history_close: np.ndarray, actual: np.nda
     calibrator = cb.fit(mixed["levels"], c[ok, -1], sigma[ok], y[ok], mixed["p_up"], time_range)
     losses = {f"validation_wql_{name}": wql(parts[name]["levels"], y[ok]) for name in MEMBERS}
     losses["validation_wql_ensemble"] = wql(mixed["levels"], y[ok])
-    return Ensemble(weights, int(rounds), calibrator), losses
+    from .aci import scores as conformal_scores  # lazy: evaluation/aci.py reads this module's results
+
+    kept = conformal_scores(mixed["levels"], c[ok, -1], sigma[ok], y[ok])
+    fits = kept.size <= served_ensemble.MAX_SCORES and np.isfinite(kept).all()
+    return Ensemble(weights, int(rounds), calibrator, kept if fits else None), losses
 
 
 def forecast(ensemble: Ensemble, raw: Mapping[str, np.ndarray], history_close: np.ndarray, actual: np.ndarray,

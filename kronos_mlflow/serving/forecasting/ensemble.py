@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
@@ -76,6 +76,9 @@ class Ensemble:
     weights: dict[str, float]
     rounds: int
     calibrator: Calibrator
+    #: the mixture's conformal scores on the validation origins ``(n, 6, H)`` (what ACI widens by,
+    #: kept so that scoring the logged model can run ACI); None when not kept
+    scores: np.ndarray | None = field(default=None, repr=False)
 
     def apply(self, levels: np.ndarray, mean: np.ndarray, p_up: np.ndarray, history_close: np.ndarray,
               sigma: np.ndarray) -> dict[str, np.ndarray]:
@@ -92,13 +95,16 @@ class Ensemble:
                 "method": "greedy selection with replacement by validation WQL; quantile averaging; conformalised",
                 "members": list(MEMBERS), "rounds": int(self.rounds),
                 "weights": {name: float(self.weights.get(name, 0.0)) for name in MEMBERS},
-                "calibrator": self.calibrator.to_json()}
+                "calibrator": self.calibrator.to_json(),
+                **({"validation_scores": self.scores.tolist()} if self.scores is not None else {})}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True, allow_nan=False)
 
 
 MAX_ROUNDS = 10_000
+#: the most validation scores an ensemble.json keeps (origins x intervals x steps); more are not kept
+MAX_SCORES = 250_000
 _KEYS = ("format", "version", "method", "members", "rounds", "weights", "calibrator")
 
 
@@ -110,6 +116,8 @@ def from_json(data: Any, source: str) -> Ensemble:
     from ...errors import UserError
     from ...tracking import handover as hv  # lazy: the one reader of handed-over files
 
+    data = dict(data) if isinstance(data, dict) else data
+    scores = data.pop("validation_scores", None) if isinstance(data, dict) else None  # optional
     data = hv.keys_of(data, _KEYS, source, "the file")
     if data["format"] != FORMAT:
         raise UserError(f"{source}: format is '{hv.names.shown(data['format'])}'; expected '{FORMAT}'")
@@ -125,7 +133,27 @@ def from_json(data: Any, source: str) -> Ensemble:
     if abs(sum(weights.values()) - 1.0) > 1e-6:
         raise UserError(f"{source}: weights sum to {sum(weights.values()):g}; expected weights summing to 1")
     calibrator = calibrator_file.from_json(data["calibrator"], f"{source} calibrator")
-    return Ensemble(weights, rounds, calibrator)
+    return Ensemble(weights, rounds, calibrator, _scores(scores, calibrator.horizon, source))
+
+
+def _scores(value: Any, horizon: int, source: str) -> np.ndarray | None:
+    """The optional ``validation_scores``: rows of six lists of ``horizon`` finite numbers."""
+    from ...errors import UserError
+    from ...tracking import handover as hv  # lazy
+
+    if value is None:
+        return None
+    shape = f"a list of at most {MAX_SCORES // (6 * horizon):,} rows of 6 lists of {horizon} numbers"
+    if not isinstance(value, list) or not value or len(value) * 6 * horizon > MAX_SCORES:
+        raise UserError(f"{source}: validation_scores is {hv.kind_of(value)}; expected {shape}")
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise UserError(f"{source}: validation_scores is not {shape}") from None
+    if array.shape != (len(value), 6, horizon) or not np.isfinite(array).all() or np.abs(array).max() > 1e6:
+        raise UserError(f"{source}: validation_scores of shape {array.shape} holds a value that is not a finite "
+                        f"number within 1e6, or is not {shape}")
+    return array
 
 
 def read(path: str, source: str | None = None) -> Ensemble:
