@@ -717,6 +717,13 @@ CASES: list[Case] = [
     # --- sweeps/sweep.py
     Case("sweep-n-trials", "sweep", "`--n-trials 0`", SWEEP + ("--n-trials", "0"), "--n-trials"),
     Case("sweep-pruner", "sweep", "`--pruner sometimes`", SWEEP + ("--pruner", "sometimes"), "sometimes"),
+    Case("sweep-folds-word", "sweep", "`--folds two`", SWEEP + ("--folds", "two"), "--folds"),
+    Case("sweep-p-threshold", "sweep", "`--folds 3 --p-threshold 1.5`", SWEEP + ("--folds", "3", "--p-threshold", "1.5"),
+         "--p-threshold"),
+    Case("sweep-wilcoxon-one-window", "sweep", "`--pruner wilcoxon` without `--folds`", SWEEP + ("--pruner", "wilcoxon"),
+         "wilcoxon"),
+    Case("sweep-folds-epoch-pruner", "sweep", "`--folds 3 --pruner median`", SWEEP + ("--folds", "3", "--pruner", "median"),
+         "median"),
     Case("sweep-space-not-utf8", "sweep", "search space with binary bytes",
          SWEEP + ("--search-space", "{in}/space.yaml"), "not UTF-8"),
     Case("sweep-secret-flag", "sweep", "`--mlflow-tracking-token <secret>` passed to training",

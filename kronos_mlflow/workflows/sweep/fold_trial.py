@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...tracking.child_runs import as_flags, child_env, create_child, train_command
+from ...runtime.stopping import TrainingStopped
 from ...tracking.command_runs import run_child
 from ..walkforward import folds as fl
 from .folds import FOLD_DIGEST_TAG, FOLD_TAG, finished_fold, fold_digest, fold_order
@@ -33,8 +34,6 @@ def judged_on_folds(worker, trial, values: Mapping[str, Any], run_id: str, run_n
     """:func:`run_fold_trial` with the trial's run ended as the trial ends: FINISHED (COMPLETE),
     KILLED (PRUNED), FAILED (FAIL, raising ``failed``), or, on a stop, FAIL and queued again."""
     import optuna
-
-    from ...runtime.stopping import TrainingStopped  # lazy: signal handling
 
     try:
         value = run_fold_trial(worker, trial, values, run_id, run_name, flags)
@@ -125,7 +124,11 @@ def _train_fold(worker, trial, fold: fl.Fold, fold_run: str, run_name: str, flag
     print(f"[sweep] trial {trial.number} fold {k}/{total}: train ..{fold.train[1]}, val {fold.val[0]}..{fold.val[1]}, "
           f"test {fold.test[0]}..{fold.test[1]}", flush=True)
     cmd = train_command(worker.args.nproc_per_node, fold_flags)
-    returncode = run_child(cmd, env)  # a stop: raised here, the trial's runs end KILLED with the sweep's
+    try:
+        returncode = run_child(cmd, env)  # a stop: raised here, the trial's runs end KILLED with the sweep's
+    except TrainingStopped:
+        client.set_tag(fold_run, "optuna.trial_state", "FAIL")  # its trial is FAIL, queued again
+        raise
     run = client.get_run(fold_run)
     epochs = len(client.get_metric_history(fold_run, worker.val_metric))
     worker.trial_epochs += epochs
