@@ -116,6 +116,7 @@ class PredictorStage(TrainingStage):
         fit on its own kept weights."""
         if rank == 0:
             (Path(layout.root) / "evaluation" / CALIBRATOR_FILE).unlink(missing_ok=True)
+            (Path(layout.root) / "evaluation" / "ensemble.json").unlink(missing_ok=True)  # so is its ensemble
         if config.get("evaluate", "on") != "on":
             if config.get("calibration", "auto") in ("on", "auto"):
                 fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
