@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--evaluation", required=True, type=Path)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait for --evaluation's files")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -84,15 +85,15 @@ def main(argv=None) -> int:
     from kronos_mlflow.model import KronosTokenizer
     from kronos_mlflow.serving.forecasting import ensemble as served
 
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()
     config = cfg.load_config(dict(item.split("=", 1) for item in args.set))
     layout = RunLayout(args.run_dir)
-    card = json.loads((args.evaluation / "scorecard.json").read_text())
-    frame = pd.read_parquet(args.evaluation / "forecasts.parquet")
     test = forecast_origins(config)
     every = np.arange(len(test))
     history, actual = test.history(every)[..., CLOSE], test.future(every)[..., CLOSE]
     u = pr.uniforms(int(config["seed"]), actual.shape)
-    per = _per_from_forecasts(frame, test, history, actual)
 
     device = torch.device("cpu")
     tokenizer = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
@@ -109,6 +110,12 @@ def main(argv=None) -> int:
     same = None
     if logged.is_file():
         same = served.read(str(logged)).weights == ensemble.weights
+    waited = time.time()
+    while not (args.evaluation / "forecasts.parquet").is_file() and time.time() - waited < args.wait:
+        time.sleep(5)  # the scored run still scoring
+    card = json.loads((args.evaluation / "scorecard.json").read_text())
+    frame = pd.read_parquet(args.evaluation / "forecasts.parquet")
+    per = _per_from_forecasts(frame, test, history, actual)
     started = time.time()
     raw = per["finetuned"]
     per[en.ENSEMBLE] = sc.distribution_scores(en.forecast(ensemble, raw, history, actual, u), history, actual)
