@@ -6,12 +6,12 @@ Fast: nothing trains here (a tiny fold sweep end to end: tests/test_sweep_folds_
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 import optuna
 import pytest
+from tiny_runs import isolated_env
 
 from kronos_mlflow.errors import UserError
 from kronos_mlflow.workflows.sweep import folds as sf, pooled
@@ -66,14 +66,14 @@ def test_bad_fold_flags_are_one_line(given, words):
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_bad_folds_on_the_command_line_exit_2_before_anything(tmp_path):
-    for flags in (["--folds", "3", "--p-threshold", "2"],):  # one process: the rest is test_bad_fold_flags_are_one_line
-        proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *flags, "--check"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+def test_bad_folds_on_the_command_line_exit_2_before_anything(commands, tmp_path):
+    for flags in (["--folds", "3", "--p-threshold", "2"],):  # one command: the rest is test_bad_fold_flags_are_one_line
+        proc = commands.run([sys.executable, str(ROOT / "sweeps" / "sweep.py"), *flags, "--check"], cwd=tmp_path,
+                            env=isolated_env(tmp_path / "iso"), timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert flags[-1] in proc.stderr or flags[1] in proc.stderr
-        assert not list(tmp_path.iterdir())  # no store, no study, no file
+        assert [p.name for p in tmp_path.iterdir()] == []  # no store, no study, no file
 
 
 def _study(name="s", direction="minimize", pruner=None):
