@@ -362,3 +362,26 @@ def test_the_ensemble_is_fit_on_validation_alone_and_judged_against_each_member(
     assert first.weights == second.weights == card.ensemble.weights
     np.testing.assert_array_equal(first.calibrator.score_quantiles, second.calibrator.score_quantiles)
     np.testing.assert_array_equal(first.calibrator.score_quantiles, card.ensemble.calibrator.score_quantiles)
+
+
+def test_a_logged_models_calibrator_and_ensemble_are_scored_as_given(scored):
+    """As ``evaluate`` scores a logged model: its own calibrator and ensemble (fit before the test
+    range), the ensemble scored and judged, ACI on the validation scores the ensemble kept."""
+    from dataclasses import replace
+
+    from test_forecast_eval import _tiny_pair
+
+    from kronos_mlflow.evaluation.origins import forecast_origins
+    from kronos_mlflow.evaluation.scorecard import score_forecasters
+
+    config, card, _ = scored
+    test = forecast_origins(config)
+    keep = np.arange(len(test)) < 20
+    part = replace(test, rows=test.rows[keep], series=test.series[keep], positions=test.positions[keep],
+                   dates=test.dates[keep], candidates=int(keep.sum()))
+    given = score_forecasters(config, {"finetuned": _tiny_pair(1)}, origins=part, calibrator=card.calibrator,
+                              ensemble=card.ensemble)
+    assert given.tags["calibration"] == "model"
+    assert {"ensemble_test_wql_close", "aci_test_wql_close", "calibrated_test_coverage_80"} <= set(given.metrics)
+    assert given.tags["verdict_wql_ensemble_vs_histvol"] in ("better", "worse", "inconclusive")
+    assert given.ensemble is card.ensemble

@@ -267,7 +267,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         more, more_tags = en.record_metrics(calibration["ensemble"], per, groups, float(config["verdict_min_change"]),
                                             PREFIXES)
         metrics.update(more)
-        metrics.update(calibration["ensemble_losses"])
+        metrics.update(calibration.get("ensemble_losses", {}))
         tags.update(more_tags)
     tags["calibration"] = calibration["status"]
     metrics.update(_ic_intervals(per, origins.dates))
