@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..serving.forecasting.quantiles import INTERVALS, QLEVELS, floored, ordered
+from ..serving.forecasting.ensemble import members, mix
+from ..serving.forecasting.quantiles import INTERVALS, QLEVELS, floored, histvol_sigma, ordered
 from . import probabilistic as pr
 
 ACI = "aci"
@@ -95,7 +96,6 @@ def forecast(val: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray], hist
     :func:`~kronos_mlflow.evaluation.scores.distribution_scores`: ``val`` the base forecaster's
     pre-conformal ``levels`` on the calibration origins with their ``history`` and ``actual``;
     ``test`` its pre-conformal ``levels``, ``mean`` and calibrated ``p_up`` on the test origins."""
-    from ..serving.forecasting.quantiles import histvol_sigma
 
     if "scores" in val:
         v_scores = np.asarray(val["scores"], dtype=np.float64)
@@ -119,8 +119,6 @@ def scored_from(keep: Mapping[str, np.ndarray], ensemble, test_raw: Mapping[str,
     ``p_up``) widens: the ensemble's mixture (``ensemble``) or the fine-tuned pair's raw quantiles;
     ``keep``: the calibration origins' raw forecasts, closes and outcomes, or, without them, the
     validation scores a logged model's ensemble kept; None with neither."""
-    from ..serving.forecasting.ensemble import members, mix
-    from ..serving.forecasting.quantiles import histvol_sigma
 
     fitted_here = bool(keep) and "raw" in keep
     if step <= 0 or not (fitted_here or (ensemble is not None and ensemble.scores is not None)):

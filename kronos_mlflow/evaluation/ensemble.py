@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.fsutil import write_atomic
 from ..serving.forecasting import ensemble as served_ensemble
 from ..serving.forecasting.ensemble import ENSEMBLE, FILE, MEMBERS, Ensemble, members, mix, read
 from ..serving.forecasting.quantiles import DECILES, histvol_sigma
 from . import calibration as cb, probabilistic as pr, scores as sc
+from .plots import new_figure
 from .verdict import decide
 
 __all__ = ["ENSEMBLE", "FILE", "Ensemble", "fit", "forecast", "model_ensemble", "record_metrics", "select", "wql"]
@@ -138,7 +140,6 @@ def model_ensemble(predictor_dir: Path, what: str = "--model") -> Ensemble | Non
 
 def weights_figure(weights: Mapping[str, float], losses: Mapping[str, float], description: str = ""):
     """The ensemble's weights (bars), each member's validation WQL and the mixture's beside them."""
-    from .plots import new_figure
 
     fig = new_figure(6.4, 3.2)
     ax = fig.add_subplot(1, 1, 1)
@@ -169,7 +170,6 @@ def build_for(config: Mapping[str, Any], keep: Mapping[str, Any]) -> tuple[Ensem
 def write_artifacts(ensemble: Ensemble, losses: Mapping[str, float], directory: Path, description: str = "") -> list[Path]:
     """``ensemble.json`` (what the logged model serves) and ``ensemble.png`` (its weights) in
     ``directory``, each written whole, then renamed."""
-    from ..runtime.fsutil import write_atomic
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ import pandas as pd
 
 from ..serving.forecasting.quantiles import histvol_sigma
 from . import probabilistic as pr, scores as sc
+from .figures import COLORS
+from .plots import new_figure
 
 #: origin dates a rolling coverage and the change of realised volatility are measured over
 WINDOW = 10
@@ -147,8 +149,6 @@ def coverage_figure(weather: Weather, description: str = ""):
     """The 80% coverage over test time per forecaster (trailing mean over ``WINDOW`` origin
     dates), the nominal 0.80 with its +-0.05 band, the realised volatility (right axis) and the
     date of its largest change."""
-    from .figures import COLORS
-    from .plots import new_figure
 
     fig = new_figure(9.0, 4.2)
     ax = fig.add_subplot(1, 1, 1)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
+from ...errors import ConfigError, UserError
+from ...tracking import handover as hv
 from . import calibrator_file
-from .quantiles import QLEVELS, Calibrator
+from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles, uncalibrated
 
 ENSEMBLE = "ensemble"
 #: the members, in the order greedy selection tries them (the first wins a tie): the fine-tuned
@@ -113,8 +116,6 @@ def from_json(data: Any, source: str) -> Ensemble:
     version, this version's members, rounds from 1 to :data:`MAX_ROUNDS`, a weight in [0, 1]
     per member summing to 1, the calibrator as a ``calibrator.json`` is checked); else one line
     naming ``source`` and the field."""
-    from ...errors import UserError
-    from ...tracking import handover as hv  # lazy: the one reader of handed-over files
 
     data = dict(data) if isinstance(data, dict) else data
     scores = data.pop("validation_scores", None) if isinstance(data, dict) else None  # optional
@@ -138,8 +139,6 @@ def from_json(data: Any, source: str) -> Ensemble:
 
 def _scores(value: Any, horizon: int, source: str) -> np.ndarray | None:
     """The optional ``validation_scores``: rows of six lists of ``horizon`` finite numbers."""
-    from ...errors import UserError
-    from ...tracking import handover as hv  # lazy
 
     if value is None:
         return None
@@ -159,9 +158,7 @@ def _scores(value: Any, horizon: int, source: str) -> np.ndarray | None:
 def read(path: str, source: str | None = None) -> Ensemble:
     """The ensemble of the file ``path`` (an ``ensemble.json``), read by the one bounded reader of
     handed-over files and checked (:func:`from_json`); else one line naming ``source``."""
-    from pathlib import Path
 
-    from ...tracking import handover as hv  # lazy
 
     source = source or str(path)
     return from_json(hv.json_value(Path(path), source, "the JSON that a run's evaluation/ensemble.json holds",
@@ -178,7 +175,6 @@ FORECASTERS = ("ensemble", "calibrated", "raw")
 
 def check_forecaster(value: Any) -> str:
     """The ``forecaster`` param, checked: one of :data:`FORECASTERS` or '' (one line otherwise)."""
-    from ...errors import ConfigError
 
     if not isinstance(value, str) or value not in ("", *FORECASTERS):
         raise ConfigError(f"forecaster is {value!r}; expected one of {', '.join(FORECASTERS)} (ensemble: the "
@@ -193,7 +189,6 @@ def loaded(path: str) -> tuple[Ensemble | None, str]:
     import os
     import warnings
 
-    from ...errors import UserError
 
     file = os.path.join(path, FILE) if os.path.isdir(path) else path
     try:
@@ -208,7 +203,6 @@ def close_distribution(paths: np.ndarray, bars: np.ndarray, ensemble: Ensemble) 
     lookback ``bars`` ``(B, L, 6)``, with the keys of the pyfunc's calibrated answer and
     ``forecaster`` ``(B,)``: ``ensemble`` for each series whose lookback gives the volatility
     (histvol's and the conformal width's), ``raw`` with the reason for the others."""
-    from .quantiles import CLOSE, histvol_sigma, path_quantiles, uncalibrated
 
     close = np.asarray(paths, dtype=np.float64)[..., CLOSE]
     history = np.asarray(bars, dtype=np.float64)[..., CLOSE]
