@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
-from . import forecasters as fc
 from .ic_stats import rank_ic_summary
 from .val_skill import ValSkill, epoch_hooks as skill_hooks
 
@@ -38,43 +36,15 @@ class ValIC(ValSkill):
     :class:`~kronos_mlflow.evaluation.val_skill.ValSkill`, whose origins and forecasts it shares);
     ``skills``: each scored epoch's ``val_rank_ic``."""
 
-    def describe(self) -> str:
-        return (f"val_ic on {self.origins.describe()} of val_time_range {':'.join(self.config['val_time_range'])}, "
-                "forecasting bars after train_time_range")
+    metric, best, history_key, name = VAL_IC_METRIC, BEST_VAL_IC, HISTORY_KEY, "val_ic"
 
     def score(self, raw_model) -> dict[str, float]:
         """``val_rank_ic`` (with ``_ci_low`` / ``_ci_high``, ``_nw_t``) and ``val_ic_dates``."""
-        predictor = self.predictor(raw_model)
-        device = torch.device(self.device)
-        forked = [device] if device.type == "cuda" else []
-        progress = self.console.progress if self.console is not None else None
-        with torch.random.fork_rng(devices=forked):
-            paths = fc.kronos_paths(predictor, self.origins, self.config, rank=self.rank, world_size=self.world_size,
-                                    progress=progress, desc="val_ic")
-        self.drawn = paths
-        return score_paths(paths, self.history, self.actual, self.origins.dates)
+        return score_paths(self.forecast(raw_model), self.history, self.actual, self.origins.dates)
 
-    def restore(self, extra: Mapping[str, Any]) -> None:
-        self.skills = {int(k): float(v) for k, v in (extra.get(HISTORY_KEY) or {}).items()}
-
-    def after_epoch(self, raw_model, epoch: int, logger, console) -> None:
-        metrics = self.score(raw_model)
-        self.paths[epoch] = self.drawn
-        logger.log_metrics(metrics, step=epoch)
-        if VAL_IC_METRIC in metrics:
-            self.skills[epoch] = metrics[VAL_IC_METRIC]
-            console.print(f"  {line(metrics)}")
-
-    def state(self) -> dict[str, Any]:
-        return {HISTORY_KEY: {str(k): v for k, v in self.skills.items()}} if self.skills else {}
-
-    def finish(self, best_epoch: int, logger) -> dict[str, Any]:
-        self.kept = self.paths.get(best_epoch)
-        self.paths = {}
-        if best_epoch not in self.skills:
-            return {}
-        logger.log_metrics({BEST_VAL_IC: self.skills[best_epoch]}, step=best_epoch)
-        return {BEST_VAL_IC: self.skills[best_epoch]}
+    @staticmethod
+    def line(metrics: Mapping[str, float]) -> str:
+        return line(metrics)
 
 
 def score_paths(paths: np.ndarray, history_close: np.ndarray, actual_close: np.ndarray, dates) -> dict[str, float]:

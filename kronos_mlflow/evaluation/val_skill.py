@@ -47,7 +47,10 @@ class ValSkill:
     """The per-epoch scorer of one run, an epoch hook of the loop
     (:class:`kronos_mlflow.training.loop.EpochHook`): built by every rank; :meth:`score` is a collective.
     ``skills``: each scored epoch's ``val_skill_vs_persistence``, kept in the training state as
-    ``val_skill_history``."""
+    ``val_skill_history``. A scorer of another number sets :attr:`metric`, :attr:`best`,
+    :attr:`history_key` and :attr:`name`, and its own :meth:`score` and :meth:`line`."""
+
+    metric, best, history_key, name = VAL_SKILL_METRIC, BEST_VAL_SKILL, HISTORY_KEY, "val_skill"
 
     def __init__(self, config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None):
         self.config, self.stage, self.device = config, stage, device
@@ -62,7 +65,7 @@ class ValSkill:
         self.base = sc.origin_scores(fc.persistence_paths(self.origins), self.history, self.actual)["mase"]
 
     def describe(self) -> str:
-        return (f"val_skill on {self.origins.describe()} of val_time_range {':'.join(self.config['val_time_range'])}, "
+        return (f"{self.name} on {self.origins.describe()} of val_time_range {':'.join(self.config['val_time_range'])}, "
                 "forecasting bars after train_time_range")
 
     def predictor(self, raw_model):
@@ -72,17 +75,23 @@ class ValSkill:
         return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.config["max_context"]),
                                clip=float(self.config["clip"]))
 
-    def score(self, raw_model) -> dict[str, float]:
-        """``val_skill_vs_persistence`` (with ``_ci_low`` / ``_ci_high``), ``val_mase_close`` and
-        ``persistence_val_mase_close`` for ``raw_model`` (finite values only)."""
+    def forecast(self, raw_model) -> np.ndarray:
+        """The validation origins' sample paths of ``raw_model``'s weights, drawn in a forked
+        random state (training draws what it draws without this scorer); kept as :attr:`drawn`."""
         predictor = self.predictor(raw_model)
         device = torch.device(self.device)
         forked = [device] if device.type == "cuda" else []
         progress = self.console.progress if self.console is not None else None
         with torch.random.fork_rng(devices=forked):
             paths = fc.kronos_paths(predictor, self.origins, self.config, rank=self.rank, world_size=self.world_size,
-                                    progress=progress, desc="val_skill")
+                                    progress=progress, desc=self.name)
         self.drawn = paths
+        return paths
+
+    def score(self, raw_model) -> dict[str, float]:
+        """``val_skill_vs_persistence`` (with ``_ci_low`` / ``_ci_high``), ``val_mase_close`` and
+        ``persistence_val_mase_close`` for ``raw_model`` (finite values only)."""
+        paths = self.forecast(raw_model)
         mase = sc.origin_scores(paths, self.history, self.actual)["mase"]
         value, low, high = sc.skill(mase, self.base)
         metrics = {VAL_SKILL_METRIC: value, f"{VAL_SKILL_METRIC}_ci_low": low, f"{VAL_SKILL_METRIC}_ci_high": high,
@@ -93,21 +102,21 @@ class ValSkill:
 
     # the loop's epoch hook
     def restore(self, extra: Mapping[str, Any]) -> None:
-        self.skills = {int(k): float(v) for k, v in (extra.get(HISTORY_KEY) or {}).items()}
+        self.skills = {int(k): float(v) for k, v in (extra.get(self.history_key) or {}).items()}
 
     def after_epoch(self, raw_model, epoch: int, logger, console) -> None:
         metrics = self.score(raw_model)
         self.paths[epoch] = self.drawn
         logger.log_metrics(metrics, step=epoch)
-        if VAL_SKILL_METRIC in metrics:
-            self.skills[epoch] = metrics[VAL_SKILL_METRIC]
-            console.print(f"  {line(metrics)}")
+        if self.metric in metrics:
+            self.skills[epoch] = metrics[self.metric]
+            console.print(f"  {self.line(metrics)}")
 
     def objective(self, epoch: int, value: float | None) -> float | None:
         return self.skills.get(epoch)
 
     def state(self) -> dict[str, Any]:
-        return {HISTORY_KEY: {str(k): v for k, v in self.skills.items()}} if self.skills else {}
+        return {self.history_key: {str(k): v for k, v in self.skills.items()}} if self.skills else {}
 
     def forecasts(self) -> dict[str, Any]:
         """The kept epoch's validation paths by their origins' digest (what calibration forecasts:
@@ -119,8 +128,12 @@ class ValSkill:
         self.paths = {}
         if best_epoch not in self.skills:
             return {}
-        logger.log_metrics({BEST_VAL_SKILL: self.skills[best_epoch]}, step=best_epoch)
-        return {BEST_VAL_SKILL: self.skills[best_epoch]}
+        logger.log_metrics({self.best: self.skills[best_epoch]}, step=best_epoch)
+        return {self.best: self.skills[best_epoch]}
+
+    @staticmethod
+    def line(metrics: Mapping[str, float]) -> str:
+        return line(metrics)
 
 
 def line(metrics: Mapping[str, float]) -> str:
