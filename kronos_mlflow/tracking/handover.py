@@ -129,6 +129,18 @@ def integer(value: Any, source: str, where: str, low: int, high: int) -> int:
     return value
 
 
+def format_and_version(data: Mapping[str, Any], source: str, fmt: str, version: int, what: str) -> None:
+    """``data["format"]`` is ``fmt`` and ``data["version"]`` the integer ``version`` (of ``what``,
+    e.g. the calibrator, that this kronos-mlflow reads), and ``data["method"]`` text; else one
+    line naming ``source`` and the field."""
+    if data["format"] != fmt:
+        raise UserError(f"{source}: format is '{names.shown(data['format'])}'; expected '{fmt}'")
+    if isinstance(data["version"], bool) or data["version"] != version:
+        raise UserError(f"{source}: version is '{names.shown(data['version'])}'; expected {version} (the {what} "
+                        "version this kronos-mlflow reads)")
+    text(data["method"], source, "method")
+
+
 def text(value: Any, source: str, where: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_TEXT:
         raise UserError(f"{source}: {where} is {kind_of(value)} '{names.shown(value)}'; expected text of at most "

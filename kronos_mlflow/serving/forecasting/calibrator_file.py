@@ -43,12 +43,7 @@ def from_json(data: Any, source: str = "calibrator") -> Calibrator:
     its forecast bars (two dates in order, or both empty); else one line naming ``source`` and
     the field."""
     data = hv.keys_of(data, _CALIBRATOR_KEYS, source, "the file")
-    if data["format"] != FORMAT:
-        raise UserError(f"{source}: format is '{names.shown(data['format'])}'; expected '{FORMAT}'")
-    if isinstance(data["version"], bool) or data["version"] != VERSION:
-        raise UserError(f"{source}: version is '{names.shown(data['version'])}'; expected {VERSION} (the calibrator "
-                        "version this kronos-mlflow reads)")
-    hv.text(data["method"], source, "method")
+    hv.format_and_version(data, source, FORMAT, VERSION, "calibrator")
     _same(data["levels"], [float(v) for v in QLEVELS], source, "levels", "this version's quantile levels")
     _same(data["intervals"], [[float(QLEVELS[lo]), float(QLEVELS[hi])] for lo, hi in INTERVALS], source,
           "intervals", "this version's central intervals")

@@ -116,16 +116,10 @@ def from_json(data: Any, source: str) -> Ensemble:
     version, this version's members, rounds from 1 to :data:`MAX_ROUNDS`, a weight in [0, 1]
     per member summing to 1, the calibrator as a ``calibrator.json`` is checked); else one line
     naming ``source`` and the field."""
-
     data = dict(data) if isinstance(data, dict) else data
     scores = data.pop("validation_scores", None) if isinstance(data, dict) else None  # optional
     data = hv.keys_of(data, _KEYS, source, "the file")
-    if data["format"] != FORMAT:
-        raise UserError(f"{source}: format is '{hv.names.shown(data['format'])}'; expected '{FORMAT}'")
-    if isinstance(data["version"], bool) or data["version"] != VERSION:
-        raise UserError(f"{source}: version is '{hv.names.shown(data['version'])}'; expected {VERSION} (the ensemble "
-                        "version this kronos-mlflow reads)")
-    hv.text(data["method"], source, "method")
+    hv.format_and_version(data, source, FORMAT, VERSION, "ensemble")
     if data["members"] != list(MEMBERS):
         raise UserError(f"{source}: members is '{hv.names.shown(data['members'])}'; expected {list(MEMBERS)}")
     rounds = hv.integer(data["rounds"], source, "rounds", 1, MAX_ROUNDS)
