@@ -97,6 +97,9 @@ def main(argv=None) -> int:
                    help="instead: the intraday scale benchmark on a generated 1-minute market of BARS bars "
                         "(benchmarks/bench_scale.py)")
     args = p.parse_args(argv)
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # as every command does before it loads a config
 
     if args.minute_market:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

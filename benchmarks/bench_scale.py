@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     p.add_argument("--market", default="", help=argparse.SUPPRESS)
     p.add_argument("--freq", default="1min", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # as every command does before it loads a config
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.stage:
         home = Path(args.home)

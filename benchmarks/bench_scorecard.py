@@ -109,6 +109,9 @@ def main(argv=None) -> int:
                         help="write the last round's pit.png and reliability.png here (as calibration-pit.png, "
                              "calibration-reliability.png) and print its calibration numbers")
     args = parser.parse_args(argv)
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # as every command does before it loads a config
     base = dict(load_config({k: v for k, v in (item.split("=", 1) for item in args.set)}))
     base.update(comet="off")
     with tempfile.TemporaryDirectory() as tmp:

@@ -383,6 +383,9 @@ def main(argv=None) -> int:
                    help="profile a few steps per path: time share per operator kind, matmul efficiency")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = p.parse_args(argv)
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # as every command does before it loads a config
     if args.home:
         return _bench(args, Path(args.home).expanduser())
     with tempfile.TemporaryDirectory(prefix="kronos-bench-train-") as tmp:

@@ -62,6 +62,9 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=None, help="validation windows (default: the config's n_val_iter)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    from kronos_mlflow.stages import build_registry
+
+    build_registry()  # as every command does before it loads a config
     figures = measure(args.tokenizer, args.predictor, args.config, args.seed, args.windows)
     if args.json:
         print(json.dumps(figures, indent=2))

@@ -329,6 +329,8 @@ _KILL_SCRIPT = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {tests!r})
+    from kronos_mlflow.stages import build_registry
+    build_registry()  # as every command does before it loads a config
     import test_checkpoint as t
     from kronos_mlflow.training import checkpoint as ckpt
 
