@@ -39,7 +39,8 @@ MAX_STEP = 10_000
 MAX_BARS = 10**8
 MAX_EMBARGO = 10**6
 #: the forecasters a scorecard writes (origins' ``<name>_mase`` columns, forecasts' ``forecaster``)
-FORECASTERS = ("finetuned", "zeroshot", "persistence", "seasonal_naive", "histvol", "finetuned_calibrated")
+FORECASTERS = ("finetuned", "zeroshot", "persistence", "seasonal_naive", "histvol", "finetuned_calibrated", "ensemble",
+               "aci")
 QUANTILES = tuple(f"q{level / 10:.1f}" for level in range(1, 10))
 #: what newer scorecards add: the ends of the 50% and 90% intervals, the PIT, p_up
 EXTRA_FORECAST_COLUMNS = ("q0.05", "q0.25", "q0.75", "q0.95", "pit", "p_up")
