@@ -66,7 +66,8 @@ def add_arguments(parser) -> None:
 
 def check_args(args) -> None:
     """``--folds``, ``--p-threshold``, the fold settings and the pruner, each checked (one UserError);
-    an empty ``--pruner`` becomes ``wilcoxon`` with folds > 1, else the single-window default."""
+    an empty ``--pruner`` (or the single-window default, successive_halving, the MLproject's
+    default) becomes ``wilcoxon`` with folds > 1; else the single-window default."""
     from ...training.trial import DEFAULT_PRUNER, make_pruner  # lazy: optuna
 
     args.folds = checks.integer("folds", args.folds, 0, fl.MAX_FOLDS, what="argument --folds", error=UserError)
@@ -77,7 +78,9 @@ def check_args(args) -> None:
     args.fold_settings = settings_of(args) if args.folds else None
     pruner = str(args.pruner or "").strip()
     name = pruner.partition(":")[0].strip().lower()
-    if not pruner:
+    if not pruner or (pruner == DEFAULT_PRUNER and args.folds > 1):
+        # empty, or the MLproject's default (which a one-window sweep records as today): the default
+        # of the sweep's kind
         args.pruner = WILCOXON if args.folds > 1 else DEFAULT_PRUNER
     elif name == WILCOXON:
         if args.folds < 2:
