@@ -154,7 +154,8 @@ def test_skills_verdicts_and_signals(tiny, isolated):
     assert len(signal) == card.metrics["eval_origins"]
     names = {p.name for p in write_artifacts(card, isolated / "evaluation")}
     assert names == {"scorecard.json", "scorecard.png", "forecasts.png", "origins.parquet", "horizons.png",
-                     "forecasts.parquet", "pit.png", "reliability.png", "calibrator.json"}
+                     "forecasts.parquet", "pit.png", "reliability.png", "calibrator.json", "ensemble.json",
+                     "ensemble.png", "coverage.png"}
 
 
 def _greedy_mase_recomputed(config, predictor) -> None:
@@ -222,7 +223,8 @@ def _assert_scorecard(client, run):
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png", "horizons.png",
                                                  "origins.parquet", "forecasts.parquet", "backtest.png", "pit.png",
-                                                 "reliability.png", "calibrator.json")}
+                                                 "reliability.png", "calibrator.json", "ensemble.json",
+                                                 "ensemble.png", "coverage.png")}
     # the probabilistic diagnostics, the volatility baseline and the calibrated forecaster
     for prefix in ("test_", "zeroshot_test_", "histvol_test_", "calibrated_test_"):
         for m in ("coverage_50", "coverage_80", "coverage_90", "coverage_80_h1", "pit_ks", "brier_up",
