@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..config.core import HELP, load_config, time_bounds, validate
+from ..config.keys import BACKTEST, DATA
+from ..config.sections import as_section, section, sections
 from ..errors import DataError, UserError
 from ..config.features import FEATURES, TIME_FEATURES, amount_from_ohlcv, time_features
 from ..config.timeranges import cut_by_span, data_span, span_text
@@ -49,13 +52,32 @@ def validated(config: Mapping[str, Any]) -> dict[str, Any]:
     return validate(dict(config))
 
 
-def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
+def data_sections(data: Any, backtest: Any = None) -> tuple[Any, Any]:
+    """``(data, backtest)``: the config's ``data`` section and its ``backtest`` section, whose
+    ``backtest_time_range`` widens the span read (:func:`~kronos_mlflow.config.timeranges.data_span`).
+    ``data``: the data section (``backtest`` then the backtest section, or None for its declared
+    defaults) or a whole config, full or partial (validated here, both sections taken from it)."""
+    if isinstance(data, Mapping):
+        cfg = validated(data)
+        return section(cfg, DATA), section(cfg, BACKTEST)
+    return as_section(data, DATA), as_section({} if backtest is None else backtest, BACKTEST)
+
+
+def _span_keys(data: Any, backtest: Any) -> dict[str, Any]:
+    """The keys :mod:`kronos_mlflow.config.timeranges` reads the span from: the data section's
+    and the backtest range."""
+    return {**dataclasses.asdict(data), "backtest_time_range": backtest.backtest_time_range}
+
+
+def resolve_qlib_path(data: Any) -> Path:
     """The provider directory to read: ``qlib_data_path`` (``~`` expanded, made absolute, checked)
     or, when it is empty, the cached demo market. Nothing is written here: the demo market is
     made by :func:`provide_qlib_data`, the front door every command passes before it reads data
-    (:func:`prepare_splits`); a demo market not made yet is a one-line refusal."""
-    raw = str(config.get("qlib_data_path") or "").strip()
-    freq = str(config.get("freq") or "day")
+    (:func:`prepare_splits`); a demo market not made yet is a one-line refusal. ``data``: the
+    config's data section, or the whole config (every data function here takes either)."""
+    data = as_section(data, DATA)
+    raw = str(data.qlib_data_path or "").strip()
+    freq = str(data.freq or "day")
     if not raw:
         path = default_demo_path(freq)
         if not (path / pv.calendar_file(freq)).is_file():
@@ -66,78 +88,83 @@ def resolve_qlib_path(config: Mapping[str, Any]) -> Path:
     return pv.check_provider(Path(raw).expanduser().resolve(), freq=freq)
 
 
-def demo_market_made(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` reads the demo market (an empty ``qlib_data_path``) and it is made already."""
-    freq = str(config.get("freq") or "day")
-    return not str(config.get("qlib_data_path") or "").strip() and (default_demo_path(freq) /
-                                                                     pv.calendar_file(freq)).is_file()
+def demo_market_made(data: Any) -> bool:
+    """Whether ``data`` reads the demo market (an empty ``qlib_data_path``) and it is made already."""
+    data = as_section(data, DATA)
+    freq = str(data.freq or "day")
+    return not str(data.qlib_data_path or "").strip() and (default_demo_path(freq) /
+                                                           pv.calendar_file(freq)).is_file()
 
 
-def market_calendar(config: Mapping[str, Any]) -> np.ndarray:
+def market_calendar(data: Any) -> np.ndarray:
     """The bars of the market ``config`` reads (``datetime64[s]``, ascending): its provider's
     ``calendars/<freq>.txt``, or the demo market's, computed when it is not made yet. Nothing is
     written (a command plans on it before its checks: :mod:`kronos_mlflow.training.preflight`)."""
-    freq = str(config.get("freq") or "day")
-    if not str(config.get("qlib_data_path") or "").strip() and not demo_market_made(config):
+    data = as_section(data, DATA)
+    freq = str(data.freq or "day")
+    if not str(data.qlib_data_path or "").strip() and not demo_market_made(data):
         lines = default_demo_calendar(freq)
     else:
-        text = (resolve_qlib_path(config) / pv.calendar_file(freq)).read_text()
+        text = (resolve_qlib_path(data) / pv.calendar_file(freq)).read_text()
         lines = [line.strip() for line in text.splitlines() if line.strip()]
     return np.array(lines, dtype="datetime64[s]")
 
 
-def provide_qlib_data(config: Mapping[str, Any]) -> Path:
+def provide_qlib_data(data: Any) -> Path:
     """:func:`resolve_qlib_path`, making the cached demo market first when ``qlib_data_path`` is
     empty (once; safe under concurrent ranks): the one place data is generated."""
-    if not str(config.get("qlib_data_path") or "").strip():
-        return ensure_demo_market(freq=str(config.get("freq") or "day"))
-    return resolve_qlib_path(config)
+    data = as_section(data, DATA)
+    if not str(data.qlib_data_path or "").strip():
+        return ensure_demo_market(freq=str(data.freq or "day"))
+    return resolve_qlib_path(data)
 
 
-def _feature_indices(cfg: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+def _feature_indices(data: Any) -> tuple[list[int], list[int]]:
     feats, tfeats = [], []
-    for name in cfg["feature_list"]:
+    for name in data.feature_list:
         if name not in FEATURES:
             raise DataError(f"feature_list: '{name}' is not a known feature; accepted: {', '.join(FEATURES)}")
         feats.append(FEATURES.index(name))
-    for name in cfg["time_feature_list"]:
+    for name in data.time_feature_list:
         if name not in TIME_FEATURES:
             raise DataError(f"time_feature_list: '{name}' is not a known time feature; accepted: {', '.join(TIME_FEATURES)}")
         tfeats.append(TIME_FEATURES.index(name))
     return feats, tfeats
 
 
-def _cache_key(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
+def _cache_key(data: Any, backtest: Any, path: Path) -> dict[str, Any]:
+    span = data_span(_span_keys(data, backtest))
     return {
         "format": CACHE_FORMAT_VERSION,
         "qlib_data_path": str(path),
-        "provider_fingerprint": pv.provider_fingerprint(path, cfg["freq"]),
-        "freq": cfg["freq"],
-        "membership_gaps": cfg["membership_gaps"],
-        "instrument": cfg["instrument"],
+        "provider_fingerprint": pv.provider_fingerprint(path, data.freq),
+        "freq": data.freq,
+        "membership_gaps": data.membership_gaps,
+        "instrument": data.instrument,
         # what is read, resolved: auto and the dates it stands for name one cache
-        "dataset_begin_time": data_span(cfg)[0],
-        "dataset_end_time": data_span(cfg)[1],
-        "train_time_range": list(cfg["train_time_range"]),
-        "val_time_range": list(cfg["val_time_range"]),
-        "test_time_range": list(cfg["test_time_range"]),
-        "lookback_window": cfg["lookback_window"],
-        "predict_window": cfg["predict_window"],
-        "feature_list": list(cfg["feature_list"]),
-        "time_feature_list": list(cfg["time_feature_list"]),
+        "dataset_begin_time": span[0],
+        "dataset_end_time": span[1],
+        "train_time_range": list(data.train_time_range),
+        "val_time_range": list(data.val_time_range),
+        "test_time_range": list(data.test_time_range),
+        "lookback_window": data.lookback_window,
+        "predict_window": data.predict_window,
+        "feature_list": list(data.feature_list),
+        "time_feature_list": list(data.time_feature_list),
     }
 
 
-def data_digest(config: Mapping[str, Any]) -> str:
-    """sha256 (hex) of everything that determines the prepared splits; names the cache."""
-    cfg = validated(config)
-    return pv.digest_of(_cache_key(cfg, resolve_qlib_path(cfg)))
+def data_digest(data: Any, *, backtest: Any = None) -> str:
+    """sha256 (hex) of everything that determines the prepared splits; names the cache.
+    ``data``, ``backtest``: as :func:`data_sections` takes them."""
+    data, backtest = data_sections(data, backtest)
+    return pv.digest_of(_cache_key(data, backtest, resolve_qlib_path(data)))
 
 
-def cache_dir_for(config: Mapping[str, Any], digest: str | None = None) -> Path:
-    cfg = validated(config)
-    digest = digest or data_digest(cfg)
-    return Path(cfg["dataset_path"]).expanduser().absolute() / f"kronos-{digest[:20]}"
+def cache_dir_for(data: Any, digest: str | None = None, *, backtest: Any = None) -> Path:
+    data, backtest = data_sections(data, backtest)
+    digest = digest or data_digest(data, backtest=backtest)
+    return Path(data.dataset_path).expanduser().absolute() / f"kronos-{digest[:20]}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,7 +260,7 @@ def _append_to_splits(sym: str, feats: np.ndarray, stamps: np.ndarray, dates: np
             series[split]["lengths"].append(int(i1 - i0))
 
 
-def _write_offsets(out: Path, cfg: Mapping[str, Any], writers: Mapping[str, Any],
+def _write_offsets(out: Path, data: Any, writers: Mapping[str, Any],
                    series: Mapping[str, Any]) -> dict[str, Any]:
     """Each split's ``offsets.npy`` (each series' first row) and its summary for the manifest."""
     splits_info = {}
@@ -242,7 +269,7 @@ def _write_offsets(out: Path, cfg: Mapping[str, Any], writers: Mapping[str, Any]
         offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
         np.save(out / f"{split}_offsets.npy", offsets, allow_pickle=False)
         splits_info[split] = {
-            "time_range": list(cfg[f"{split}_time_range"]),
+            "time_range": list(getattr(data, f"{split}_time_range")),
             "symbols": series[split]["symbols"],
             "rows": int(offsets[-1]),
             "windows": int(writers[split]["starts"].n),
@@ -250,13 +277,14 @@ def _write_offsets(out: Path, cfg: Mapping[str, Any], writers: Mapping[str, Any]
     return splits_info
 
 
-def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path: Path, window: int) -> None:
+def _check_windows(splits_info: Mapping[str, Any], data: Any, backtest: Any, path: Path, window: int) -> None:
     """No training window is an error; no validation or test window, a :class:`DataWarning`."""
-    lookback, predict, freq = cfg["lookback_window"], cfg["predict_window"], cfg["freq"]
-    inst, where = cfg["instrument"], path
+    lookback, predict, freq = data.lookback_window, data.predict_window, data.freq
+    inst, where = data.instrument, path
     unit = "trading days" if freq == "day" else f"{freq} bars"
+    cfg = _span_keys(data, backtest)
     if splits_info["train"]["windows"] == 0:
-        a, b = cfg["train_time_range"]
+        a, b = data.train_time_range
         raise DataError(
             f"no training windows: train_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol with "
             f"{window} consecutive valid {unit} (lookback_window {lookback} + predict_window {predict} + 1)"
@@ -265,7 +293,7 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
         )
     for split in ("val", "test"):
         if splits_info[split]["windows"] == 0:
-            a, b = cfg[f"{split}_time_range"]
+            a, b = getattr(data, f"{split}_time_range")
             effect = "training runs without the val split" if split == "val" else "a run's test verdict is unavailable"
             warnings.warn(
                 f"no {split} windows: {split}_time_range {a}:{b} with instrument '{inst}' in '{where}' has no symbol "
@@ -274,16 +302,17 @@ def _check_windows(splits_info: Mapping[str, Any], cfg: Mapping[str, Any], path:
             )
 
 
-def warn_empty_splits(cache_dir: Path, config: Mapping[str, Any]) -> None:
+def warn_empty_splits(cache_dir: Path, data: Any, *, backtest: Any = None) -> None:
     """The :class:`DataWarning` of each empty validation or test split of the complete cache at
     ``cache_dir`` (from its manifest), as preparing it said them: what a check says of a cache
     prepared earlier."""
-    cfg = validated(config)
+    data, backtest = data_sections(data, backtest)
     manifest = read_manifest(cache_dir)
-    _check_windows(manifest["splits"], cfg, resolve_qlib_path(cfg), int(manifest["window"]))
+    _check_windows(manifest["splits"], data, backtest, resolve_qlib_path(data), int(manifest["window"]))
 
 
-def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any], digest: str, progress: bool) -> dict:
+def _build(path: Path, data: Any, backtest: Any, out: Path, key: Mapping[str, Any], digest: str,
+           progress: bool) -> dict:
     """Stream series from Qlib into per-split ``.npy`` files: memory holds one chunk of symbols,
     never the market (upstream Kronos ``finetune/qlib_data_preprocess.py``, vectorised).
 
@@ -296,12 +325,13 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     overlap, as upstream's do), appended to the split's files as they come. Rows: ``x`` float32 (features), ``stamp`` uint8 (time features), ``dates``
     (bar times); ``starts`` int64 (each window's first row); ``offsets`` (each series' first row)."""
     t0 = time.perf_counter()
-    lookback, predict = cfg["lookback_window"], cfg["predict_window"]
+    lookback, predict = data.lookback_window, data.predict_window
     window = lookback + predict + 1
-    fidx, tidx = _feature_indices(cfg)
-    freq = cfg["freq"]
+    fidx, tidx = _feature_indices(data)
+    freq = data.freq
     date_dtype = "datetime64[D]" if freq == "day" else "datetime64[s]"
-    ranges = {s: time_bounds(*cfg[f"{s}_time_range"]) for s in SPLITS}
+    ranges = {s: time_bounds(*getattr(data, f"{s}_time_range")) for s in SPLITS}
+    span_keys = _span_keys(data, backtest)
     writers = {s: {"x": _NpyWriter(out / f"{s}_x.npy", np.float32, (len(fidx),)),
                    "stamp": _NpyWriter(out / f"{s}_stamp.npy", np.uint8, (len(tidx),)),
                    "dates": _NpyWriter(out / f"{s}_dates.npy", date_dtype),
@@ -312,8 +342,8 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     seen: dict[str, bool] = {}  # symbol -> kept (some series long enough)
     dropped: dict[str, dict[str, int]] = {}  # symbol -> reason -> bad bars dropped (see bar_sanity)
     try:
-        for sym, dates, raw in read_qlib(path, cfg["instrument"], *data_span(cfg), lookback, predict, progress,
-                                         freq=freq, membership_gaps=cfg["membership_gaps"], span=span_text(cfg)):
+        for sym, dates, raw in read_qlib(path, data.instrument, *data_span(span_keys), lookback, predict, progress,
+                                         freq=freq, membership_gaps=data.membership_gaps, span=span_text(span_keys)):
             stats["series_read"] += 1
             seen.setdefault(sym, False)
             stats["rows_read"] += len(dates)
@@ -344,20 +374,20 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     stats["symbols_kept"] = sum(seen.values())
     stats["symbols_dropped_short"] = stats["symbols_read"] - stats["symbols_kept"]
 
-    splits_info = _write_offsets(out, cfg, writers, series)
+    splits_info = _write_offsets(out, data, writers, series)
     report_dropped_bars(dropped, path)
     stats["bars_dropped_by_symbol"] = dropped
-    _check_windows(splits_info, cfg, path, window)
+    _check_windows(splits_info, data, backtest, path, window)
 
     manifest = {
         "format": CACHE_FORMAT_VERSION,
         "digest": digest,
         "key": dict(key),
         "freq": freq,
-        "membership_gaps": cfg["membership_gaps"],
+        "membership_gaps": data.membership_gaps,
         "window": window,
-        "feature_list": list(cfg["feature_list"]),
-        "time_feature_list": list(cfg["time_feature_list"]),
+        "feature_list": list(data.feature_list),
+        "time_feature_list": list(data.time_feature_list),
         "stats": stats,
         "splits": splits_info,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -367,25 +397,27 @@ def _build(path: Path, cfg: Mapping[str, Any], out: Path, key: Mapping[str, Any]
     return manifest
 
 
-def prepare_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False) -> Path:
+def prepare_splits(data: Any, progress: bool = True, force: bool = False, *, backtest: Any = None) -> Path:
     """The commands' front door: :func:`cached_splits` after :func:`provide_qlib_data` (the demo
     market made first when ``qlib_data_path`` is empty). A demo market not made yet is made with
     the splits in a scratch folder, and both are moved into place once the splits are prepared:
-    a refusal of the data (no training window, an unknown instrument) writes neither."""
-    cfg = validated(config)
-    if str(cfg.get("qlib_data_path") or "").strip() or demo_market_made(cfg):
-        return cached_splits(cfg, progress, force, path=provide_qlib_data(cfg))
-    freq = str(cfg.get("freq") or "day")
+    a refusal of the data (no training window, an unknown instrument) writes neither.
+    ``data``, ``backtest``: as :func:`data_sections` takes them."""
+    data, backtest = data_sections(data, backtest)
+    if str(data.qlib_data_path or "").strip() or demo_market_made(data):
+        return cached_splits(data, progress, force, path=provide_qlib_data(data), backtest=backtest)
+    freq = str(data.freq or "day")
     scratch = Path(tempfile.mkdtemp(prefix="kronos-prepare-"))
     try:
         market = ensure_demo_market(freq=freq, home=scratch / "home")
         with said_at_home(market, freq):
-            built = cached_splits({**cfg, "qlib_data_path": str(market), "dataset_path": str(scratch / "cache")},
-                                  progress, path=market)
+            built = cached_splits(dataclasses.replace(data, qlib_data_path=str(market),
+                                                      dataset_path=str(scratch / "cache")),
+                                  progress, path=market, backtest=backtest)
         ensure_demo_market(freq=freq, made=market)  # the market in its place, its files' times kept
-        final = adopt_cache(built, cfg)
+        final = adopt_cache(built, data, backtest=backtest)
         if final is None:  # another process put its own market there first: prepare from that one
-            return cached_splits(cfg, progress, force, path=resolve_qlib_path(cfg))
+            return cached_splits(data, progress, force, path=resolve_qlib_path(data), backtest=backtest)
 
         publish_cache(built, final)
         return final
@@ -411,24 +443,25 @@ def said_at_home(made: Path, freq: str):
         warnings.warn_explicit(str(w.message).replace(str(made), home), w.category, w.filename, w.lineno)
 
 
-def cached_splits(config: Mapping[str, Any], progress: bool = True, force: bool = False, *,
-                  path: Path | None = None) -> Path:
-    """Make sure the prepared splits for ``config`` exist; return their cache directory.
+def cached_splits(data: Any, progress: bool = True, force: bool = False, *,
+                  path: Path | None = None, backtest: Any = None) -> Path:
+    """Make sure the prepared splits for ``data`` (as :func:`data_sections` takes it, with
+    ``backtest``) exist; return their cache directory.
 
     Reads Qlib (``path``, else :func:`resolve_qlib_path`: no data is generated here) only when no
     complete cache with the same digest exists (or ``force``). Safe when several processes call
     it at once: one builds, the others wait and reuse it.
     """
-    cfg = validated(config)
-    path = resolve_qlib_path(cfg) if path is None else path
-    pv.check_instrument(path, cfg["instrument"], cfg["freq"])
-    _feature_indices(cfg)
-    key = _cache_key(cfg, path)
+    data, backtest = data_sections(data, backtest)
+    path = resolve_qlib_path(data) if path is None else path
+    pv.check_instrument(path, data.instrument, data.freq)
+    _feature_indices(data)
+    key = _cache_key(data, backtest, path)
     digest = pv.digest_of(key)
-    final = cache_dir_for(cfg, digest)
+    final = cache_dir_for(data, digest, backtest=backtest)
 
     def build(tmp: Path) -> None:
-        _build(path, cfg, tmp, key, digest, progress)
+        _build(path, data, backtest, tmp, key, digest, progress)
 
     try:
         pv.build_once(final, build, lambda p: (p / MANIFEST).is_file(), force=force)
@@ -453,20 +486,21 @@ def publish_cache(built: Path, final: Path) -> None:
                         "choose a writable dataset_path") from None
 
 
-def adopt_cache(built: Path, config: Mapping[str, Any]) -> Path | None:
-    """Where the splits in ``built`` belong for ``config``, when they were prepared from the same
+def adopt_cache(built: Path, data: Any, *, backtest: Any = None) -> Path | None:
+    """Where the splits in ``built`` belong for ``data``, when they were prepared from the same
     market files at another place (the demo market a command's checks made in a scratch folder,
-    moved into place since): its manifest renamed to ``config``'s key. None when the files now at
-    ``config``'s market differ from those (its run prepares its own splits)."""
-    cfg = validated(config)
-    key = _cache_key(cfg, resolve_qlib_path(cfg))
+    moved into place since): its manifest renamed to ``data``'s key. None when the files now at
+    ``data``'s market differ from those (its run prepares its own splits)."""
+    data, backtest = data_sections(data, backtest)
+    path = resolve_qlib_path(data)
+    key = _cache_key(data, backtest, path)
     manifest = read_manifest(built)
-    if {**manifest.get("key", {}), "qlib_data_path": key["qlib_data_path"]} != json.loads(json.dumps(key)):
+    if {**manifest.get("key", {}), "qlib_data_path": str(path)} != json.loads(json.dumps(key)):
         return None
     digest = pv.digest_of(key)
     manifest.update(key=key, digest=digest)
     (Path(built) / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    return cache_dir_for(cfg, digest)
+    return cache_dir_for(data, digest, backtest=backtest)
 
 
 def read_manifest(cache_dir: Path) -> dict[str, Any]:
@@ -498,13 +532,15 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DataWarning)
-        out = prepare_splits(cfg, progress=True, force=args.force)
+        settings = sections(cfg)
+        out = prepare_splits(settings.data, progress=True, force=args.force, backtest=settings.backtest)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     m = read_manifest(out)
     s = m["stats"]
-    src = m["key"]["qlib_data_path"]
-    print(f"prepared {m['freq']} splits of '{m['key']['instrument']}' from {src} in {time.perf_counter() - t0:.1f}s")
+    src = resolve_qlib_path(settings.data)  # the market the manifest's key names
+    print(f"prepared {settings.data.freq} splits of '{settings.data.instrument}' from {src} in "
+          f"{time.perf_counter() - t0:.1f}s")
     print(f"  cache: {out}")
     print(f"  symbols: {s['symbols_kept']} kept, {s['symbols_dropped_short']} dropped (shorter than {m['window']} rows)")
     damaged = s.get("rows_dropped_infinite", 0) + s.get("rows_dropped_high_below_low", 0)
