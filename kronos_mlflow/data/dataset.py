@@ -16,7 +16,9 @@ from torch.utils.data import Dataset, default_collate
 
 from ..errors import DataError
 from ..config.features import normalize_windows
-from .prepare import SPLITS, DataWarning, cached_splits, read_manifest, validated
+from ..config.keys import BACKTEST, DATA, JOB, TRAINING
+from ..config.sections import as_section, section
+from .prepare import SPLITS, DataWarning, cached_splits, data_sections, read_manifest, validated
 
 _SPLIT_CODE = {"train": 0, "val": 1, "test": 2}
 # Up to this many windows an epoch is a prefix of a permutation of all windows; above it (minute
@@ -74,18 +76,30 @@ class QlibDataset(Dataset):
     Empty splits: no training window raises ``DataError`` (from the preparation step); an empty
     ``val``/``test`` split gives a dataset of length 0 and a ``DataWarning``, and callers check
     ``len(ds) == 0`` and skip validation.
+
+    ``data``: the config's data section, with ``job`` (its seed), ``training`` (``n_train_iter``,
+    ``n_val_iter``) and ``backtest`` (its range widens the span read) sections, each left out at
+    its declared defaults; or a whole config, full or partial (validated here, every section
+    taken from it).
     """
 
-    def __init__(self, split: str, config: Mapping[str, Any], *, progress: bool = True):
+    def __init__(self, split: str, data: Any, *, progress: bool = True, job: Any = None, training: Any = None,
+                 backtest: Any = None):
         if split not in SPLITS:
             raise DataError(f"split '{split}' is not one of {', '.join(SPLITS)}")
-        cfg = validated(config)
+        if isinstance(data, Mapping):
+            cfg = validated(data)
+            data, backtest, job, training = (section(cfg, name) for name in (DATA, BACKTEST, JOB, TRAINING))
+        else:
+            data, backtest = data_sections(data, backtest)
+            job, training = (as_section({} if given is None else given, name)
+                             for given, name in ((job, JOB), (training, TRAINING)))
         self.split = split
-        self.lookback = int(cfg["lookback_window"])
-        self.window = self.lookback + int(cfg["predict_window"]) + 1
-        self.clip = float(cfg["clip"])
-        self.seed = int(cfg["seed"])
-        self.cache_dir: Path = cached_splits(cfg, progress=progress)
+        self.lookback = int(data.lookback_window)
+        self.window = self.lookback + int(data.predict_window) + 1
+        self.clip = float(data.clip)
+        self.seed = int(job.seed)
+        self.cache_dir: Path = cached_splits(data, progress=progress, backtest=backtest)
         self.manifest = read_manifest(self.cache_dir)
         info = self.manifest["splits"][split]
         self.time_range = tuple(info["time_range"])
@@ -103,7 +117,7 @@ class QlibDataset(Dataset):
         # starts file is never read whole (it is as long as the split has windows).
         per_series = np.maximum(np.diff(self.offsets) - self.window + 1, 0)
         self._first_window = np.r_[0, np.cumsum(per_series)].astype(np.int64)
-        limit = int(cfg["n_train_iter"] if split == "train" else cfg["n_val_iter"])
+        limit = int(training.n_train_iter if split == "train" else training.n_val_iter)
         self.n_samples = min(limit, self.n_windows)
         self._steps = np.arange(self.window, dtype=np.int64)
         # The epoch seed lives in shared memory so that persistent DataLoader workers (which copy
@@ -116,7 +130,7 @@ class QlibDataset(Dataset):
                 raise DataError(f"no training windows in '{self.cache_dir}'")
             a, b = self.time_range
             warnings.warn(f"no {split} windows for {split}_time_range {a}:{b} with instrument "
-                          f"'{cfg['instrument']}': this {split} split is empty (len 0)", DataWarning, stacklevel=2)
+                          f"'{data.instrument}': this {split} split is empty (len 0)", DataWarning, stacklevel=2)
 
     def _load(self, name: str) -> np.ndarray:
         # Memory-mapped: a process's memory does not grow with the market (pages are shared with

@@ -4,13 +4,16 @@ itself on CUDA (:class:`DeviceWindowLoader`), each rank its own share of the epo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..config.features import normalize_windows
+from ..config.keys import PERFORMANCE, TRAINING
+from ..config.sections import as_section
 
 
 def make_loader(ds, batch_size: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, *,
@@ -28,22 +31,35 @@ def make_loader(ds, batch_size: int, rank: int = 0, world_size: int = 1, num_wor
                       num_workers=int(num_workers), collate_fn=getattr(ds, "collate_fn", None), **kwargs)
 
 
-def train_loader_for(ds, config, rank: int, world_size: int, device=None):
+def _batching(training: Any, performance: Any) -> tuple[Any, Any]:
+    """The ``training`` section (``batch_size``) and the ``performance`` section (``num_workers``):
+    ``training`` the training section (``performance`` then the performance section, or None for
+    its declared defaults) or a whole config (both taken from it)."""
+    if isinstance(training, Mapping):
+        return as_section(training, TRAINING), as_section(training, PERFORMANCE)
+    return as_section(training, TRAINING), as_section({} if performance is None else performance, PERFORMANCE)
+
+
+def train_loader_for(ds, training, rank: int, world_size: int, device=None, *, performance=None):
     """Each rank takes its own share of the epoch (DistributedSampler, no padding repeats).
 
     ``ds[i]`` is the epoch's i-th window, so sampling indices in order is already a shuffle.
     On a CUDA ``device`` the windows are gathered and normalised on the GPU itself
     (:class:`DeviceWindowLoader`: same batches, same order), so the loader
-    never holds the GPU back; elsewhere it is the DataLoader.
+    never holds the GPU back; elsewhere it is the DataLoader. ``training``, ``performance``: as
+    :func:`_batching` takes them.
     """
+    training, performance = _batching(training, performance)
     if device is not None and str(device).startswith("cuda"):
-        return DeviceWindowLoader(ds, config["batch_size"], device, rank, world_size, drop_last=True)
-    return make_loader(ds, config["batch_size"], rank, world_size, config["num_workers"], drop_last=True)
+        return DeviceWindowLoader(ds, training.batch_size, device, rank, world_size, drop_last=True)
+    return make_loader(ds, training.batch_size, rank, world_size, performance.num_workers, drop_last=True)
 
 
-def val_loader_for(ds, config, rank: int, world_size: int):
-    """Validation shards by striding, keeping every sample exactly once over all ranks."""
-    return make_loader(ds, config["batch_size"], num_workers=config["num_workers"],
+def val_loader_for(ds, training, rank: int, world_size: int, *, performance=None):
+    """Validation shards by striding, keeping every sample exactly once over all ranks.
+    ``training``, ``performance``: as :func:`_batching` takes them."""
+    training, performance = _batching(training, performance)
+    return make_loader(ds, training.batch_size, num_workers=performance.num_workers,
                        sampler=range(rank, len(ds), world_size))
 
 
