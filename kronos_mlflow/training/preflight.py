@@ -16,6 +16,8 @@ from typing import Any
 
 from ..config import published
 from ..config.core import check_paths
+from ..config.keys import BACKTEST, DATA, FINETUNE, JOB
+from ..config.sections import as_section, sections
 from ..errors import ConfigError, UserError
 from ..evaluation.backtest import check_signal_days
 from ..config.stage_keys import stage_keys
@@ -29,11 +31,13 @@ def forecasts(config: Mapping[str, Any]) -> bool:
     return spec_of(config).forecasts(config)
 
 
-def check_context(config: Mapping[str, Any]) -> None:
+def check_context(data: Any) -> None:
     """``lookback_window + predict_window`` bars fit the forecasting model's ``max_context``:
     a longer window is cut to its last ``max_context`` tokens while forecasting (the model never
-    sees the start of its lookback), and one shorter than the horizon gives a shorter forecast."""
-    lookback, horizon, limit = int(config["lookback_window"]), int(config["predict_window"]), int(config["max_context"])
+    sees the start of its lookback), and one shorter than the horizon gives a shorter forecast.
+    ``data``: the config's data section, or the whole config."""
+    data = as_section(data, DATA)
+    lookback, horizon, limit = int(data.lookback_window), int(data.predict_window), int(data.max_context)
     if lookback + horizon > limit:
         raise ConfigError(
             f"lookback_window {lookback} + predict_window {horizon} = {lookback + horizon} bars is more than "
@@ -64,7 +68,7 @@ def check_partial_start(config: Mapping[str, Any]) -> None:
     (random) weights that trains adapters or a top on a random base. Refused unless the start is
     asked for by name (the stage's ``pretrained_*_path`` set to ``fresh``), not reached by ``auto``
     finding no published checkpoint, nor by an empty value."""
-    mode = str(config.get("finetune_mode") or "full")
+    mode = str(as_section(config, FINETUNE).finetune_mode or "full")
     key = stage_keys(config).pretrained
     value = str(config.get(key) or "").strip()
     if mode == "full" or value.lower() == published.FRESH or published.source(config, key):
@@ -87,13 +91,14 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
 
     check_paths(config)
     check_partial_start(config)
-    world = int(world_size or config["nproc_per_node"])
-    device = resolve_device(config["device"], 0, world)
+    job = as_section(config, JOB)
+    world = int(world_size or job.nproc_per_node)
+    device = resolve_device(job.device, 0, world)
     check_processes(world, device)
     perf.describe(config, device, perf.run_steps(config, world))
     check_comet(config)
     if forecasts(config):
-        check_context(config)
+        check_context(as_section(config, DATA))
 
 
 class DataView:
@@ -145,10 +150,11 @@ class DataView:
         from ..data.demo import ensure_demo_market  # lazy: numpy
         from ..data.prepare import demo_market_made, provide_qlib_data
 
-        if str(config.get("qlib_data_path") or "").strip() or demo_market_made(config):
-            provide_qlib_data(config)  # checks the directory (an older demo market gets its benchmark)
+        data = as_section(config, DATA)
+        if str(data.qlib_data_path or "").strip() or demo_market_made(data):
+            provide_qlib_data(data)  # checks the directory (an older demo market gets its benchmark)
             return dict(config)
-        freq = str(config.get("freq") or "day")
+        freq = str(data.freq or "day")
         if freq not in self._demo:
             self._demo[freq] = ensure_demo_market(freq=freq, home=self._scratch_root() / "home")
         return {**config, "qlib_data_path": str(self._demo[freq])}
@@ -170,7 +176,8 @@ class DataView:
             self._warnings += [w for w in caught if issubclass(w.category, DataWarning)]
             return market
         if final not in self._scratch:
-            made_here = str(market["qlib_data_path"]) != str(config.get("qlib_data_path") or "")
+            made_here = (str(as_section(market, DATA).qlib_data_path)
+                         != str(as_section(config, DATA).qlib_data_path or ""))
             self._scratch[final] = (str(self._scratch_root() / str(len(self._scratch))),
                                     dict(config) if made_here else None)
         ready = {**market, "dataset_path": self._scratch[final][0]}
@@ -232,19 +239,20 @@ def check_training(config: Mapping[str, Any], world_size: int, data: DataView, *
     validation origins of ``objective: val_skill``) and the end-of-run scorecard's backtest.
     Returns the model the run starts from when it loaded one (else None)."""
     spec = spec_of(config)
+    settings = sections(config)
     if spec.forecasts(config):
-        check_context(config)
+        check_context(settings.data)
     model = None
     if spec.loads_checkpoints(config):
         model = spec.build_model(config, tokenizer=tokenizer)  # loads each checkpoint as its kind; the same bits
-    if config["objective"] in ("val_skill", "val_ic"):
+    if settings.training.objective in ("val_skill", "val_ic"):
         spec.check_objective(config, model if model is not None else spec.build_model(config))
-    if model is not None and config["finetune_mode"] != "full":
+    if model is not None and settings.finetune.finetune_mode != "full":
         from ..model import finetune  # lazy: torch (peft for lora)
 
         finetune.apply(model, config, spec)  # freeze_layers within the model's blocks; lora_targets in it
     ready = data.config(config)
-    if config["objective"] in ("val_skill", "val_ic"):
+    if settings.training.objective in ("val_skill", "val_ic"):
         from ..evaluation.val_skill import val_origins  # lazy: torch, mlflow, pandas
 
         val_origins(ready)  # some validation origin forecasts bars after training
@@ -270,7 +278,7 @@ def check_scorecard(config: Mapping[str, Any], *, required: bool = True) -> int:
         return 0
     if calibration.is_on(config):
         calibration.check_enough(len(calibration.origins_for(config, origins)), config)
-    if int(config.get("backtest_signal_stride", 1)):
+    if int(as_section(config, BACKTEST).backtest_signal_stride):
         daily = signal_origins(config)
         check_signal_days(config, daily.dates if len(daily) else origins.dates)
     else:
@@ -299,10 +307,13 @@ def check_windows(config: Mapping[str, Any], world_size: int) -> None:
     from ..data import prepare_splits  # lazy: numpy
     from ..data.prepare import read_manifest
 
-    windows = int(read_manifest(prepare_splits(config, progress=False))["splits"]["train"]["windows"])
-    per_epoch = min(int(config["n_train_iter"]), windows)
-    if per_epoch // max(1, world_size) // int(config["batch_size"]) == 0:
+    settings = sections(config)
+    windows = int(read_manifest(prepare_splits(settings.data, progress=False, backtest=settings.backtest))
+                  ["splits"]["train"]["windows"])
+    training = settings.training
+    per_epoch = min(int(training.n_train_iter), windows)
+    if per_epoch // max(1, world_size) // int(training.batch_size) == 0:
         raise ConfigError(
-            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"batch_size {training.batch_size} x {world_size} process(es) is more than the "
             f"{per_epoch} training windows per epoch; lower batch_size or raise n_train_iter"
         )
