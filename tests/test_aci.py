@@ -97,3 +97,87 @@ def test_coverage_by_tercile_quarter_and_the_recovery_after_the_break():
     assert "calibrated_test_recovery_dates" not in metrics  # split conformal never comes back
     fig = wx.coverage_figure(weather, "synthetic")
     assert len(fig.axes) == 2
+
+
+def test_levels_carried_from_one_period_to_the_next_are_the_levels_of_one_run_over_both():
+    """A walk-forward's folds (docs/walk-forward.md#aci-across-folds): ACI over a first period
+    then a second, the second starting at the levels the first ended at, gives the bands of one
+    ACI over both periods; started nominal, the second period's first bands differ."""
+    rng = np.random.default_rng(3)
+    vh, vy, vl, _, _ = _days(rng, 30, 5, 0.01, 0)
+    ah, ay, al, adays, abars = _days(rng, 30, 5, 0.02, 100)
+    bh, by, bl, bdays, bbars = _days(rng, 30, 5, 0.02, 130 + H)  # its first origin: every outcome of the first known
+    v_scores = aci.scores(vl, vh[:, -1], histvol_sigma(vh), vy)
+    both, used = aci.run(v_scores, *(np.concatenate(p) for p in ((al, bl), (ah[:, -1], bh[:, -1]))),
+                         histvol_sigma(np.concatenate([ah, bh])), np.concatenate([ay, by]),
+                         np.concatenate([adays, bdays]), np.concatenate([abars, bbars]), step=0.05)
+    state: dict = {}
+    first, _ = aci.run(v_scores, al, ah[:, -1], histvol_sigma(ah), ay, adays, abars, step=0.05, state=state)
+    np.testing.assert_allclose(state["start"], aci.nominal_levels(H))
+    assert state["last_outcome"] == abars.max()
+    start = aci.Start(level=state["end"], known_until=state["last_outcome"], source="--aci-start-run r1")
+    carried, carried_used = aci.run(v_scores, bl, bh[:, -1], histvol_sigma(bh), by, bdays, bbars, step=0.05,
+                                    start=start)
+    np.testing.assert_allclose(np.concatenate([first, carried]), both, rtol=1e-12)
+    np.testing.assert_allclose(carried_used[0], state["end"], rtol=1e-12)
+    assert not np.allclose(state["end"], aci.nominal_levels(H))  # the doubled volatility moved the levels
+    nominal, _ = aci.run(v_scores, bl, bh[:, -1], histvol_sigma(bh), by, bdays, bbars, step=0.05)
+    assert not np.allclose(nominal[bdays == bdays[0]], carried[bdays == bdays[0]])
+    # levels that read an outcome after this period's first origin, or of another horizon, are refused
+    from kronos_mlflow.errors import UserError
+
+    late = aci.Start(level=state["end"], known_until=bbars.max(), source="--aci-start-run r1")
+    with pytest.raises(UserError, match="read outcomes up to .* after this scorecard's first origin"):
+        aci.run(v_scores, bl, bh[:, -1], histvol_sigma(bh), by, bdays, bbars, step=0.05, start=late)
+    short = aci.Start(level=state["end"][:, :2], known_until=state["last_outcome"], source="--aci-start-run r1")
+    with pytest.raises(UserError, match="levels are for 2 steps; this scorecard forecasts 3"):
+        aci.run(v_scores, bl, bh[:, -1], histvol_sigma(bh), by, bdays, bbars, step=0.05, start=short)
+
+
+def test_the_carried_state_file_is_the_runs_own_or_refused(tracking_env, tmp_path):
+    """``evaluation/aci_state.json`` on a real MLflow run: read back as written; a file naming
+    another run, another test range, a damaged field or an unfinished run is one line naming it."""
+    import json
+
+    from mlflow import MlflowClient
+
+    from kronos_mlflow.errors import UserError
+    from kronos_mlflow.evaluation import aci_carry
+
+    client = MlflowClient()
+    state = {"start": aci.nominal_levels(H), "end": aci.nominal_levels(H) + 0.01,
+             "last_outcome": np.datetime64("2025-02-04T00:00:00")}
+
+    def logged(status="FINISHED", **change):
+        run = client.create_run("0")
+        rid = run.info.run_id
+        client.log_param(rid, "test_time_range", "2024-12-04:2025-02-04")
+        data = aci_carry.as_json(state, run_id=rid, test_time_range="2024-12-04:2025-02-04", step=0.01,
+                                 start=aci_carry.NOMINAL)
+        data.update(change)
+        path = tmp_path / rid / aci_carry.FILE
+        path.parent.mkdir()
+        path.write_text(json.dumps(data))
+        client.log_artifact(rid, str(path), "evaluation")
+        client.set_terminated(rid, status)
+        return rid
+
+    good = logged()
+    start = aci_carry.start_from(client, good, tmp_path)
+    np.testing.assert_allclose(start.level, state["end"])
+    assert start.known_until == np.datetime64("2025-02-04") and aci_carry.describe(start) == good
+    assert aci_carry.describe(None) == "nominal"
+    for change, needle in (({"run_id": "0" * 32}, "names the run '0000"),
+                           ({"test_time_range": "2025-01-01:2025-02-04"}, "says test_time_range '2025-01-01"),
+                           ({"end_level": [[0.1] * H] * 5}, "end_level is a list; expected 6 rows"),
+                           ({"end_level": [[0.1] * H] * 5 + [["x"] * H]}, r"end_level\[5\]\[0\] is 'x'"),
+                           ({"version": 2}, "version is '2'"),
+                           ({"last_outcome": "soon"}, "last_outcome is 'soon'")):
+        with pytest.raises(UserError, match=needle):
+            aci_carry.start_from(client, logged(**change), tmp_path)
+    with pytest.raises(UserError, match="the run is FAILED; expected a FINISHED evaluation run"):
+        aci_carry.start_from(client, logged("FAILED"), tmp_path)
+    with pytest.raises(UserError, match="--aci-start-run"):
+        aci_carry.start_from(client, "not-a-run", tmp_path)
+    metrics = aci_carry.metrics(state)
+    assert metrics == pytest.approx({"aci_start_level_80": 0.2, "aci_end_level_80": 0.21})

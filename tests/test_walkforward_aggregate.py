@@ -351,9 +351,11 @@ def test_folds_of_older_runs_aggregate_as_before(folds, tmp_path):
     names = list(old["metrics"]) + list(old["tags"]) + [name for name, _, _ in old["steps"]]
     assert not [k for k in names if any(w in k for w in ("histvol", "calibrated", "pit_ks", "coverage_50",
                                                          "coverage_90"))]
-    # the one number an older table's deciles give: the 80% interval's coverage
+    # the one number an older table's deciles give: the 80% interval's coverage (persistence's too, from the
+    # forecasters' table)
     assert {k for k in old["metrics"] if "coverage" in k} == {"pooled_test_coverage_80",
-                                                              "pooled_zeroshot_test_coverage_80"}
+                                                              "pooled_zeroshot_test_coverage_80",
+                                                              "pooled_persistence_test_coverage_80"}
     assert old["metrics"] == pytest.approx({k: new["metrics"][k] for k in old["metrics"]}, nan_ok=True)
     assert old["tags"] == {k: new["tags"][k] for k in old["tags"]}
     skills = [f"{kind}_vs_{base}{suffix}" for kind in ("skill", "wql_skill") for base in ("zeroshot", "persistence")
@@ -370,3 +372,46 @@ def test_folds_of_older_runs_aggregate_as_before(folds, tmp_path):
     assert mixed_metrics["pooled_wql_skill_calibrated_vs_raw"] == pytest.approx(expected[0], rel=1e-9)
     png = skill_figure(old, tmp_path / "old.png")
     assert png.stat().st_size > 1000
+
+
+def test_the_forecasters_table_pools_every_fold(folds, tmp_path):
+    """``walkforward/forecasters.*``: per forecaster, its WQL, coverage, PIT KS and 80% coverage by
+    volatility tercile (histvol's sigma, terciles over every fold's origins) recomputed from every
+    fold's scores; logged as ``pooled_<prefix>wql_close`` and ``pooled_<prefix>coverage_80_vol<k>``."""
+    from kronos_mlflow.workflows.walkforward import table as ft
+
+    results, per_folds = folds
+    summary = summarize(results, MIN_CHANGE)
+    rows = {r["forecaster"]: r for r in summary["forecasters"]}
+    assert list(rows) == ["finetuned (raw)", CALIBRATED, "histvol", "persistence", "zeroshot"]
+    # the tercile: histvol's q0.9 over its median at step 1 grows with its sigma
+    spread = np.concatenate([per["histvol"]["levels"][:, 11, 0] / per["histvol"]["levels"][:, 6, 0]
+                             for per in per_folds])
+    low, high = np.quantile(spread, [1 / 3, 2 / 3])
+    tercile = 1 + (spread > low).astype(int) + (spread > high).astype(int)
+    for name, label, prefix in (("finetuned", "finetuned (raw)", "test_"), (CALIBRATED, CALIBRATED, "calibrated_test_"),
+                                ("histvol", "histvol", "histvol_test_"), ("persistence", "persistence",
+                                                                          "persistence_test_")):
+        row = rows[label]
+        assert row["folds"] == 3 and row["origins"] == 3 * DATES * SYMBOLS
+        wql = _all(per_folds, name, "quantile_loss").sum() / _all(per_folds, name, "abs_actual").sum()
+        assert row["wql"] == pytest.approx(wql, rel=1e-9)
+        assert summary["metrics"][f"pooled_{prefix}wql_close"] == pytest.approx(wql, rel=1e-9)
+        for nominal in (50, 80, 90):
+            inside = _all(per_folds, name, f"coverage_steps_{nominal}")
+            assert row[f"coverage_{nominal}"] == pytest.approx(inside.mean(), rel=1e-12)
+        inside = _all(per_folds, name, "coverage_steps_80")
+        for k in (1, 2, 3):
+            assert row[f"coverage_80_vol{k}"] == pytest.approx(inside[tercile == k].mean(), rel=1e-12)
+            assert summary["metrics"][f"pooled_{prefix}coverage_80_vol{k}"] == row[f"coverage_80_vol{k}"]
+    assert rows[CALIBRATED]["pit_ks"] == pytest.approx(summary["metrics"]["pooled_calibrated_test_pit_ks"])
+    csv, js, md = ft.write(summary["forecasters"], tmp_path)
+    assert pd.read_csv(csv)["wql"].tolist() == pytest.approx([r["wql"] for r in summary["forecasters"]])
+    assert json.loads(js.read_text()) == summary["forecasters"]
+    lines = md.read_text().splitlines()
+    assert lines[0].startswith("| forecaster | folds | origins | WQL | coverage 50/80/90 | PIT KS") and len(lines) == 7
+    assert json.loads(write_summary(summary, tmp_path / "s").read_text())["forecasters"] == summary["forecasters"]
+    # folds of older runs (deciles, no PIT): the table says n/a where a column is missing
+    older = summarize([_old(r) for r in results], MIN_CHANGE)["forecasters"]
+    assert {r["forecaster"] for r in older} == {"finetuned (raw)", "persistence", "zeroshot"}
+    assert all(r["pit_ks"] is None and r["coverage_50"] is None and r["coverage_80_vol1"] is None for r in older)

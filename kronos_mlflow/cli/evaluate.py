@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default="", help="the zero-shot pair's tokenizer (a checkpoint directory or hub id)")
     parser.add_argument("--zeroshot-predictor", "--zeroshot_predictor", dest="zeroshot_predictor", metavar="URI",
                         default="", help="the zero-shot pair's predictor (a checkpoint directory or hub id)")
+    parser.add_argument("--aci-start-run", "--aci_start_run", dest="aci_start_run", metavar="RUN_ID", default="",
+                        help="start aci's levels where the evaluation run RUN_ID's ended (a walk-forward's previous "
+                             "fold; docs/walk-forward.md#aci-across-folds); default: the nominal levels")
     parser.add_argument("--check", dest="_check", action="store_true",
                         help="check the model, the zero-shot pair, the origins and the backtest's range, then exit")
     add_config_arguments(parser)
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
             models["zeroshot"] = _predictor(base_tok, z_pred, config, device, "--zeroshot-predictor")
         check_tracking(config)  # where the run will be logged, before the scoring (never created here)
         n_origins = check_origins(config)
+        aci_start = _aci_start(args, scratch)
+        aci_state = {"from": aci_start} if aci_start is not None else {}  # filled with where aci started and ended
         if getattr(args, "_check", False):
             print(f"[kronos] check passed: the model, {'its calibrator, ' if calibrator is not None else ''}"
                   f"{'its zero-shot pair, ' if z_pred else ''}{n_origins:,} test "
@@ -127,15 +132,32 @@ def run(args: argparse.Namespace) -> int:
         if not z_pred:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
-        card = score_forecasters(config, models, console=console, calibrator=calibrator, ensemble=ensemble)
+        card = score_forecasters(config, models, console=console, calibrator=calibrator, ensemble=ensemble,
+                                 aci=aci_state)
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"
+        if "end" in aci_state:  # where aci's levels started (a walk-forward fold: the previous fold's end)
+            from ..evaluation import aci_carry  # lazy: numpy
+
+            card.tags[aci_carry.TAG] = aci_carry.describe(aci_start)
+            card.metrics.update(aci_carry.metrics(aci_state))
         if run_id:
             card.tags[PREDICTOR_RUN_TAG] = run_id
-        logged = _log(args, config, card, console)
+        logged = _log(args, config, card, console, aci_state)
     print(f"logged: MLflow run {logged}")
     return 0
+
+
+def _aci_start(args, scratch: str):
+    """The levels ``--aci-start-run``'s run ended its aci at (checked: :func:`~kronos_mlflow.
+    evaluation.aci_carry.start_from`), or None (the nominal levels)."""
+    if not args.aci_start_run:
+        return None
+    from mlflow import MlflowClient  # lazy: urllib/http
+    from ..evaluation import aci_carry  # lazy: numpy
+
+    return aci_carry.start_from(MlflowClient(), args.aci_start_run, scratch)
 
 
 def check_origins(config) -> int:
@@ -148,7 +170,7 @@ def check_origins(config) -> int:
 EVALUATIONS_FOLDER = "evaluations"
 
 
-def _log(args, config, card, console) -> str:
+def _log(args, config, card, console, aci_state=None) -> str:
     """The evaluation's MLflow run (``MLFLOW_RUN_ID``'s when it hands one over, else a new one),
     claimed as this project's (:mod:`kronos_mlflow.tracking.ownership`), with a run directory of its own,
     ``{save_path}/evaluations/<run id>/`` (``owner.json`` and the ``evaluation/`` files), which
@@ -166,6 +188,13 @@ def _log(args, config, card, console) -> str:
         logger.log_hyperparams({"model": args.model, "zeroshot_tokenizer": args.zeroshot_tokenizer,
                                 "zeroshot_predictor": args.zeroshot_predictor, **run_params(config)})
         record(card, root / "evaluation", logger, step=0, console=console, config=config)
+        if aci_state and "end" in aci_state:  # what the next period's aci starts from (--aci-start-run this run)
+            from ..evaluation import aci_carry  # lazy: numpy
+
+            state = aci_carry.write(root / "evaluation" / aci_carry.FILE, aci_state, run_id=logger.run_id,
+                                    test_time_range=run_params(config).get("test_time_range", ""),
+                                    step=float(config["aci_step"]), start=card.tags.get(aci_carry.TAG, ""))
+            logger.log_artifact(str(state), "evaluation")
     except KeyboardInterrupt:  # Ctrl-C while the scorecard is logged: a stop, not a failure
         logger.finalize("killed", "kronos-mlflow evaluate: stopped by SIGINT while its scorecard was logged")
         raise

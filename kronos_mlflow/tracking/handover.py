@@ -25,8 +25,9 @@ from ..runtime.fsutil import JsonFileError, load_json
 FOLDS_JSON = "walkforward/folds.json"
 ORIGINS_PARQUET = "evaluation/origins.parquet"
 FORECASTS_PARQUET = "evaluation/forecasts.parquet"
+ACI_STATE_JSON = "evaluation/aci_state.json"  # the levels a period's ACI ended at (evaluation/aci_carry.py)
 #: the artifacts :func:`download` fetches: a fixed path each, never one read from outside
-ARTIFACTS = (FOLDS_JSON, ORIGINS_PARQUET, FORECASTS_PARQUET)
+ARTIFACTS = (FOLDS_JSON, ORIGINS_PARQUET, FORECASTS_PARQUET, ACI_STATE_JSON)
 
 MAX_JSON_BYTES = 1 << 20
 #: a handed-over table's most bytes on disk, rows, and bytes its columns read may decode to (a

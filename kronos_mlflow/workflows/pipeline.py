@@ -151,9 +151,12 @@ def _load(args, overrides: Mapping[str, Any]) -> dict:
     return load_config(dict(overrides), path=args.config_file or None)
 
 
-def evaluation_digest(config: Mapping[str, Any], model: str) -> str:
-    """The evaluation step's config digest: the model, the data and windows, the scorecard's keys."""
+def evaluation_digest(config: Mapping[str, Any], model: str, aci_start_run: str = "") -> str:
+    """The evaluation step's config digest: the model, the data and windows, the scorecard's keys
+    (and the run whose aci levels it starts from, a walk-forward fold's previous fold's)."""
     body = {"model": model, "config": digest_config(config), "scorecard": {k: config[k] for k in EVALUATION_KEYS}}
+    if aci_start_run:
+        body["aci_start_run"] = aci_start_run
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -256,8 +259,11 @@ def evaluation_step(args, model: str) -> Step:
     run_name = run_names.evaluation(config, fold=getattr(args, "run_name_fold", None))
     if not run_names.given(config):
         flags += ["--run-name", run_name]
+    carried = getattr(args, "aci_start_run", "")  # a walk-forward fold's: its previous fold's evaluation run
+    flags += ["--aci-start-run", carried] if carried else []
     command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
-    return Step(EVALUATION, config, command, evaluation_digest(config, model), data_digest(config), resume=False,
+    return Step(EVALUATION, config, command, evaluation_digest(config, model, carried), data_digest(config),
+                resume=False,
                 run_name=run_name)
 
 

@@ -26,6 +26,8 @@ from ...evaluation.scorecard import CALIBRATION_TAG, PREFIXES, QUANTILE_COLUMNS,
 from ...evaluation.verdict import decide
 from ...runtime.fsutil import write_atomic
 from ...evaluation.plots import new_figure
+from . import table as forecasters_table
+from .table import origin_wql, times as _times  # noqa: F401 - origin_wql: this module's, as before
 
 BASES = ("zeroshot", "persistence")
 #: bases pooled, counted and drawn only where some fold scored them
@@ -65,28 +67,6 @@ class FoldResult:
     tags: dict[str, str] = field(default_factory=dict)
     origins: pd.DataFrame = field(default_factory=pd.DataFrame)  # evaluation/origins.parquet
     forecasts: pd.DataFrame = field(default_factory=pd.DataFrame)  # evaluation/forecasts.parquet
-
-
-def _times(values) -> pd.DatetimeIndex:
-    """Origin times at one resolution, so tables read from different files join on them."""
-    return pd.DatetimeIndex(pd.to_datetime(values)).as_unit("ns")
-
-
-def origin_wql(forecasts: pd.DataFrame) -> pd.DataFrame:
-    """Per (datetime, instrument, forecaster): ``quantile_loss`` = the sum over the steps of the
-    mean over the nine levels of ``2 max(l (y - q_l), (l - 1) (y - q_l))`` and ``abs_actual`` =
-    the sum over the steps of ``|y|`` (NaN for an origin with a missing value at any step)."""
-    rows = forecasts.sort_values(["datetime", "instrument", "forecaster", "step"], kind="stable")
-    y = rows["actual"].to_numpy(dtype=np.float64)
-    diff = y[:, None] - rows[QUANTILE_COLUMNS].to_numpy(dtype=np.float64)
-    levels = sc.LEVELS[None, :]
-    loss = (2.0 * np.maximum(levels * diff, (levels - 1.0) * diff)).mean(axis=1)
-    table = pd.DataFrame({"datetime": _times(rows["datetime"]), "instrument": rows["instrument"].to_numpy(),
-                          "forecaster": rows["forecaster"].to_numpy(), "quantile_loss": loss,
-                          "abs_actual": np.abs(y), "missing": (~np.isfinite(loss) | ~np.isfinite(y)).astype(np.int64)})
-    out = table.groupby(["datetime", "instrument", "forecaster"], sort=True).sum().reset_index()
-    out.loc[out["missing"] > 0, ["quantile_loss", "abs_actual"]] = np.nan
-    return out.drop(columns="missing")
 
 
 def check_folds(results: Sequence[FoldResult]) -> list[FoldResult]:
@@ -293,11 +273,14 @@ def _fold_entry(r: FoldResult) -> dict[str, Any]:
 
 def summarize(results: Sequence[FoldResult], min_change: float, bootstrap_unit: str = "date") -> dict[str, Any]:
     """The walk-forward's record: ``metrics`` (pooled skills, counts over folds), ``tags``
-    (pooled and walk-forward verdicts, ``walkforward_verdict_why``), ``steps`` (:func:`fold_metrics`)
-    and ``folds`` (per fold: run, test period, skills with intervals, verdicts)."""
+    (pooled and walk-forward verdicts, ``walkforward_verdict_why``), ``steps`` (:func:`fold_metrics`),
+    ``folds`` (per fold: run, test period, skills with intervals, verdicts) and ``forecasters``
+    (the table of :mod:`~kronos_mlflow.workflows.walkforward.table`)."""
     ordered = check_folds(results)
     metrics, tags = pooled(ordered, min_change, bootstrap_unit)
     metrics.update(fold_counts(ordered))
+    table = forecasters_table.forecaster_table(ordered)  # each forecaster over every fold (walkforward/forecasters.*)
+    metrics.update(forecasters_table.metrics(table))
     for base in BASES + EXTRA_BASES:
         for kind, fold_tags in (("", VERDICT_TAGS), ("wql_", WQL_VERDICT_TAGS)):
             pooled_tag = f"pooled_verdict_{kind}vs_{base}"
@@ -315,7 +298,7 @@ def summarize(results: Sequence[FoldResult], min_change: float, bootstrap_unit: 
                                                       float(min_change))
     return {"metrics": metrics, "tags": tags, "steps": fold_metrics(ordered),
             "folds": [_fold_entry(r) for r in ordered], "min_change": float(min_change),
-            "bootstrap_unit": bootstrap_unit}
+            "bootstrap_unit": bootstrap_unit, "forecasters": forecasters_table.records(table)}
 
 
 def _plain(value: Any) -> Any:

@@ -43,7 +43,7 @@ from ...tracking.ownership import OwnershipError
 from ...evaluation.next_steps import look_command
 from ..pipeline_champions import move_champions
 from ...stages import get, names as stage_names
-from . import aggregate as agg, folds as fl
+from . import aggregate as agg, folds as fl, table as forecasters_table
 
 ROLE_TAG, FOLD_TAG, PLAN_TAG = "walkforward.role", "walkforward.fold", "walkforward.plan_digest"
 #: flag -> (default, help); the walk-forward's own settings (not config keys)
@@ -218,8 +218,9 @@ def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings,
         for fold in folds:
             if only and fold.fold != only:
                 continue
-            last = run_fold(client, experiment_id, parent_id, fold_args(args, folds, settings, fold), fold,
-                            total=len(folds))
+            this = fold_args(args, folds, settings, fold)
+            this.aci_start_run = carried_from(client, parent_id, folds, fold)  # aci across folds, in date order
+            last = run_fold(client, experiment_id, parent_id, this, fold, total=len(folds))
         if only:
             print(f"[walk-forward] fold {only} done; when every fold has run: kronos-mlflow walk-forward --aggregate "
                   f"{parent_id}", flush=True)
@@ -257,6 +258,28 @@ def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold, to
         if status is not None:
             end_run(client, fold_id, status, f"fold {fold.fold}: it stopped before its steps ended")
     return pipeline
+
+
+def carried_from(client, parent_id: str, folds, fold: fl.Fold) -> str:
+    """The evaluation run whose aci levels fold ``fold``'s aci starts from: the previous fold's,
+    proven as the aggregate proves a fold (:func:`evaluation_runs`) and holding an aci state (its
+    tag ``aci_start``; the evaluation checks the file itself); '' (the nominal levels) for the
+    first fold, or, in one line saying why, when the previous fold has not finished or ran no aci."""
+    before = [f for f in folds if f.fold == fold.fold - 1]
+    if not before:
+        return ""
+    try:
+        run_id = evaluation_runs(client, parent_id, before)[before[0].fold]
+    except UserError as exc:
+        print(f"[walk-forward] fold {fold.fold}: aci starts at the nominal levels: {exc}", flush=True)
+        return ""
+    if "aci_start" not in client.get_run(run_id).data.tags:
+        print(f"[walk-forward] fold {fold.fold}: aci starts at the nominal levels: fold {before[0].fold}'s evaluation "
+              f"run {run_id} scored no aci", flush=True)
+        return ""
+    print(f"[walk-forward] fold {fold.fold}: aci starts where fold {before[0].fold}'s ended (evaluation run {run_id})",
+          flush=True)
+    return run_id
 
 
 def evaluation_runs(client, parent_id: str, folds) -> dict[int, str]:
@@ -326,9 +349,13 @@ def aggregate(client, parent_id: str, folds, runs: dict[int, str]) -> dict:
         out = scratch / "out"
         out.mkdir()
         agg.write_summary(summary, out)
+        forecasters_table.write(summary["forecasters"], out)  # forecasters.csv, .json, .md
         agg.skill_figure(summary, out / "skill_by_fold.png")
         client.log_artifacts(parent_id, str(out), "walkforward")
     tags, metrics = summary["tags"], summary["metrics"]
+    if summary["forecasters"]:
+        print("[walk-forward] each forecaster over every fold (walkforward/forecasters.md):\n"
+              + forecasters_table.markdown(summary["forecasters"]), end="", flush=True)
     for base in ("zeroshot", "persistence"):
         name = f"pooled_skill_vs_{base}"
         if name in metrics:
@@ -336,7 +363,8 @@ def aggregate(client, parent_id: str, folds, runs: dict[int, str]) -> dict:
                   f"{metrics.get(name + '_ci_high', float('nan')):+.4f}], folds better "
                   f"{int(metrics.get(f'folds_better_vs_{base}', 0))}/{len(folds)}: walk-forward verdict "
                   f"{tags.get(f'walkforward_verdict_vs_{base}', '?')}", flush=True)
-    print(f"[walk-forward] done: parent run {parent_id}; files: walkforward/summary.json, walkforward/skill_by_fold.png; "
+    print(f"[walk-forward] done: parent run {parent_id}; files: walkforward/summary.json, walkforward/skill_by_fold.png, "
+          "walkforward/forecasters.md (.csv, .json); "
           f"look at it: {look_command(client.tracking_uri, client.get_run(parent_id).info.experiment_id, parent_id)}",
           flush=True)
     return summary
