@@ -42,10 +42,12 @@ def test_entry_points_are_the_mlprojects():
 
 def test_the_digest_tables_are_read_from_the_declarations():
     assert digest.RESULT_NEUTRAL_KEYS == {key.name for key in KEYS if key.neutral}
-    assert digest.DEFAULT_OMITTED == {"cycle_momentum": "on", "finetune_mode": "full"}
+    assert digest.DEFAULT_OMITTED == {"cycle_momentum": "on", "finetune_mode": "full", "predictor_objective": "tokens",
+                                      "return_loss_weight": 1.0}
     assert digest.MODE_KEYS == {"lora_rank": ("finetune_mode", "lora"), "lora_alpha": ("finetune_mode", "lora"),
                                 "lora_dropout": ("finetune_mode", "lora"), "lora_targets": ("finetune_mode", "lora"),
-                                "freeze_layers": ("finetune_mode", "freeze")}
+                                "freeze_layers": ("finetune_mode", "freeze"),
+                                "return_loss_weight": ("predictor_objective", "tokens+return")}
     base = cfg.load_config({"pretrained_tokenizer_path": "fresh"})
     for key in ("run_name", "num_threads", "backtest_signal_stride"):  # neutral: the same digest
         other = cfg.load_config({"pretrained_tokenizer_path": "fresh", key: "x" if key == "run_name" else 3})

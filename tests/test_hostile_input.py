@@ -981,6 +981,13 @@ CASES: list[Case] = [
          "forecaster"),
     Case("sweep-predictor-lr", "sweep", "`sweeps/sweep.py --stage predictor --predictor-learning-rate 1e-4`",
          SWEEP + ("--stage", "predictor", "--predictor-learning-rate", "1e-4"), "--predictor-learning-rate"),
+    # ===== the return head (predictor_objective tokens+return)
+    Case("flag-predictor-objective", "flag", "`--predictor-objective returns`",
+         PREDICT + BASE + ("--predictor-objective", "returns"), "returns"),
+    Case("flag-return-loss-weight-zero", "flag", "`--predictor-objective tokens+return --return-loss-weight 0`",
+         PREDICT + BASE + ("--predictor-objective", "tokens+return", "--return-loss-weight", "0"), "return_loss_weight"),
+    Case("pipeline-predictor-objective", "pipeline", "`pipeline --check --predictor-objective tokens+returns`",
+         PIPELINE + ("--check", "--predictor-objective", "tokens+returns"), "tokens+returns"),
     # ===== sweeps on forecast skill (objective val_skill)
     Case("sweep-objective", "sweep", "`--objective val_los`", SWEEP + ("--objective", "val_los"), "val_los"),
     Case("sweep-val-skill-tokenizer", "sweep", "`--objective val_skill` for the tokenizer without a predictor",
@@ -1165,6 +1172,8 @@ CASES: list[Case] = [
          EVAL2 + ("--ensemble-rounds", "-1"), "ensemble_rounds", make=make_forecaster),
     Case("scorecard-aci-step", "evaluate", "`evaluate --aci-step 2` (a level moved by more than 1 a date)",
          EVAL2 + ("--aci-step", "2"), "aci_step", make=make_forecaster),
+    Case("scorecard-aci-start-run", "evaluate", "`evaluate --aci-start-run ../x` (not a run id)",
+         EVAL2 + ("--aci-start-run", "../x"), "--aci-start-run", make=make_forecaster),
     Case("scorecard-signal-stride", "evaluate", "`evaluate --backtest-signal-stride -1`",
          EVAL2 + ("--backtest-signal-stride", "-1"), "backtest_signal_stride", make=make_forecaster),
     Case("scorecard-random-controls", "evaluate", "`evaluate --backtest-n-random 1000000` (a backtest each)",

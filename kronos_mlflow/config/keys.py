@@ -340,7 +340,7 @@ KEYS: tuple[Key, ...] = (
         help="Validation windows per epoch (over all processes)."),
     # objective val_skill forecasts inside a forked random state: the training numbers are the same
     Key("objective", TRAINING, "val_loss", choices=("val_loss", "val_skill", "val_ic"),
-        entry_points=("predictor", "sweep"), neutral=True,
+        entry_points=TRAINING_RUNS[1:], neutral=True,
         help="What a sweep ranks trials by: val_loss (the validation loss, minimised), val_skill (each epoch's "
              "forecast skill against persistence on the validation split's origins, maximised) or val_ic (each "
              "epoch's mean per-date rank IC of the forecast return on those origins, maximised); a tokenizer "
@@ -399,10 +399,8 @@ KEYS: tuple[Key, ...] = (
     Key("inference_sample_count", EVALUATION, 5, low=POSITIVE, high=10_000, neutral=True,
         help="Sample paths per forecast origin in the scorecard."),
     # ---- optimizer
-    Key("adam_beta1", OPTIMIZER, 0.9, low=UNIT_OPEN,
-        help="AdamW beta1."),
-    Key("adam_beta2", OPTIMIZER, 0.95, low=UNIT_OPEN,
-        help="AdamW beta2."),
+    Key("adam_beta1", OPTIMIZER, 0.9, low=UNIT_OPEN, help="AdamW beta1."),
+    Key("adam_beta2", OPTIMIZER, 0.95, low=UNIT_OPEN, help="AdamW beta2."),
     Key("adam_weight_decay", OPTIMIZER, 0.1, low=NON_NEGATIVE, high=1e6, entry_points=NO_SWEEP,
         help="AdamW weight decay."),
     Key("weight_decay_scope", OPTIMIZER, "all", choices=("all", "matrices"),
@@ -430,6 +428,13 @@ KEYS: tuple[Key, ...] = (
     Key("predictor_validation", PREDICTOR, "causal", choices=("causal", "upstream"),
         help="Predictor stage: causal (the s2 head never reads later positions, as in training) or upstream "
              "(eval-mode cross-attention reads them: upstream's optimistic validation loss, for exact replication)."),
+    Key("predictor_objective", PREDICTOR, "tokens", choices=("tokens", "tokens+return"), entry_points=TRAINING_RUNS[1:],
+        added_later=True, help="Predictor stage: tokens (the token cross-entropy, upstream's) or tokens+return (and a "
+        "return head on the origin's context, on 1 - its batch correlation with the horizon's return; "
+        "docs/objectives.md)."),
+    Key("return_loss_weight", PREDICTOR, 1.0, low=POSITIVE, high=1e6, entry_points=TRAINING_RUNS[1:], added_later=True,
+        read_when=("predictor_objective", "tokens+return"),
+        help="predictor_objective tokens+return: the loss is the token loss + this weight x the return head's loss."),
     Key("predictor_save_folder_name", PREDICTOR, "finetune_predictor_demo", inside="save_path", neutral=True,
         help="Predictor stage: run folder under save_path."),
     Key("pretrained_predictor_path", PREDICTOR, "auto", entry_points=("predictor", "pipeline", "walkforward", "sweep"),
@@ -481,20 +486,15 @@ KEYS: tuple[Key, ...] = (
         help="Keep freed tensor memory in the process for the next step instead of returning it to the OS after every "
              "op (glibc): auto (on under glibc), on, or off (glibc's defaults)."),
     # ---- model
-    Key("d_model", MODEL, 256, low=POSITIVE, high=65536,
-        help="Fresh model: hidden size."),
-    Key("n_heads", MODEL, 4, low=POSITIVE, high=1024,
-        help="Fresh model: attention heads."),
-    Key("ff_dim", MODEL, 512, low=POSITIVE, high=262144,
-        help="Fresh model: feed-forward size."),
+    Key("d_model", MODEL, 256, low=POSITIVE, high=65536, help="Fresh model: hidden size."),
+    Key("n_heads", MODEL, 4, low=POSITIVE, high=1024, help="Fresh model: attention heads."),
+    Key("ff_dim", MODEL, 512, low=POSITIVE, high=262144, help="Fresh model: feed-forward size."),
     Key("n_enc_layers", MODEL, 4, low=POSITIVE, high=256,
         help="Fresh model: encoder depth (n-1 blocks, as upstream)."),
     Key("n_dec_layers", MODEL, 4, low=POSITIVE, high=256,
         help="Fresh model: decoder depth (n-1 blocks, as upstream)."),
-    Key("s1_bits", MODEL, 10, low=POSITIVE, high=31,
-        help="Fresh model: coarse code bits."),
-    Key("s2_bits", MODEL, 10, low=POSITIVE, high=31,
-        help="Fresh model: fine code bits."),
+    Key("s1_bits", MODEL, 10, low=POSITIVE, high=31, help="Fresh model: coarse code bits."),
+    Key("s2_bits", MODEL, 10, low=POSITIVE, high=31, help="Fresh model: fine code bits."),
     # ---- backtest
     Key("backtest_time_range", BACKTEST, [], kind="optional_time_range", neutral=True,
         help="Backtest dates, START:END; empty (default) = the test range, from the first date a signal has "

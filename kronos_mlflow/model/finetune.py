@@ -57,10 +57,11 @@ def freeze(model: nn.Module, config: Mapping[str, Any], spec) -> None:
 
 def apply(model: nn.Module, config: Mapping[str, Any], spec) -> nn.Module:
     """The model a run of ``config`` trains, from the stage's starting ``model`` (the same
-    object for ``full``; adapters injected in place for ``lora``)."""
+    object for ``full``; adapters injected in place for ``lora``), with what the stage trains
+    beside it in every mode (``spec.extend_model``: a predictor's return head, always trained)."""
     mode = config.get("finetune_mode", "full")
     if adapter_layers(model):  # already the model a run trains (the seed's train_model called again)
-        return model
+        return spec.extend_model(model, config)
     if mode == "freeze":
         freeze(model, config, spec)
     elif mode == "lora":
@@ -72,7 +73,7 @@ def apply(model: nn.Module, config: Mapping[str, Any], spec) -> nn.Module:
             raise ConfigError(f"lora_targets: {','.join(targets)} matches no Linear layer of this {spec.name} model; "
                               f"expected names among {', '.join(sorted(present))}")
         model = inject_adapter_in_model(lora_config(config), model, adapter_name=ADAPTER)
-    return model
+    return spec.extend_model(model, config)  # what trains beside it in every mode (a return head)
 
 
 def counts(model: nn.Module) -> dict[str, Any]:
@@ -91,7 +92,9 @@ def describe(model: nn.Module, config: Mapping[str, Any]) -> str:
            "lora": (f"LoRA adapters (rank {config['lora_rank']}, alpha {config['lora_alpha']:g}) on "
                     f"{','.join(lora_targets(config))}"),
            "freeze": f"all but the embeddings and the bottom {config['freeze_layers']} blocks"}[mode]
-    return (f"finetune_mode {mode}: training {how}: {n['trainable_params']:,} parameters "
+    head = getattr(model, "return_head", None)
+    beside = f" and the return head ({sum(p.numel() for p in head.parameters()):,})" if head is not None else ""
+    return (f"finetune_mode {mode}: training {how}{beside}: {n['trainable_params']:,} parameters "
             f"({100 * n['trainable_fraction']:.2f}% of the model)")
 
 

@@ -20,6 +20,9 @@ import torch
 from ..errors import CheckpointError, UserError, short_reason
 from ..runtime.disks import writing
 from ..runtime.fsutil import fsync_dir, fsync_file, read_json
+from .return_head import HEAD_ATTR
+
+SIDE_PREFIX = f"{HEAD_ATTR}."  # the tensors of a module trained beside the model, not in its checkpoint
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -58,6 +61,8 @@ def write_checkpoint(model: torch.nn.Module, save_directory: str | os.PathLike) 
 
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
+        if name.startswith(SIDE_PREFIX):  # a return head keeps its own file: the backbone's stay upstream's
+            continue
         t = tensor.detach().to("cpu")
         if t.is_floating_point():
             t = t.to(torch.float32)

@@ -30,6 +30,8 @@ from torch import nn
 from ..errors import CheckpointError
 
 HEAD_FILE = "return_head.safetensors"
+HEAD_ATTR = "return_head"  # the submodule a tokens+return run trains (never in the backbone's own files)
+JOINT = "tokens+return"  # the predictor_objective that trains it
 CLOSE_COLUMN = 3  # the close among the six features (open, high, low, close, vol, amt)
 HIDDEN = 64  # the head's hidden width
 CORR_EPS = 1e-8
@@ -58,6 +60,13 @@ class ContextTap:
 
     def _keep(self, module, inputs, output) -> None:
         self.context = output
+
+    def take(self) -> torch.Tensor:
+        """The last forward's context, forgotten here (a kept tensor would hold its graph)."""
+        context, self.context = self.context, None
+        if context is None:
+            raise RuntimeError("the return head's tap saw no forward of the predictor")
+        return context
 
     def remove(self) -> None:
         self._handle.remove()
@@ -123,3 +132,35 @@ def load_head(directory: str | os.PathLike) -> tuple[ReturnHead, dict[str, int]]
         raise CheckpointError(f"{path}: not a return head ({reason}); expected the {HEAD_FILE} a "
                               "tokens+return run logs") from None
     return head.eval(), {"lookback": shape["lookback"], "horizon": shape["horizon"]}
+
+
+def joint(config) -> bool:
+    """Whether ``config`` trains the return head with the predictor (``predictor_objective``)."""
+    return config.get("predictor_objective", "tokens") == JOINT
+
+
+def attach(model: nn.Module, config, head: ReturnHead | None = None) -> nn.Module:
+    """``model`` with a return head as its submodule ``return_head`` (``head``, else a fresh one drawn
+    from ``config``'s seed in a forked random state: training draws what it draws without one) and a
+    :class:`ContextTap` kept as ``return_head.tap``, when ``config`` says ``tokens+return`` (else
+    ``model`` as it is). As a submodule the head is in the optimizer, in DDP's averaged gradients, in
+    the gradient clip and in the training state; :func:`kronos_mlflow.model.io.write_checkpoint`
+    leaves it out of the backbone's files (:func:`save_head` writes its own)."""
+    if not joint(config) or isinstance(getattr(model, HEAD_ATTR, None), ReturnHead):
+        return model
+    if head is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(config.get("seed", 0)))
+            head = ReturnHead(model.d_model)
+    lookback, horizon = int(config["lookback_window"]), int(config["predict_window"])
+    head.lookback, head.horizon = lookback, horizon
+    param = next(model.parameters(), None)
+    model.add_module(HEAD_ATTR, head.to(param.device) if param is not None else head)
+    head.tap = ContextTap(model)
+    return model
+
+
+def head_of(model: nn.Module) -> ReturnHead | None:
+    """The return head ``model`` (a plain module) trains, None without one."""
+    head = getattr(model, HEAD_ATTR, None)
+    return head if isinstance(head, ReturnHead) else None

@@ -83,6 +83,11 @@ class StageSpec:
         from the bottom (what ``finetune_mode: freeze`` freezes; :mod:`kronos_mlflow.model.finetune`)."""
         raise NotImplementedError
 
+    def extend_model(self, model, config):
+        """``model`` with what trains beside it in every ``finetune_mode`` (after the mode's own
+        changes: it always trains); ``model`` itself by default."""
+        return model
+
     def heldout(self, training=None):
         """The held-out comparison's piece (:class:`~kronos_mlflow.stages.base.HeldOutPiece`)."""
         raise NotImplementedError

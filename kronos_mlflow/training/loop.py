@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint
-from ..model import finetune
+from ..model import finetune, return_head
 from ..runtime import stopping
 from ..runtime.stopping import TrainingPruned
 from ..config.core import stage_keys
@@ -150,10 +150,13 @@ class RunFiles:
 
     def save_best(self, raw_model) -> None:
         """The best epoch's weights in the hub layout, adapters merged (:func:`finetune.merged`);
-        a LoRA run's adapters alone beside them, in peft's format."""
+        a LoRA run's adapters alone beside them, in peft's format; a tokens+return run's return head
+        beside them as ``return_head.safetensors``."""
         if self.enabled:
             with stopping.deferred():  # a stop signal waits until the checkpoint is whole
                 finetune.merged(raw_model).save_pretrained(self.layout.best_model)
+                if (head := return_head.head_of(raw_model)) is not None:  # beside the backbone, its own file
+                    return_head.save_head(head, self.layout.best_model, lookback=head.lookback, horizon=head.horizon)
                 if self.config is not None:
                     finetune.save_adapter(raw_model, self.config, self.layout.best_adapter)
 

@@ -48,6 +48,12 @@ class PredictorSpec(StageSpec):
         "pretrained_predictor_path": ("the predictor to fine-tune (a directory or hub id; auto: the published one "
                                       "when at hand, else fresh; fresh: fresh weights)", "pretrained_predictor_path"),
         "calibration": ("its logged model's calibrator (the evaluation's flag)", "calibration"),
+        "objective": ("what the predictor step's epochs are scored on and its run records as its objective: "
+                      "val_loss, val_skill or val_ic (docs/objectives.md)", "objective"),
+        "predictor_objective": ("what the predictor trains on: tokens, or tokens+return (a return head beside "
+                                "it; docs/objectives.md)", "predictor_objective"),
+        "return_loss_weight": ("predictor_objective tokens+return: the return head's loss weight",
+                               "return_loss_weight"),
     }
     retrained_every_fold = True  # walkforward_retrain: predictor
 
@@ -85,6 +91,12 @@ class PredictorSpec(StageSpec):
         """The token and calendar embeddings; the ``transformer`` blocks (not the dependency
         layer and heads above them)."""
         return [model.embedding, model.time_emb], list(model.transformer)
+
+    def extend_model(self, model, config):
+        """The return head of ``predictor_objective: tokens+return`` (model/return_head.py)."""
+        from ...model.return_head import attach  # lazy: torch
+
+        return attach(model, config)
 
     def heldout(self, training=None):
         from .heldout import piece  # lazy: torch, mlflow, pandas

@@ -27,8 +27,11 @@ import torch.nn.functional as F
 from ...runtime.distributed import dist_sum, unwrap
 from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
 from ...serving.forecasting.pyfunc import CALIBRATOR_FILE
-from ...tracking.keys import PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_S1, PREDICTOR_TRAIN_S2
+from ...tracking.keys import (
+    PREDICTOR_TRAIN_LOSS, PREDICTOR_TRAIN_RETURN, PREDICTOR_TRAIN_S1, PREDICTOR_TRAIN_S2, PREDICTOR_VAL_RETURN,
+)
 from ...model import Kronos
+from ...model.return_head import HEAD_FILE, attach, correlation_loss, head_of, load_head, return_target
 from ...runtime.perf import autocast
 from ..base import StepOutput, TrainingStage, Validation
 from .heldout import piece
@@ -42,6 +45,16 @@ def head_losses(s1_logits, s2_logits, s1_targets, s2_targets):
     return (ce_s1 + ce_s2) / 2, ce_s1, ce_s2
 
 
+def pooled_return_loss(sums) -> float:
+    """``1 - corr`` of the return head's signal and the return over every validation window, from
+    their pooled sums ``(n, sum p, sum t, sum p^2, sum t^2, sum p t)`` (1: no spread, no signal)."""
+    n, sp, st, spp, stt, spt = sums
+    if n < 2:
+        return math.nan
+    cov, vp, vt = spt - sp * st / n, spp - sp * sp / n, stt - st * st / n
+    return 1.0 - cov / math.sqrt(vp * vt) if vp * vt > 0 else 1.0
+
+
 class PredictorStage(TrainingStage):
     name = "predictor"
 
@@ -50,6 +63,10 @@ class PredictorStage(TrainingStage):
         for p in self.tokenizer.parameters():
             p.requires_grad_(False)
         self.causal_validation = config["predictor_validation"] == "causal"
+        self.config = config  # what a best checkpoint's return head is attached by
+        # predictor_objective tokens+return: the return head's loss weight (the head is the model's own)
+        self.return_weight = float(config["return_loss_weight"]) if config.get("predictor_objective") == \
+            "tokens+return" else 0.0
 
     @property
     def heldout(self):
@@ -64,10 +81,27 @@ class PredictorStage(TrainingStage):
         with autocast(precision, x.device):
             s1_logits, s2_logits = model(s1[:, :-1], s2[:, :-1], stamp[:, :-1])
         loss, ce_s1, ce_s2 = head_losses(s1_logits.float(), s2_logits.float(), s1[:, 1:], s2[:, 1:])
-        return StepOutput(loss, {"s1": ce_s1.detach(), "s2": ce_s2.detach()})
+        head = head_of(unwrap(model))
+        if head is None:  # predictor_objective tokens: upstream's loss
+            return StepOutput(loss, {"s1": ce_s1.detach(), "s2": ce_s2.detach()})
+        returns = self.return_loss(head, x)
+        return StepOutput(loss + self.return_weight * returns,
+                          {"s1": ce_s1.detach(), "s2": ce_s2.detach(), "return": returns.detach()})
+
+    @staticmethod
+    def head_pair(head, x):
+        """The head's signal at the origin of the forward its tap just saw, and the windows' return."""
+        return head(head.tap.take(), head.lookback - 1), return_target(x, head.lookback, head.horizon)
+
+    def return_loss(self, head, x):
+        """``1 - corr(signal, return)`` over the sub-batch's windows (docs/objectives.md)."""
+        return correlation_loss(*self.head_pair(head, x))
 
     def step_metrics(self, loss, parts):
-        return {PREDICTOR_TRAIN_LOSS: loss, PREDICTOR_TRAIN_S1: parts["s1"], PREDICTOR_TRAIN_S2: parts["s2"]}
+        metrics = {PREDICTOR_TRAIN_LOSS: loss, PREDICTOR_TRAIN_S1: parts["s1"], PREDICTOR_TRAIN_S2: parts["s2"]}
+        if "return" in parts:
+            metrics[PREDICTOR_TRAIN_RETURN] = parts["return"]
+        return metrics
 
     def run_validation(self, model, loader, device, *, detailed=True):
         model = unwrap(model)
@@ -76,12 +110,18 @@ class PredictorStage(TrainingStage):
         model.dep_layer.cross_attn.causal = True if self.causal_validation else None
         # per rank: summed batch losses, batches, and per-position sums for the metrics
         sums = torch.zeros(8, dtype=torch.float64)
+        head = head_of(model)
+        pooled = torch.zeros(6, dtype=torch.float64)  # n, sums of p, t, p^2, t^2, p t: the head's correlation
         try:
             with torch.no_grad():
                 for batch_x, batch_stamp in loader:
                     x = batch_x.to(device, non_blocking=True)
                     s1, s2 = self.tokens(x)
                     s1_logits, s2_logits = model(s1[:, :-1], s2[:, :-1], batch_stamp.to(device)[:, :-1])
+                    if head is not None:
+                        p, t = (v.double().cpu() for v in self.head_pair(head, x))
+                        pooled += torch.stack([torch.tensor(float(p.numel()), dtype=torch.float64), p.sum(), t.sum(),
+                                               (p * p).sum(), (t * t).sum(), (p * t).sum()])
                     loss, ce_s1, ce_s2 = head_losses(s1_logits.float(), s2_logits.float(), s1[:, 1:], s2[:, 1:])
                     n = s1[:, 1:].numel()
                     sums += torch.tensor([
@@ -92,11 +132,14 @@ class PredictorStage(TrainingStage):
             model.dep_layer.cross_attn.causal = causal
             model.train(was_training)
         total, batches, ce1, ce2, right1, right2, positions, _ = dist_sum(sums.tolist())
+        returns = pooled_return_loss(dist_sum(pooled.tolist())) if head is not None else None
         if not batches:
             return Validation(None, {}, None)
         metrics = {"val_s1_accuracy": right1 / positions, "val_s2_accuracy": right2 / positions,
                    "val_s1_perplexity": math.exp(min(ce1 / positions, 700.0)),
                    "val_s2_perplexity": math.exp(min(ce2 / positions, 700.0))} if detailed else {}
+        if detailed and returns is not None:
+            metrics[PREDICTOR_VAL_RETURN] = returns
         return Validation(total / batches, metrics, None)
 
     def describe(self, validation):
@@ -104,10 +147,14 @@ class PredictorStage(TrainingStage):
         if not m:
             return ""
         return (f"s1 accuracy {m['val_s1_accuracy']:.1%} (ppl {m['val_s1_perplexity']:.1f}), "
-                f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})")
+                f"s2 accuracy {m['val_s2_accuracy']:.1%} (ppl {m['val_s2_perplexity']:.1f})"
+                + (f", return loss {m[PREDICTOR_VAL_RETURN]:.4f}" if PREDICTOR_VAL_RETURN in m else ""))
 
     def best_validation(self, best_dir, loader, device):
-        return self.run_validation(Kronos.from_pretrained(best_dir, map_location=device), loader, device)
+        model = Kronos.from_pretrained(best_dir, map_location=device)
+        if (Path(best_dir) / HEAD_FILE).is_file():  # its return head, beside it
+            model = attach(model, self.config, load_head(best_dir)[0])
+        return self.run_validation(model, loader, device)
 
     def scorecard(self, config, layout, device, *, rank, world_size, logger, console, step, reused=None):
         """Fine-tuned vs zero-shot vs naive forecasts on the test origins (``evaluate: on``); with

@@ -56,7 +56,7 @@ from ...training.trial import DEFAULT_PRUNER, make_pruner, ENV_PRUNER, ENV_STORA
 #: The MLproject sweep entry's parameters besides every stage's own (``mlproject_params``):
 #: the value it passes when one is not given is the config's default, which overrides nothing.
 SWEEP_PARAMS = ("stage", "objective", "finetune_mode", "lora_rank", "freeze_layers", "dataset_begin_time",
-                "dataset_end_time")
+                "dataset_end_time", "predictor_objective", "return_loss_weight")
 DEFAULT_STUDY = get(cfg.DEFAULTS["stage"]).default_study  # the --study-name default (the default stage's)
 
 
