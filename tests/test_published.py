@@ -14,6 +14,7 @@ from tiny_runs import TINY, forget_published
 from kronos_mlflow.config import published
 from kronos_mlflow.config.core import load_config, model_kwargs
 from kronos_mlflow.config.digest import config_digest
+from kronos_mlflow.errors import ConfigError
 
 SIZES = ("d_model", "n_heads", "ff_dim", "n_enc_layers", "n_dec_layers", "s1_bits", "s2_bits")
 TOKENIZER_ID, PREDICTOR_ID = published.PUBLISHED.values()
@@ -119,3 +120,36 @@ def test_a_predictor_given_a_tokenizer_names_it_and_its_pretrained_key_says_it_i
     # without a given tokenizer the auto line is the run's own tokenizer, as before
     plain = load_config({"stage": "predictor"})
     assert [x for x in published.lines(plain, published.read_by(plain)) if "zero-shot" in x or "tokenizer:" in x] == []
+
+
+def test_validating_auto_never_reaches_the_hub_and_the_record_leaves_the_config_as_it_was(cache, monkeypatch):
+    """Online (no HF_HUB_OFFLINE) with an empty cache: loading and validating a config of ``auto``
+    opens no connection; the record made after the checks decides (here the hub is unreachable:
+    fresh weights, said why) and the config stays as validated."""
+    import copy
+    import socket
+
+    from kronos_mlflow.training.resolved import resolve
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+
+    def refuse(self, address, *args):
+        calls.append(address)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    config = load_config({"stage": "predictor", "objective": "val_skill", "val_time_range": "2022-09-01:2025-01-31"})
+    assert calls == [] and published.known(config, "pretrained_tokenizer_path") is None
+    asked = copy.deepcopy(config)
+    record = resolve(config, environ={})
+    assert config == asked and config["run_name"] == "" and config["pretrained_tokenizer_path"] == "auto"
+    assert record.start("pretrained_tokenizer_path")[0] == "" and "could not be reached" in record.start(
+        "pretrained_tokenizer_path")[1]
+    assert record.run_name.startswith("predictor ") and record.run_config(config)["run_name"] == record.run_name
+    assert record.as_json()["starts"]["pretrained_predictor_path"]["source"] == ""
+    # a check that waits on auto's answer is made with the record, in validation's words
+    forget_published()
+    tokenizer = load_config({"objective": "val_skill", "val_time_range": "2022-09-01:2025-01-31"})
+    with pytest.raises(ConfigError, match="objective val_skill for the tokenizer .* auto found no published predictor"):
+        resolve(tokenizer, environ={})

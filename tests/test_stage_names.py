@@ -21,6 +21,7 @@ After an intended change of names, regenerate the golden file and review its dif
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -56,12 +57,22 @@ def _train(tmp: Path, client, **extra):
     from kronos_mlflow.training import run as train
 
     before = {r.info.run_id for r in client.search_runs(["0"])}
+    from kronos_mlflow.config.core import load_config
+
+    config = load_config(tiny_config(tmp, **{**SIZES, **extra}))
+    asked = copy.deepcopy(config)
     try:
-        train.main(tiny_config(tmp, **{**SIZES, **extra}))
+        train.main(config)
     finally:
         mlflow.set_tracking_uri(None)  # log_best_model sets MLflow's process-global URI: do not leak it
     (run,) = [r for r in client.search_runs(["0"]) if r.info.run_id not in before]
     assert run.info.status == "FINISHED"
+    # what auto and the launch resolved is a record apart (resolved.json): the config is as validated
+    assert config == asked and config["run_name"] == ""
+    record = json.loads(Path(client.download_artifacts(run.info.run_id, "resolved.json", str(tmp))).read_text())
+    assert record["run_name"] == run.data.params["run_name"] == run.info.run_name
+    assert record["nproc_per_node"] == 1 and record["world_size"] == 1 and record["device"] == "cpu"
+    assert set(record["starts"]) == {key[:-len("_source")] for key in run.data.tags if key.endswith("_path_source")}
     return run
 
 

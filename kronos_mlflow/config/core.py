@@ -125,12 +125,20 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_models_and_objective(out: Mapping[str, Any]) -> None:
+def check_models_and_objective(out: Mapping[str, Any], *, hub: bool = False) -> None:
     """The checks across keys of the models a config builds and of its objective: fresh models
-    within the parameter limit; ``objective: val_skill`` with what it forecasts with and on."""
+    within the parameter limit; ``objective: val_skill`` with what it forecasts with and on.
+
+    ``auto`` counts as what it resolves to (kronos_mlflow/config/published.py): without ``hub``
+    (validation) only as far as the Hugging Face cache tells, and a check that waits on the hub's
+    answer is left to the record made after validation, which asks with ``hub``
+    (:func:`kronos_mlflow.training.resolved.resolve`)."""
     models = stage_keys(out).models
-    # auto: fresh unless the published checkpoint is at hand (kronos_mlflow/config/published.py)
-    fresh = {model for model, keys in models.items() if not any(published.source(out, key) for key in keys)}
+    start = published.source if hub else published.known
+    starts = {key: start(out, key) for keys in models.values() for key in keys}
+    # auto: fresh unless the published checkpoint is at hand; a model whose start waits on the hub: not yet known
+    fresh = {model for model, keys in models.items()
+             if not any(starts[key] for key in keys) and not any(starts[key] is None for key in keys)}
     if "predictor" in fresh:
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], **{k: out[k] for k in ("n_layers", "d_model", "n_heads", "ff_dim",
                                                                              "s1_bits", "s2_bits")}}
@@ -139,8 +147,8 @@ def check_models_and_objective(out: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"d_model {out['d_model']}, ff_dim {out['ff_dim']} and n_layers {out['n_layers']} give a fresh predictor "
                 f"of {n:,} parameters; expected at most {MAX_PARAMETERS:,}: lower them")
-    if out["objective"] in ("val_skill", "val_ic") and "predictor" not in models and not published.source(
-            out, "pretrained_predictor_path"):
+    if out["objective"] in ("val_skill", "val_ic") and "predictor" not in models and start(
+            out, "pretrained_predictor_path") == "":
         said = ("auto found no published predictor: " + published.reason(out, "pretrained_predictor_path")
                 if out["pretrained_predictor_path"].strip().lower() == published.AUTO else
                 "pretrained_predictor_path is " + (out["pretrained_predictor_path"].strip() or "empty"))

@@ -14,7 +14,9 @@ holds the decision: a run that started from the published tokenizer never shares
 directory, training state or pipeline step with one that started fresh. A training run prints
 one line per key it reads saying which and why (:func:`lines`) and records it as the tag
 ``<key>_source`` (:func:`tags`); the param keeps what was asked (``auto``). Under torchrun,
-rank 0's decision is every rank's (:func:`adopt`).
+rank 0's decision is every rank's (:func:`adopt`). Config validation never reaches the hub: it
+asks :func:`known` (the cache alone); a training run decides once its config is checked and keeps
+the answer in its record (:mod:`kronos_mlflow.training.resolved`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,22 @@ def reason(config: Mapping[str, Any], key: str) -> str:
     if not value or value.lower() == FRESH:
         return "fresh weights, as asked" if value else "fresh weights (empty)"
     return "as given"
+
+
+def known(config: Mapping[str, Any], key: str) -> str | None:
+    """:func:`source` as far as it is known without the network: a given value, a decision
+    already made (:func:`adopt`, :func:`decide`), or ``auto`` decided from the Hugging Face cache
+    alone (found there, or not there with ``HF_HUB_OFFLINE`` set); None when only the hub could
+    say. What config validation asks (:func:`kronos_mlflow.config.core.validate` never reaches the hub)."""
+    value = str(config.get(key) or "").strip()
+    if value.lower() != AUTO or key not in PUBLISHED:
+        return source(config, key)
+    if key not in _DECIDED:
+        seen = _peek(PUBLISHED[key])
+        if seen is None:
+            return None
+        _DECIDED[key] = seen
+    return _DECIDED[key][0]
 
 
 def decide(key: str) -> tuple[str, str]:
@@ -156,7 +174,9 @@ def fetch(hub_id: str, files: Iterable[str] = _FILES, *, local_only: bool = Fals
     return check_snapshot(hub_id, snapshot)
 
 
-def _look(hub_id: str) -> tuple[str, str]:
+def _peek(hub_id: str) -> tuple[str, str] | None:
+    """``auto`` for ``hub_id`` from the cache alone: the cache's snapshot, or fresh weights when it
+    has none and ``HF_HUB_OFFLINE`` is set; None when only the hub could say (no network here)."""
     try:
         snapshot = str(fetch(hub_id, local_only=True))
     except HubUnreachable:  # not in the cache (or a cache it cannot read): the same to the user
@@ -167,6 +187,13 @@ def _look(hub_id: str) -> tuple[str, str]:
     if _offline():
         return "", (f"fresh weights: {hub_id} is not in the Hugging Face cache ({_cache_dir()}) and HF_HUB_OFFLINE "
                     f"is set; `hf download {hub_id}` where there is network access fine-tunes the published model")
+    return None
+
+
+def _look(hub_id: str) -> tuple[str, str]:
+    seen = _peek(hub_id)
+    if seen is not None:
+        return seen
     try:
         fetch(hub_id, etag_timeout=5)
     except HubUnreachable as exc:  # offline, unknown repo, network: fresh weights, said why

@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ..config import core as cfg, published, checks
@@ -56,6 +57,7 @@ from ..stages import spec_of
 from ..runtime.stopping import TrainingPruned, TrainingStopped
 from .trial import EXIT_PRUNED, TrialReporter
 from .tags import run_tags
+from .resolved import decide_starts, launch_values, resolve
 
 # torch, the data and the trackers load inside main(): `--help` and `--check` of bad flags stay fast.
 
@@ -299,6 +301,18 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
             check_ownership(config, world, state)
 
 
+def resolve_everywhere(asked: Mapping[str, Any], info):
+    """The run's :class:`~kronos_mlflow.training.resolved.Resolved` record: rank 0's ``auto`` is
+    every rank's, and a check that waited on it refuses alike on every rank (rank 0 says so)."""
+    from ..runtime.distributed import broadcast_object  # lazy: torch, numpy
+
+    try:
+        return resolve(asked, share=broadcast_object, is_main=info.is_main, world_size=info.world_size,
+                       device=info.device.type)
+    except UserError as exc:
+        raise same_on_every_rank(exc) from None
+
+
 def main(config: Mapping[str, Any]) -> dict:
     """Set up the process group, tracking and model, train, and record the result.
 
@@ -316,16 +330,14 @@ def main(config: Mapping[str, Any]) -> dict:
     from .loop import RunFiles
 
     stopping.install()  # SIGTERM / Ctrl-C: the run ends KILLED with a stop_reason (see stopping.py)
-    config = cfg.validate(dict(config))
-    if os.environ.get("LOCAL_WORLD_SIZE"):
-        config["nproc_per_node"] = int(os.environ["LOCAL_WORLD_SIZE"])
-    config["run_name"] = config["run_name"] or default_run_name(config)
+    asked = MappingProxyType(cfg.validate(dict(config)))  # the user's config, as validated: never written
+    config = launch_values(asked).run_config(asked)  # what the run reads: run_name and nproc_per_node resolved
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
     info = init_distributed(config["device"])
-    published.adopt(broadcast_object(published.decisions(published.read_by(config))))  # rank 0's auto: every rank's
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root, writer, files = None, None, None
     try:
+        resolved = resolve_everywhere(asked, info)
         seed_everything(config["seed"], info.rank)
         # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
         root = str(RunLayout.of(config, info.world_size).root) if info.is_main else None
@@ -349,6 +361,8 @@ def main(config: Mapping[str, Any]) -> dict:
         model = spec.build_model(config, stage).to(info.device)
         logger.set_tags(run_tags(config, model))  # instrument, model_size, git commit (a predictor's tokenizer)
         announce_starts(config, logger, console)  # what auto chose, and why
+        if info.is_main:
+            logger.log_artifact(resolved.write(layout.root))  # the record: resolved.json
         files = RunFiles(layout, enabled=info.is_main, config=config)
         _, result = fit_stage(model, stage, config, layout, info, logger, console, steps=steps,
                               should_stop=TrialReporter.from_env() if info.is_main else None,
@@ -431,6 +445,7 @@ def config_of(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     config = config_of(args)
     if getattr(args, "_check", False):
+        decide_starts(config)  # auto's checkpoints: the cache, then the hub (workers then find them in the cache)
         preflight(config)
         print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")
         return 0
