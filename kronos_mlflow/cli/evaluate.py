@@ -114,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
         from ..evaluation.ensemble import model_ensemble  # lazy: numpy
 
         ensemble = model_ensemble(pred_dir, f"--model '{args.model}'") if calibrator is not None else None
+        from ..serving.forecasting.head import load as load_head  # lazy: torch
+
+        try:  # the return head beside the predictor (a tokens+return run's), scored as finetuned_head
+            head = load_head(pred_dir, device)
+        except UserError as exc:
+            raise UserError(f"--model '{args.model}': {exc}") from None
         tokenizer = resolve_tokenizer(str(tok_dir), device, what="--model")
         models = {"finetuned": _predictor(tokenizer, str(pred_dir), config, device, "--model")}
         z_tok, z_pred, label = zeroshot_sources(args, tok_dir, run_id)
@@ -126,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         aci_state = {"from": aci_start} if aci_start is not None else {}  # filled with where aci started and ended
         if getattr(args, "_check", False):
             print(f"[kronos] check passed: the model, {'its calibrator, ' if calibrator is not None else ''}"
+                  f"{'its return head, ' if head[0] is not None else ''}"
                   f"{'its zero-shot pair, ' if z_pred else ''}{n_origins:,} test "
                   "origins and the backtest's range are usable")
             return 0
@@ -133,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
         card = score_forecasters(config, models, console=console, calibrator=calibrator, ensemble=ensemble,
-                                 aci=aci_state)
+                                 aci=aci_state,
+                                 head=head)
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")
         card.tags[ZEROSHOT_TAG] = label if z_pred else "unavailable"

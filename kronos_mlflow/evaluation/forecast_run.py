@@ -79,7 +79,8 @@ def fit_run_calibrator(config: Mapping[str, Any], layout, device, *, rank: int, 
 
 def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: int, world_size: int, logger, console,
                            step: int, reused: Mapping[str, Any] | None = None):
-    """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded;
+    """The run's scorecard (:class:`~kronos_mlflow.evaluation.scorecard.Scorecard`), recorded, with
+    the return head as ``finetuned_head`` where the best checkpoint holds one;
     ``reused``: validation paths ``objective: val_skill`` drew with the kept weights (calibration
     reads them instead of forecasting its origins again)."""
     from ..model import KronosTokenizer  # lazy: torch
@@ -94,7 +95,10 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),
                   "zeroshot": pair(base_tokenizer, start, config, device)
                   if (start / "model.safetensors").is_file() else None}
-    card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console, reused=reused)
+    from ..serving.forecasting.head import load as load_head  # lazy: torch
+
+    card = score_forecasters(config, predictors, rank=rank, world_size=world_size, console=console, reused=reused,
+                             head=load_head(layout.best_model, device))
     card.tags[ZEROSHOT_TAG] = zeroshot_label(config) if predictors["zeroshot"] is not None else "unavailable"
     record(card, Path(layout.root) / "evaluation", logger, step=step, console=console, write=rank == 0,
            config=config)

@@ -19,7 +19,7 @@ import pandas as pd
 from ..config.core import horizons
 from ..runtime.fsutil import write_atomic
 from . import aci, calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
-from . import weather as wx
+from . import head_scores as hs, weather as wx
 from .calibration import CALIBRATED
 from .ic_stats import rank_ic_metrics
 from .backtest import backtest_signals, breadth_reason, skip_reason
@@ -126,16 +126,20 @@ def _paths_of(predictors: Mapping[str, Any], origins: Origins, config, *, rank, 
     return paths, seconds
 
 
-def _backtest_signals(config, predictors, origins: Origins, per, *, rank, world_size, console):
+def _backtest_signals(config, predictors, origins: Origins, per, *, rank, world_size, console, head=None,
+                      head_signal=None):
     """The Kronos pairs' backtest signals (forecast return at the horizon, by (datetime,
     instrument)), the signal origins' description, each pair's seconds on the origins forecast
     for the signal alone and their number. The signal
     covers :func:`~.origins.signal_origins` (every ``backtest_signal_stride``-th day, as upstream
-    trades): a scorecard origin's forecast serves as is, the others are forecast for it. The
+    trades): a scorecard origin's forecast serves as is, the others are forecast for it (the
+    return ``head``'s signal, ``head_signal`` on the scorecard's origins, is read on every one). The
     scorecard's own signals serve alone when the stride is 0 or no backtest will run (daily bars
     only, the benchmark's series, a top-k of under half of the symbols)."""
     own = {name: pd.DataFrame({"score": per[name]["forecast_return"]}, index=origins.index())
            for name in ("finetuned", "zeroshot") if name in per}
+    if head_signal is not None:
+        own[hs.HEAD] = pd.DataFrame({"score": head_signal}, index=origins.index())
     if not own or not int(config.get("backtest_signal_stride", 1)) or skip_reason(config):
         return own, "", {}, 0
     daily = signal_origins(config)
@@ -149,6 +153,10 @@ def _backtest_signals(config, predictors, origins: Origins, per, *, rank, world_
     progress = console.progress if console is not None else None
     signals, seconds = {}, {}
     for name in own:
+        if name == hs.HEAD:  # one forward per origin: read on all of them
+            signals[name] = pd.DataFrame({"score": hs.signals(predictors["finetuned"], head[0], daily, config, rank=rank,
+                                                              world_size=world_size)}, index=daily.index())
+            continue
         score = np.empty(len(daily), dtype=np.float64)
         score[~fresh] = per[name]["forecast_return"][where[~fresh]]
         if len(part):
@@ -214,13 +222,13 @@ def _ic_intervals(per, dates) -> dict[str, float]:
 
 def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
                       rank: int = 0, world_size: int = 1, console=None, calibrator=None,
-                      reused: Mapping[str, Any] | None = None, ensemble=None, aci=None) -> Scorecard:
+                      reused: Mapping[str, Any] | None = None, ensemble=None, head=None, aci=None) -> Scorecard:
     """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
     ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
     (a collective when ``world_size > 1``: every rank calls it); with ``calibration: on``, the
     calibrated forecaster too, through ``calibrator`` (the scored model's own) when it was fit
     before the test's first forecast bar, else through one fit here (on ``reused``'s paths of the
-    calibration origins when it holds them: ``{origins digest: paths}``)."""
+    calibration origins when it holds them: ``{origins digest: paths}``); ``head``: see :func:`.head_scores.score`."""
     origins = origins if origins is not None else forecast_origins(config)
     if not len(origins):
         return Scorecard(reason=no_origins_reason(origins, config))
@@ -279,8 +287,11 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
             metrics.update({f"{PREFIXES[name]}direction_accuracy_ci_low": low,
                             f"{PREFIXES[name]}direction_accuracy_ci_high": high})
     metrics["eval_origins"] = float(len(origins))
+    head_signal = hs.score(predictors.get("finetuned"), head, origins, config, metrics, table, seconds, rank=rank,
+                           world_size=world_size)
     signals, signal_description, signal_seconds, n_forecast = _backtest_signals(
-        config, predictors, origins, per, rank=rank, world_size=world_size, console=console)
+        config, predictors, origins, per, rank=rank, world_size=world_size, console=console, head=head,
+        head_signal=head_signal)
     if signal_description:
         metrics["backtest_signal_origins"] = float(len(next(iter(signals.values()))))
         metrics["backtest_signal_forecasts"] = float(n_forecast)
@@ -439,6 +450,8 @@ def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None
         logger.set_tags(card.tags)
     if console is not None:
         console.print(card.line())
+        if hs.line(card.metrics):
+            console.print(hs.line(card.metrics))
         if card.calibration_line():
             console.print(card.calibration_line())
         for name, seconds in card.seconds.items():
@@ -451,7 +464,7 @@ def record(card: Scorecard, directory: Path, logger, step: int = 0, console=None
 
 
 #: The scorecard's signal names -> the backtest's (its metric names: backtest_fine_tuned_...).
-BACKTEST_NAMES = {"finetuned": "fine-tuned", "zeroshot": "zero-shot"}
+BACKTEST_NAMES = {"finetuned": "fine-tuned", "zeroshot": "zero-shot", hs.HEAD: hs.BACKTEST_NAME}
 
 
 def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, logger, console=None) -> None:
@@ -478,7 +491,8 @@ def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, lo
     if console is not None:
         m = result.metrics
         shown = ", ".join(f"{name} {m.get(f'backtest_{n}_excess_return_with_cost', float('nan')):+.1%}"
-                          for name, n in (("fine-tuned", "fine_tuned"), ("zero-shot", "zero_shot")) if name in signals)
+                          for name, n in (("fine-tuned", "fine_tuned"), ("zero-shot", "zero_shot"),
+                                          (hs.BACKTEST_NAME, "fine_tuned_head")) if name in signals)
         if "backtest_negated_excess_return_with_cost" in m:
             shown += f", negated {m['backtest_negated_excess_return_with_cost']:+.1%}"
         if "backtest_random_excess_return_with_cost" in m:

@@ -24,7 +24,7 @@ from ..config.core import format_time_range, run_params
 from ..data import resolve_qlib_path
 from .forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
 from .forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
-from .forecasting import ensemble as served_ensemble
+from .forecasting import ensemble as served_ensemble, head as served_head
 from .forecasting.quantiles import MIN_CALIBRATED_LOOKBACK, QLEVELS
 from ..runtime.fsutil import write_atomic
 from ..tracking.keys import BEST_METRIC, PREDICTOR_VAL_METRIC, TOKENIZER_VAL_METRIC
@@ -231,9 +231,10 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
 
 
-def forecaster_signature(pred_len: int, forecaster: str = "calibrated"):
+def forecaster_signature(pred_len: int, forecaster: str = "calibrated", head: bool = False):
     """The forecaster's signature: its outputs (``paths``, ``mean``, and the close's
-    ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``, ``calibration_note``) and the parameters with their
+    ``quantiles``, ``quantile_levels``, ``p_up``, ``calibration``, ``calibration_note``; with a
+    return ``head``, its ``signal``) and the parameters with their
     defaults (``pred_len``: the config's predict_window; the sampling ones; ``calibrated``). The
     inputs are left open: ``predict`` checks the dict of ``bars`` and ``timestamps`` itself and
     refuses bad input in one short line (MLflow's own schema check would print the whole array)."""
@@ -246,7 +247,8 @@ def forecaster_signature(pred_len: int, forecaster: str = "calibrated"):
                       TensorSpec(float64, (len(QLEVELS),), "quantile_levels"), TensorSpec(float64, (-1,), "p_up"),
                       TensorSpec(np.dtype(str), (-1,), "calibration"),
                       TensorSpec(np.dtype(str), (-1,), "calibration_note"),
-                      TensorSpec(np.dtype(str), (-1,), "forecaster")])
+                      TensorSpec(np.dtype(str), (-1,), "forecaster")]
+                     + ([TensorSpec(float64, (-1,), "signal")] if head else []))
     params = [ParamSpec("pred_len", "long", int(pred_len))]
     params += [ParamSpec(k, "double" if isinstance(v, float) else "long", v) for k, v in SAMPLING_DEFAULTS.items()]
     params += [ParamSpec(k, "boolean", v) for k, v in SERVING_DEFAULTS.items() if isinstance(v, bool)]
@@ -270,8 +272,11 @@ def log_forecaster(mlflow_logger, tokenizer_dir: str, predictor_dir: str, config
     becomes ``calibrator/calibrator.json``, which the model applies to its quantiles and p_up.
     Linked, given metrics, checked and registered as :func:`log_best_model` does; the check
     forecasts real windows of the config's data in memory and with the reloaded model, for one
-    seed, and requires the same paths (and, with a calibrator, a calibrated answer). Returns the
-    ``ModelInfo``."""
+    seed, and requires the same paths (and, with a calibrator, a calibrated answer). A return head
+    in ``predictor_dir`` (``return_head.safetensors``, beside the upstream-format backbone) is
+    checked and stays there, ``predictor/return_head.safetensors``: the model then answers its
+    ``signal`` too, and the check requires the same signal. Returns the ``ModelInfo``."""
+    served_head.load(predictor_dir)  # a damaged head is refused before anything is logged
     if calibrator_path is not None:
         read_calibrator(os.fspath(calibrator_path))  # a bad file is refused before anything is logged
     if ensemble_path is not None:  # the ensemble (evaluation/ensemble.json): served by default
@@ -315,9 +320,12 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
                                 max_context=model_config["max_context"], clip=model_config["clip"])
     example = example_forecast_input(config)
     expected = forecast(predictor, example, pred_len, **FORECAST_CHECK)
+    head, _ = served_head.load(artifacts[PREDICTOR_ARTIFACT], predictor.device)
+    if head is not None:
+        expected["signal"] = served_head.signal(predictor, head, example["bars"], example["timestamps"])
     files = _ModelFiles(
         "forecaster_model.py", artifacts, model_config, forecaster_signature(
-            pred_len, "ensemble" if served_ensemble.ARTIFACT in artifacts else "calibrated"),
+            pred_len, "ensemble" if served_ensemble.ARTIFACT in artifacts else "calibrated", head is not None),
         (example, dict(FORECAST_CHECK)), _metadata(config))
 
     # calibrated where the model carries a calibrator and the example's lookback gives its volatility
@@ -327,7 +335,10 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))
         who = "ensemble" if served_ensemble.ARTIFACT in artifacts and state == "calibrated" else state
-        return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean")) and bool(
+        if ("signal" in got) != ("signal" in expected):
+            return False
+        return all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-5) for k in ("paths", "mean", "signal")
+                   if k in expected) and bool(
             np.all(np.asarray(got["calibration"]) == state)) and bool(np.all(np.asarray(got["forecaster"]) == who))
 
     return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import ConfigError, DataError, UserError
 from ..tokenizer_model import bad_input_as_invalid_parameter
-from . import calibrator_file
+from . import calibrator_file, head as return_head
 from .ensemble import ARTIFACT as ENSEMBLE_ARTIFACT, check_forecaster
 from .ensemble import close_distribution as ensemble_distribution, loaded as loaded_ensemble
 from .quantiles import CLOSE, QLEVELS, Calibrator, histvol_sigma, path_quantiles, uncalibrated
@@ -272,6 +272,8 @@ try:  # the class needs mlflow; the functions above do not
                 self.calibrator, self.raw_reason = loaded_calibrator(calibrator)
             ensemble = (getattr(context, "artifacts", None) or {}).get(ENSEMBLE_ARTIFACT)
             self.ensemble, self.ensemble_reason = loaded_ensemble(ensemble) if ensemble else (None, "")
+            # the return head beside the backbone in predictor/ (a tokens+return run's): answers signal
+            self.head, _ = return_head.load(context.artifacts[PREDICTOR_ARTIFACT], self.predictor.device)
 
         # np.ndarray: MLflow infers no schema from this hint (the logged signature is the
         # schema; its inputs are left open so that predict's own checks answer bad input).
@@ -286,6 +288,9 @@ try:  # the class needs mlflow; the functions above do not
                                       "ensemble_rounds 0 or calibration off, or an older model); expected calibrated "
                                       "or raw")
                 out = forecast(self.predictor, model_input, **settings)
+                if getattr(self, "head", None) is not None:  # beside the paths: the head's signal
+                    out["signal"] = return_head.signal(self.predictor, self.head, model_input["bars"],
+                                                       model_input["timestamps"])
                 # the bars as the model read them (float32); forecast has checked them
                 bars = np.asarray(model_input["bars"]).astype(np.float32)
                 if not calibrated or which == "raw":
