@@ -10,6 +10,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -193,10 +194,19 @@ def resolve_compile(choice: str, device: torch.device, run_steps: int | None = N
     return _cxx_compiler() is not None
 
 
-def run_steps(config: Mapping[str, Any], world_size: int = 1) -> int:
-    """Optimizer steps a run of ``config`` takes at most (``n_train_iter`` caps each epoch)."""
-    per_epoch = int(config["n_train_iter"]) // max(1, int(world_size)) // int(config["batch_size"])
-    return int(config["epochs"]) * per_epoch
+def settings_of(section: Any) -> Any:
+    """``section`` read by attribute: a config section (``sections(config).performance``) as it
+    is, a whole config mapping as a namespace of its keys. ``runtime`` sits below ``config``, so
+    the caller builds the section; a caller still holding the whole config may hand that."""
+    return SimpleNamespace(**section) if isinstance(section, Mapping) else section
+
+
+def run_steps(training: Any, world_size: int = 1) -> int:
+    """Optimizer steps a run takes at most (``n_train_iter`` caps each epoch). ``training``: the
+    config's training section (or the whole config)."""
+    training = settings_of(training)
+    per_epoch = int(training.n_train_iter) // max(1, int(world_size)) // int(training.batch_size)
+    return int(training.epochs) * per_epoch
 
 
 def compile_model(model, choice: str):
@@ -251,23 +261,28 @@ def adamw_kwargs(impl: str) -> dict[str, bool]:
             "for-loop": {"foreach": False, "fused": False}}[impl]
 
 
-def describe(config: Mapping[str, Any], device: torch.device, steps: int | None = None) -> dict[str, Any]:
-    """The resolved speed settings, for logs and the benchmark (``steps``: see resolve_compile)."""
+def describe(performance: Any, device: torch.device, steps: int | None = None) -> dict[str, Any]:
+    """The resolved speed settings, for logs and the benchmark (``steps``: see resolve_compile).
+    ``performance``: the config's performance section (or the whole config)."""
+    performance = settings_of(performance)
     return {
-        "precision": resolve_precision(config["precision"], device),
-        "compile": resolve_compile(config["compile"], device, steps),
-        "adamw_impl": resolve_adamw(config["adamw_impl"], device),
-        "fused_layers": resolve_fused(config["fused_layers"], device),
-        "malloc_reuse": resolve_malloc_reuse(config.get("malloc_reuse", "off")),
+        "precision": resolve_precision(performance.precision, device),
+        "compile": resolve_compile(performance.compile, device, steps),
+        "adamw_impl": resolve_adamw(performance.adamw_impl, device),
+        "fused_layers": resolve_fused(performance.fused_layers, device),
+        "malloc_reuse": resolve_malloc_reuse(performance.malloc_reuse),
         "num_threads": torch.get_num_threads(),
     }
 
 
-def configure_process(config, device, local_world_size: int | None = None, run_steps: int | None = None) -> dict:
+def configure_process(performance: Any, device, local_world_size: int | None = None,
+                      run_steps: int | None = None) -> dict:
     """Per-process speed settings: intra-op threads (``num_threads``; 0 = CPUs / local
     processes), one inter-op thread, the allocator, and TF32 matmuls for bf16 runs on CUDA.
-    Returns the resolved settings (threads, precision, compile, AdamW kernel, fused layers)."""
-    threads = configure_threads(config["num_threads"], local_world_size)
-    configure_malloc(config["malloc_reuse"])
-    configure_matmul(resolve_precision(config["precision"], device), device)
-    return {**describe(config, device, run_steps), **threads}
+    Returns the resolved settings (threads, precision, compile, AdamW kernel, fused layers).
+    ``performance``: the config's performance section (or the whole config)."""
+    performance = settings_of(performance)
+    threads = configure_threads(performance.num_threads, local_world_size)
+    configure_malloc(performance.malloc_reuse)
+    configure_matmul(resolve_precision(performance.precision, device), device)
+    return {**describe(performance, device, run_steps), **threads}

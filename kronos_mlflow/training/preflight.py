@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import published
 from ..config.core import check_paths
-from ..config.keys import BACKTEST, DATA, FINETUNE, JOB
+from ..config.keys import BACKTEST, DATA, FINETUNE
 from ..config.sections import as_section, sections
 from ..errors import ConfigError, UserError
 from ..evaluation.backtest import check_signal_days
@@ -91,14 +91,14 @@ def check_start(config: Mapping[str, Any], world_size: int | None = None) -> Non
 
     check_paths(config)
     check_partial_start(config)
-    job = as_section(config, JOB)
-    world = int(world_size or job.nproc_per_node)
-    device = resolve_device(job.device, 0, world)
+    settings = sections(config)
+    world = int(world_size or settings.job.nproc_per_node)
+    device = resolve_device(settings.job.device, 0, world)
     check_processes(world, device)
-    perf.describe(config, device, perf.run_steps(config, world))
+    perf.describe(settings.performance, device, perf.run_steps(settings.training, world))
     check_comet(config)
     if forecasts(config):
-        check_context(as_section(config, DATA))
+        check_context(settings.data)
 
 
 class DataView:
