@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             console.print("no zero-shot pair: the predictor run started fresh and its directory is not here; "
                           "give --zeroshot-predictor (and --zeroshot-tokenizer) to score one")
         card = score_forecasters(config, models, console=console, calibrator=calibrator, ensemble=ensemble,
-                                 aci=aci_state,
+                                 aci_state=aci_state,
                                  head=head)
         if card.reason:  # never a FINISHED run without metrics
             raise UserError(f"nothing to score: {card.reason}")

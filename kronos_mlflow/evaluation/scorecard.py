@@ -222,7 +222,7 @@ def _ic_intervals(per, dates) -> dict[str, float]:
 
 def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], *, origins: Origins | None = None,
                       rank: int = 0, world_size: int = 1, console=None, calibrator=None,
-                      reused: Mapping[str, Any] | None = None, ensemble=None, head=None, aci=None) -> Scorecard:
+                      reused: Mapping[str, Any] | None = None, ensemble=None, head=None, aci_state=None) -> Scorecard:
     """Score the Kronos pairs in ``predictors`` (``finetuned``, ``zeroshot``: a
     ``KronosPredictor`` or None) and the naive forecasters on the test origins of ``config``
     (a collective when ``world_size > 1``: every rank calls it); with ``calibration: on``, the
@@ -244,7 +244,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         per["histvol"] = sc.distribution_scores(vol, history, actual)
     calibration, cal_seconds = _calibrate(config, predictors, origins, per, history, actual, u, rank=rank,
                                           world_size=world_size, console=console, calibrator=calibrator,
-                                          reused=reused, ensemble=ensemble, aci=aci)
+                                          reused=reused, ensemble=ensemble, aci_state=aci_state)
     if cal_seconds is not None:
         seconds["calibration"] = cal_seconds
     groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
@@ -313,12 +313,12 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
 
 
 def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *, rank, world_size, console,
-               calibrator=None, reused=None, ensemble=None, aci=None):
+               calibrator=None, reused=None, ensemble=None, aci_state=None):
     """The calibration origins' base rate of a rise and, with ``calibration: on`` and a fine-tuned
     pair, the calibrator (``calibrator``, the served model's own, when given and fit on bars
     before the first test forecast bar; else fit here on the pair's forecasts of them) and the
     calibrated forecaster's scores in ``per`` (:mod:`~kronos_mlflow.evaluation.calibration`);
-    the seconds the fit took (None when off or given). ``aci``: a dict whose ``from`` (an
+    the seconds the fit took (None when off or given). ``aci_state``: a dict whose ``from`` (an
     :class:`~kronos_mlflow.evaluation.aci.Start`) aci's levels start at, filled with where they
     started and ended (:func:`~kronos_mlflow.evaluation.aci.run`'s ``state``)."""
     out = {"base_rate": float("nan"), "calibrator": None, "status": "off"}
@@ -352,7 +352,7 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
     adaptive = aci.scored_from(keep, ensemble, per["finetuned"], per[en.ENSEMBLE] if ensemble is not None
                                else per[CALIBRATED], history, actual, origins, float(config.get("aci_step", 0.01)),
-                               u, start=(aci or {}).get("from"), state=aci)
+                               u, start=(aci_state or {}).get("from"), state=aci_state)
     if adaptive is not None:
         per[aci.ACI] = sc.distribution_scores(adaptive, history, actual)
     out["calibrator"] = calibrator
