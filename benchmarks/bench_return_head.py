@@ -6,8 +6,10 @@
 One training step of the predictor as the predictor stage takes it (tokenize the window under
 no_grad, the forward on ``tokens[:, :-1]``, ``(CE_s1 + CE_s2) / 2``, backward, AdamW), with and
 without the return head (model/return_head.py: the context tapped by a hook on the final norm,
-the head at the origin, ``1 - corr`` against the normalised return, weight 1). The two kinds of
-step alternate after a warm-up, so both see the same machine. Sizes are the config defaults: a
+the head at the origin, ``1 - corr`` against the normalised return, weight 1); and the stage's
+own step (``train_step`` of ``PredictorStage``: clip included) with ``predictor_objective``
+tokens and tokens+return, the joint training's step. The kinds of step alternate after a
+warm-up, so all see the same machine. Sizes are the config defaults: a
 fresh predictor (the config's sizes, Kronos-mini's dropouts), its tokenizer, a batch of 50 windows
 of lookback 90 + horizon 10 + 1 bars. Reported: the median seconds per step of each, the ratio,
 the head's parameters and the peak RSS (the process's: both kinds of step).
@@ -76,15 +78,39 @@ def main(argv=None) -> int:
         optimizer.step()
         return time.perf_counter() - t0
 
-    for kind in (False, True):  # warm-up
-        step(kind)
-    times = {False: [], True: []}
+    # The stage's own step (training/loop.train_step: the loss, clip, AdamW), predictor_objective
+    # tokens and tokens+return (the head a submodule of the model, its tap kept on the final norm).
+    from kronos_mlflow.model.return_head import attach
+    from kronos_mlflow.stages.predictor.training import PredictorStage
+    from kronos_mlflow.training.loop import train_step
+
+    joint_config = {**config, "predictor_objective": "tokens+return"}
+    staged = {}
+    for name, cfg in (("tokens", config), ("joint", joint_config)):
+        torch.manual_seed(0)
+        m = attach(build_predictor({**config, "pretrained_predictor_path": ""}, tokenizer), cfg).train()
+        staged[name] = (m, torch.optim.AdamW(m.parameters(), lr=1e-5), PredictorStage(tokenizer, cfg), cfg)
+
+    def stage_step(name: str) -> float:
+        m, opt, stage, cfg = staged[name]
+        t0 = time.perf_counter()
+        train_step(m, opt, x, cfg, "fp32", stage=stage, batch_stamp=stamp)
+        return time.perf_counter() - t0
+
+    kinds = {False: lambda: step(False), True: lambda: step(True), "tokens": lambda: stage_step("tokens"),
+             "joint": lambda: stage_step("joint")}
+    for run in kinds.values():  # warm-up
+        run()
+    times = {kind: [] for kind in kinds}
     for _ in range(args.steps):
-        for kind in (False, True):
-            times[kind].append(step(kind))
+        for kind, run in kinds.items():
+            times[kind].append(run())
     plain, with_head = statistics.median(times[False]), statistics.median(times[True])
+    stage_tokens, stage_joint = statistics.median(times["tokens"]), statistics.median(times["joint"])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
     out = {"plain_s_per_step": plain, "head_s_per_step": with_head, "ratio": with_head / plain,
+           "stage_tokens_s_per_step": stage_tokens, "stage_joint_s_per_step": stage_joint,
+           "stage_ratio": stage_joint / stage_tokens,
            "head_parameters": sum(p.numel() for p in head.parameters()),
            "predictor_parameters": sum(p.numel() for p in model.parameters()), "peak_rss_mib": rss,
            "batch": args.batch, "window": int(x.shape[1]), "steps": args.steps, "threads": torch.get_num_threads(),
@@ -95,6 +121,8 @@ def main(argv=None) -> int:
         print(f"plain predictor step: {plain:.3f} s (median of {args.steps}); with the return head: {with_head:.3f} s "
               f"(x{with_head / plain:.3f}); head {out['head_parameters']:,} parameters beside the predictor's "
               f"{out['predictor_parameters']:,}; peak RSS {rss:.0f} MiB ({out['machine']})")
+        print(f"the stage's step, predictor_objective tokens: {stage_tokens:.3f} s; tokens+return: {stage_joint:.3f} s "
+              f"(x{stage_joint / stage_tokens:.3f})")
     return 0
 
 
