@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = str(ROOT / "kronos_mlflow" / "train" / "__main__.py")  # sys.argv[0] of `python -m kronos_mlflow.train`
 PREDICTOR_SCRIPT = str(ROOT / "kronos_mlflow" / "train_predictor" / "__main__.py")
+LAUNCH_SCRIPT = str(ROOT / "kronos_mlflow" / "launch" / "__main__.py")  # the MLproject main's launcher
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("kronos-mlflow"))
 PACKAGE_MAIN = str(ROOT / "kronos_mlflow" / "__main__.py")  # sys.argv[0] of `python -m kronos_mlflow`
 SWEEP_SCRIPT = str(ROOT / "sweeps" / "sweep.py")
@@ -38,6 +39,8 @@ def entry_of(argv: list[str]) -> tuple[str, list[str]]:
         return "kronos_mlflow.training.run:cli", [TRAIN_SCRIPT, *argv[3:]]
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow.train_predictor"]:
         return "kronos_mlflow.cli.train_predictor:cli", [PREDICTOR_SCRIPT, *argv[3:]]
+    if argv[:3] == [sys.executable, "-m", "kronos_mlflow.launch"]:
+        return "kronos_mlflow.cli.launch:main", [LAUNCH_SCRIPT, *argv[3:]]
     if argv[:3] == [sys.executable, "-m", "kronos_mlflow"]:  # kronos_mlflow/__main__.py calls the console script's main
         return "kronos_mlflow.cli.main:main", [PACKAGE_MAIN, *argv[3:]]
     if argv[0] == "kronos-mlflow":

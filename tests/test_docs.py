@@ -250,7 +250,9 @@ def _script_flags(path: str) -> frozenset[str]:
 def _torchrun_flags() -> frozenset[str]:
     from torch.distributed.run import get_args_parser
 
-    return _option_strings(get_args_parser())
+    from kronos_mlflow.cli.launch import CHECK_FIRST  # kronos_mlflow.launch: torchrun's flags and its own
+
+    return _option_strings(get_args_parser()) | {CHECK_FIRST}
 
 
 @cache

@@ -41,15 +41,16 @@ def test_mlproject_main_parameters_are_the_interface():
             assert type(default)(spec["default"]) == default, name
 
 
-def test_mlproject_check_and_torchrun_get_the_same_arguments():
-    command = _mlproject()["entry_points"]["main"]["command"]
-    check, launch = command.split("&&")
-    check_args = check.split("kronos_mlflow.train --check", 1)[1].split()
-    launch_args = launch.split("-m kronos_mlflow.train", 1)[1].split()
-    assert check_args == launch_args
-    # every parameter reaches the command
-    for name in _mlproject()["entry_points"]["main"]["parameters"]:
-        assert "{" + name + "}" in launch
+def test_mlproject_main_is_one_command_that_names_each_parameter_once():
+    """``main``: the launcher checks the training flags in its process (``--check-first``), then
+    hands the same flags to torchrun's workers; torchrun's process count and restarts come from
+    the checked flags, so each parameter is named once."""
+    entry = _mlproject()["entry_points"]["main"]
+    command = entry["command"]
+    assert "&&" not in command
+    assert command.startswith("python -m kronos_mlflow.launch --check-first --standalone -m kronos_mlflow.train ")
+    for name in entry["parameters"]:
+        assert command.count("{" + name + "}") == 1, name
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,12 +1,15 @@
 """``python -m kronos_mlflow.launch``: torchrun, with the training's own errors kept to one line.
 
 It takes torchrun's arguments unchanged (the MLproject runs it in place of ``torchrun``) and
-parses the training flags before any worker starts: docs/configuration.md#flags.
+parses the training flags before any worker starts: docs/configuration.md#flags. With
+``--check-first`` (the MLproject's ``main``) it runs the training's whole ``--check`` on those
+flags first, in this process, so a command names each flag once.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -14,13 +17,64 @@ from collections.abc import Sequence
 from ..config import checks
 from ..config.argparsing import OneLineParser
 from ..errors import UserError
-from ..runtime.stopping import KEEP_KILLED, alive, keep_killed_status, mlflow_run_pid
-from ..tracking.project_run import record_failure
+from ..runtime.stopping import KEEP_KILLED, TrainingStopped, alive, keep_killed_status, mlflow_run_pid
+from ..tracking.project_run import exit_in_one_line, record_failure
+from ..training import run as training
 from ..training.run import MAX_RESTARTS, add_arguments
 
 TRAIN_MODULE = "kronos_mlflow.train"
 TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
+CHECK_NAMES = {TRAIN_MODULE: "kronos-mlflow train", "kronos_mlflow.train_predictor": "kronos-mlflow train-predictor"}
 QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
+
+
+CHECK_FIRST = "--check-first"  # the launcher's own option: the training's --check, here, before any worker
+
+
+def split_check_first(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """(whether :data:`CHECK_FIRST` was given among the launcher's options, before ``-m``; the
+    arguments without it: torchrun's, unchanged)."""
+    argv = list(argv)
+    end = argv.index("-m") if "-m" in argv else len(argv)
+    return CHECK_FIRST in argv[:end], [a for a in argv[:end] if a != CHECK_FIRST] + argv[end:]
+
+
+def check_training(argv: Sequence[str]) -> tuple[int, list[str]]:
+    """The training's ``--check`` (config, data, checkpoints, tracking store: one line and exit
+    code 2 on bad input) on the flags after ``-m kronos_mlflow.train`` (or ``.train_predictor``),
+    parsed once, here, with the messages of ``python -m kronos_mlflow.train --check``. Returns its
+    exit code and torchrun's arguments: those given, plus ``--nproc_per_node`` and
+    ``--max-restarts`` from the checked training flags where the launcher was not given them (so
+    the MLproject names each parameter once)."""
+    argv = list(argv)
+    module = next((m for m in TRAIN_MODULES if m in argv), None)
+    if module is None:
+        return 0, argv
+    stage = TRAIN_MODULES[module]
+    parser = OneLineParser(prog=f"python -m {module}")
+    parser.on_error = record_failure
+    training.add_arguments(parser, stage)
+    args = parser.parse_args(argv[argv.index(module) + 1:])
+    checked: dict = {}
+
+    def work() -> int:
+        try:
+            checked["config"] = config = training.config_of(args)
+            training.check(config)
+        except KeyboardInterrupt:  # as the training command's own check: a stop, one line
+            raise TrainingStopped(signal.SIGINT) from None
+        return 0
+
+    code = exit_in_one_line(CHECK_NAMES[module], work)
+    if code:
+        return code, argv
+    start = argv.index("-m")
+    extra = []
+    if _launcher_value(argv, "--nproc-per-node", "--nproc_per_node") is None:
+        extra += ["--nproc_per_node", str(checked["config"]["nproc_per_node"])]
+    if _launcher_value(argv, "--max-restarts", "--max_restarts") is None and args._max_restarts is not None:
+        extra += ["--max-restarts", str(args._max_restarts)]
+    return 0, argv[:start] + extra + argv[start:]
 
 
 def check_train_flags(argv: Sequence[str]) -> None:
@@ -78,8 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..stages import build_registry  # lazy: the stages and their plugins, not for keep_killed
 
     build_registry()  # before the training flags' config is checked
+    check_first, argv = split_check_first(argv)
+    if check_first:  # the MLproject's main: every flag named once, checked here, then handed to the workers
+        code, argv = check_training(argv)
+        if code:
+            return code
     check_launcher_flags(argv)
-    check_train_flags(argv)
+    if not check_first:  # the check above parsed them
+        check_train_flags(argv)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun

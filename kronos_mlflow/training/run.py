@@ -442,12 +442,18 @@ def config_of(args: argparse.Namespace) -> dict:
         raise same_on_every_rank(exc) from None
 
 
+def check(config: Mapping[str, Any]) -> None:
+    """``--check``: ``auto``'s checkpoints decided (the cache, then the hub: the workers then find
+    them in the cache), then :func:`preflight`; says so when everything passed."""
+    decide_starts(config)
+    preflight(config)
+    print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_of(args)
     if getattr(args, "_check", False):
-        decide_starts(config)  # auto's checkpoints: the cache, then the hub (workers then find them in the cache)
-        preflight(config)
-        print("[kronos] check passed: config, data directory, checkpoint and tracking server are usable")
+        check(config)
         return 0
     main(config)
     return 0
