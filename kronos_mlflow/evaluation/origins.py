@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from ..config.core import time_bounds
+from ..config.keys import DATA, EVALUATION
+from ..config.sections import as_section, sections, sections_type
 from ..data import QlibDataset
 from ..data.prepare import resolve_qlib_path
 from .windows import evenly_spaced
@@ -23,27 +24,38 @@ from .windows import evenly_spaced
 CLOSE = 3  # the close column of the six features
 
 
-def eval_stride(config: Mapping[str, Any]) -> int:
-    """``eval_stride``, or ``predict_window`` when it is 0."""
-    return int(config.get("eval_stride") or 0) or int(config["predict_window"])
+def settings_of(config: Any) -> Any:
+    """Every section of ``config`` (:func:`~kronos_mlflow.config.sections.sections`): the origins
+    read the data, evaluation, training and backtest sections; a caller may hand them built, or
+    the whole config."""
+    return config if isinstance(config, sections_type()) else sections(config)
+
+
+def eval_stride(evaluation: Any, data: Any = None) -> int:
+    """``eval_stride``, or ``predict_window`` when it is 0. ``evaluation``, ``data``: the
+    config's evaluation and data sections, or the whole config as ``evaluation``."""
+    data = evaluation if data is None else data
+    return int(as_section(evaluation, EVALUATION).eval_stride or 0) or int(as_section(data, DATA).predict_window)
 
 
 SPLITS = ("test", "val")
 
 
-def calendar_of_range(config: Mapping[str, Any], split: str = "test") -> np.ndarray:
+def calendar_of_range(data: Any, split: str = "test") -> np.ndarray:
     """The provider's calendar bars inside the split's time range (``test_time_range`` or
-    ``val_time_range``; ``datetime64[s]``, ascending)."""
-    path = resolve_qlib_path(config) / "calendars" / f"{config.get('freq') or 'day'}.txt"
+    ``val_time_range``; ``datetime64[s]``, ascending). ``data``: the config's data section, or
+    the whole config."""
+    data = as_section(data, DATA)
+    path = resolve_qlib_path(data) / "calendars" / f"{data.freq or 'day'}.txt"
     lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     calendar = np.array(lines, dtype="datetime64[s]")
-    a, b = time_bounds(*config[f"{split}_time_range"])
+    a, b = time_bounds(*getattr(data, f"{split}_time_range"))
     return calendar[(calendar >= a) & (calendar <= b)]
 
 
-def calendar_of_test_range(config: Mapping[str, Any]) -> np.ndarray:
-    """The provider's calendar bars inside ``test_time_range``."""
-    return calendar_of_range(config, "test")
+def calendar_of_test_range(data: Any) -> np.ndarray:
+    """The provider's calendar bars inside ``test_time_range`` (``data``: as :func:`calendar_of_range`)."""
+    return calendar_of_range(data, "test")
 
 
 def thin_dates(dates: np.ndarray, limit: int) -> np.ndarray:
@@ -136,25 +148,29 @@ class Origins:
         return f"{shown} origins on {dates:,} dates (stride {self.stride}){left}"
 
 
-def forecast_origins(config: Mapping[str, Any], split: str = "test", *, stride: int | None = None,
+def forecast_origins(config: Any, split: str = "test", *, stride: int | None = None,
                      limit: int | None = None) -> Origins:
     """The origins of ``config``'s test split (``split="val"``: of its validation split, keeping
     only origins whose forecast bars all lie after ``train_time_range``, since the validation
     range overlaps training to give its first windows a lookback, and at most
     ``n_val_skill_windows`` of them), prepared on first use. ``stride`` and ``limit`` replace
-    ``eval_stride`` and the split's origin limit (:func:`signal_origins`)."""
+    ``eval_stride`` and the split's origin limit (:func:`signal_origins`). ``config``: as
+    :func:`settings_of` takes it."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
-    lookback, horizon = int(config["lookback_window"]), int(config["predict_window"])
-    stride = int(stride) if stride else eval_stride(config)
+    settings = settings_of(config)
+    data = settings.data
+    lookback, horizon = int(data.lookback_window), int(data.predict_window)
+    stride = int(stride) if stride else eval_stride(settings.evaluation, data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an empty split is reported once, by the caller
-        ds = QlibDataset(split, config, progress=False)
+        ds = QlibDataset(split, data, progress=False, job=settings.job, training=settings.training,
+                         backtest=settings.backtest)
     bar_times = np.load(ds.cache_dir / f"{split}_dates.npy", allow_pickle=False).astype("datetime64[s]")
-    calendar = calendar_of_range(config, split)
+    calendar = calendar_of_range(data, split)
     # nothing forecast is a bar the split before saw: validation's forecasts start after
     # training's range, the test's after validation's (which chose the checkpoint)
-    after = time_bounds(*config["train_time_range" if split == "val" else "val_time_range"])[1]
+    after = time_bounds(*(data.train_time_range if split == "val" else data.val_time_range))[1]
     rows, series, positions, inside = [], [], [], 0
     for j in range(len(ds.symbols)):
         first, end = int(ds.offsets[j]), int(ds.offsets[j + 1])
@@ -175,7 +191,7 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test", *, stride: 
     order = np.lexsort((series_a, pos_a))
     rows_a, series_a, pos_a = rows_a[order], series_a[order], pos_a[order]
     if limit is None:
-        limit = config["n_eval_windows"] if split == "test" else config["n_val_skill_windows"]
+        limit = settings.evaluation.n_eval_windows if split == "test" else settings.training.n_val_skill_windows
     keep = thin_dates(pos_a, int(limit))
     return Origins(rows=rows_a[keep], series=series_a[keep], positions=pos_a[keep], dates=bar_times[rows_a[keep]],
                    symbols=list(ds.symbols), x=ds.x, bar_times=bar_times, lookback=lookback, horizon=horizon,
@@ -184,19 +200,23 @@ def forecast_origins(config: Mapping[str, Any], split: str = "test", *, stride: 
                    in_validation=inside if split == "test" else 0)
 
 
-def signal_origins(config: Mapping[str, Any]) -> Origins:
+def signal_origins(config: Any) -> Origins:
     """The origins the backtest's signal is forecast from: those of the test split (the same
-    rules) at every ``backtest_signal_stride``-th calendar bar, all of them."""
-    return forecast_origins(config, stride=int(config.get("backtest_signal_stride") or 1), limit=1 << 62)
+    rules) at every ``backtest_signal_stride``-th calendar bar, all of them. ``config``: as
+    :func:`settings_of` takes it."""
+    settings = settings_of(config)
+    return forecast_origins(settings, stride=int(settings.backtest.backtest_signal_stride or 1), limit=1 << 62)
 
 
-def no_origins_reason(origins: Origins, config: Mapping[str, Any]) -> str:
-    """Why the test split has no origin to score, in the words of one line."""
-    test = ":".join(config["test_time_range"])
+def no_origins_reason(origins: Origins, data: Any) -> str:
+    """Why the test split has no origin to score, in the words of one line. ``data``: the
+    config's data section, or the whole config."""
+    data = as_section(data, DATA)
+    test = ":".join(data.test_time_range)
     if origins.in_validation:
         return (f"every one of the {origins.in_validation:,} forecast origins of test_time_range {test} forecasts bars "
-                f"inside val_time_range (to {config['val_time_range'][1]}), which chose the checkpoint; expected "
+                f"inside val_time_range (to {data.val_time_range[1]}), which chose the checkpoint; expected "
                 "test_time_range to reach past val_time_range's end by lookback_window + predict_window bars")
-    return (f"no forecast origins in test_time_range {test} (each needs lookback_window {config['lookback_window']} + "
-            f"predict_window {config['predict_window']} bars of a series inside it); widen test_time_range or shorten "
+    return (f"no forecast origins in test_time_range {test} (each needs lookback_window {data.lookback_window} + "
+            f"predict_window {data.predict_window} bars of a series inside it); widen test_time_range or shorten "
             "the windows")
