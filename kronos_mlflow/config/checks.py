@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, UserError
+from .secrets import redact_uri
 
 #: Symbols and universe names become file names: a portable set, never a path.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -257,14 +258,6 @@ TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http"
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 
-# The same rule as kronos_mlflow.config.secrets.redact_uri (which imports the config: not from here).
-_URI_PASSWORD_RE = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<password>[^@/?#\s]+)(?=@)")
-
-
-def _without_password(uri: str) -> str:
-    return _URI_PASSWORD_RE.sub(lambda m: m.group("prefix") + "***", uri)
-
-
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URI (None for in-memory or not sqlite)."""
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
@@ -283,7 +276,7 @@ def tracking_uri(uri: str, source: str, *, error: type[UserError] = UserError,
     store's path not under a regular file. ``source`` says where it came from
     (``MLFLOW_TRACKING_URI``, ``--tracking-uri``). The password of a URI is never shown."""
     text = str(uri).strip()
-    safe = _without_password(text)
+    safe = redact_uri(text)
     if "\0" in text:
         raise error(f"{source}: '{shown(safe)}' is not a URI")
     parts = urllib.parse.urlsplit(text)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +32,7 @@ from .keys import KEY, KEYS, LORA_GROUPS, horizons, lora_targets  # noqa: F401
 from .timeranges import (check_data_span, data_span, format_time_range, parse_date, parse_date_or_auto,  # noqa: F401
                          parse_time_range, time_bounds)
 from .yamlfile import read_mapping
+from .secrets import is_secret_key  # noqa: F401 - the one secret rule set: kronos_mlflow/config/secrets.py
 
 #: key -> its default and its help, from the declarations (:data:`kronos_mlflow.config.keys.KEYS`).
 DEFAULTS: dict[str, Any] = {key.name: key.default for key in KEYS}
@@ -62,9 +62,6 @@ MAX_VALUES: dict[str, int | float] = {key.name: key.high for key in KEYS if key.
 # Paths that must be directories (or creatable as one); empty means "not used" where allowed.
 DIRECTORY_KEYS = tuple(key.name for key in KEYS if key.directory)
 
-_SECRET_WORDS = {"token", "tokens", "password", "passwd", "pwd", "secret", "secrets", "credential",
-                 "credentials", "apikey", "auth"}
-_SECRET_PAIRS = re.compile(r"(api|access|private|secret)[_-]?key", re.IGNORECASE)
 
 
 def canonical_key(name: str, stage: str = DEFAULT_STAGE) -> str:
@@ -76,13 +73,6 @@ def canonical_key(name: str, stage: str = DEFAULT_STAGE) -> str:
     if key in STAGE_ALIASES and stage in registered():
         return getattr(registered()[stage], STAGE_ALIASES[key])
     return ALIASES.get(key, key)
-
-
-def is_secret_key(name: str) -> bool:
-    """True for names that look like they hold a credential (api_key, token, password, ...)."""
-    if _SECRET_PAIRS.search(name):
-        return True
-    return any(part in _SECRET_WORDS for part in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def _unknown(key: str) -> ConfigError:

@@ -11,8 +11,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .core import is_secret_key
-
 REDACTED = "***"
 
 # Always secret, whatever their name looks like.
@@ -28,19 +26,31 @@ MIN_SECRET_LENGTH = 4
 # scheme://user:password@host -> group "password". The user part may be empty (":pw@").
 _URI_PASSWORD_RE = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<password>[^@/?#\s]+)(?=@)")
 
-# Whole words (split on _ - . space and camelCase) that mark a credential. Word matching keeps
-# names such as TOKENIZERS_PARALLELISM or tokenizer_learning_rate from looking secret.
-_SECRET_WORDS = frozenset(
-    {"secret", "secrets", "password", "passwd", "pwd", "token", "tokens", "credential", "credentials", "apikey"}
-)
-_KEY_PREFIXES = frozenset({"api", "access", "private", "secret"})  # api_key, ACCESS_KEY, privateKey...
+# The one rule set of credential names (every reader of a name asks is_secret_key or
+# is_secret_name below). Whole words mark a credential: word matching keeps names such as
+# TOKENIZERS_PARALLELISM or tokenizer_learning_rate from looking secret.
+_KEY_PREFIXES = ("api", "access", "private", "secret")  # api_key, ACCESS_KEY, privateKey, secret-key...
+#: words of a name split on anything but letters and digits, lower-cased (a config key, a flag)
+SECRET_WORDS = frozenset({"token", "tokens", "password", "passwd", "pwd", "secret", "secrets", "credential",
+                          "credentials", "apikey", "auth"})
+#: the same words, found also between camelCase parts (``authToken``, ``apiKey``); ``auth`` alone
+#: is a whole lower-case word only (``useAuth`` names a switch, not a credential)
+_CAMEL_WORDS = SECRET_WORDS - {"auth"}
+_SECRET_PAIRS = re.compile(r"(" + "|".join(_KEY_PREFIXES) + r")[_-]?key", re.IGNORECASE)
 _WORD_SPLIT_RE = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_secret_key(name: str) -> bool:
+    """True for config keys that look like they hold a credential (api_key, token, password, ...)."""
+    if _SECRET_PAIRS.search(name):
+        return True
+    return any(part in SECRET_WORDS for part in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def is_secret_name(name: str) -> bool:
     """True when ``name`` (an env var, config key or param key) looks like it holds a credential.
 
-    :func:`kronos_mlflow.config.core.is_secret_key`, plus camelCase names (``authToken``,
+    :func:`is_secret_key`, plus camelCase names (``authToken``,
     ``apiKey``). A credential word must be a whole word, so that ``tokenizer_learning_rate`` or
     ``TOKENIZERS_PARALLELISM`` are not mistaken for secrets.
     """
@@ -48,7 +58,7 @@ def is_secret_name(name: str) -> bool:
     if is_secret_key(name):
         return True
     words = [w.lower() for w in _WORD_SPLIT_RE.split(name) if w]
-    if any(w in _SECRET_WORDS for w in words):
+    if any(w in _CAMEL_WORDS for w in words):
         return True
     return any(a in _KEY_PREFIXES and b == "key" for a, b in zip(words, words[1:]))
 
