@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..config.keys import DATA, FINETUNE, OPTIMIZER, TRACKING
+from ..config.sections import as_section
 from ..config.stage_keys import stage_keys, stage_of
 
 #: What MLflow calls a run it was given no name for (``bright-owl-123``): a name this project may replace.
@@ -21,20 +23,24 @@ GENERATED = re.compile(r"[a-z]+-[a-z]+-[0-9]{1,3}")
 Fold = tuple[int, int]  # (fold number, number of folds)
 
 
-def market(config: Mapping[str, Any]) -> str:
-    """``demo`` for the built-in demo market (an empty ``qlib_data_path``), else the instrument."""
-    if not str(config.get("qlib_data_path") or "").strip():
+def market(data: Any) -> str:
+    """``demo`` for the built-in demo market (an empty ``qlib_data_path``), else the instrument.
+    ``data``: the config's data section, or the whole config."""
+    data = as_section(data, DATA)
+    if not str(data.qlib_data_path or "").strip():
         return "demo"
-    return str(config.get("instrument") or "").strip() or "market"
+    return str(data.instrument or "").strip() or "market"
 
 
-def mode_words(config: Mapping[str, Any]) -> list[str]:
-    """The fine-tune mode as a name shows it: nothing for ``full``, ``lora r=8``, ``freeze 2``."""
-    mode = str(config.get("finetune_mode") or "full")
+def mode_words(finetune: Any) -> list[str]:
+    """The fine-tune mode as a name shows it: nothing for ``full``, ``lora r=8``, ``freeze 2``.
+    ``finetune``: the config's finetune section, or the whole config."""
+    finetune = as_section(finetune, FINETUNE)
+    mode = str(finetune.finetune_mode or "full")
     if mode == "lora":
-        return ["lora", f"r={config.get('lora_rank')}"]
+        return ["lora", f"r={finetune.lora_rank}"]
     if mode == "freeze":
-        return ["freeze", str(config.get("freeze_layers"))]
+        return ["freeze", str(finetune.freeze_layers)]
     return []
 
 
@@ -42,9 +48,10 @@ def _fold(fold: Fold | None) -> list[str]:
     return [f"fold {fold[0]}/{fold[1]}"] if fold else []
 
 
-def given(config: Mapping[str, Any]) -> str:
-    """The config's own ``run_name`` ('' when none was given)."""
-    return str(config.get("run_name") or "").strip()
+def given(tracking: Any) -> str:
+    """The config's own ``run_name`` ('' when none was given). ``tracking``: the config's
+    tracking section, or the whole config."""
+    return str(as_section(tracking, TRACKING).run_name or "").strip()
 
 
 def training(config: Mapping[str, Any], *, fold: Fold | None = None) -> str:
@@ -53,8 +60,8 @@ def training(config: Mapping[str, Any], *, fold: Fold | None = None) -> str:
         return given(config)
     stage = stage_of(config)
     lr = float(config[stage_keys(config).learning_rate])
-    return " ".join([*_fold(fold), stage, *mode_words(config), f"lr={lr:.0e}",
-                     f"wd={float(config['adam_weight_decay']):g}", market(config)])
+    decay = float(as_section(config, OPTIMIZER).adam_weight_decay)
+    return " ".join([*_fold(fold), stage, *mode_words(config), f"lr={lr:.0e}", f"wd={decay:g}", market(config)])
 
 
 def evaluation(config: Mapping[str, Any], *, fold: Fold | None = None) -> str:
