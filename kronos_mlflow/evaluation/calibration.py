@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config.keys import DATA, EVALUATION
+from ..config.sections import as_section
 from ..errors import UserError
 from ..serving.forecasting.quantiles import MIN_CALIBRATED_LOOKBACK, Calibrator, floored
 from . import probabilistic as pr
@@ -111,48 +113,53 @@ def time_range(origins) -> tuple[str, str]:
     return (str(future.min())[:19], str(future.max())[:19])
 
 
-def too_few(n: int, config: Mapping[str, Any]) -> str:
+def too_few(n: int, evaluation: Any, data: Any = None) -> str:
     """Why ``n`` calibration origins are refused ('' when enough), or a lookback too short for
     the volatility the calibrator scales by (fewer than
-    :data:`~kronos_mlflow.serving.forecasting.quantiles.MIN_CALIBRATED_LOOKBACK` bars)."""
-    lookback = int(config.get("lookback_window") or 0)
+    :data:`~kronos_mlflow.serving.forecasting.quantiles.MIN_CALIBRATED_LOOKBACK` bars).
+    ``evaluation``, ``data``: the config's evaluation and data sections, or the whole config as
+    ``evaluation`` (so too in :func:`check_enough` and :func:`skipped`)."""
+    data = as_section(evaluation if data is None else data, DATA)
+    evaluation = as_section(evaluation, EVALUATION)
+    lookback = int(data.lookback_window or 0)
     if lookback < MIN_CALIBRATED_LOOKBACK:
         return (f"calibration on: lookback_window {lookback} gives no volatility for the calibrator to scale by (the "
                 f"std of the close's log returns needs at least {MIN_CALIBRATED_LOOKBACK} bars); raise lookback_window "
                 f"to {MIN_CALIBRATED_LOOKBACK} or more, or set calibration off")
-    need = int(config.get("calibration_min_origins") or 1)
+    need = int(evaluation.calibration_min_origins or 1)
     if n >= need:
         return ""
-    return (f"calibration on: {n:,} calibration origins in val_time_range {':'.join(config['val_time_range'])} "
+    return (f"calibration on: {n:,} calibration origins in val_time_range {':'.join(data.val_time_range)} "
             f"(validation forecast origins forecasting bars after train_time_range and before the first test "
             f"forecast bar), fewer than calibration_min_origins {need}; widen val_time_range, lower "
             "calibration_min_origins, or set calibration off")
 
 
-def check_enough(n: int, config: Mapping[str, Any]) -> None:
+def check_enough(n: int, evaluation: Any, data: Any = None) -> None:
     """Refuse too few calibration origins (:func:`too_few`) with ``calibration: on``; with
     ``auto`` the run goes on without calibration (:func:`skipped` says why)."""
-    reason = too_few(n, config)
-    if reason and mode(config) == "on":
+    reason = too_few(n, evaluation, data)
+    if reason and mode(evaluation) == "on":
         raise UserError(reason)
 
 
-def mode(config: Mapping[str, Any]) -> str:
-    """``calibration``: ``auto`` (the default), ``on`` or ``off``."""
-    return str(config.get("calibration", "auto"))
+def mode(evaluation: Any) -> str:
+    """``calibration``: ``auto`` (the default), ``on`` or ``off``. ``evaluation``: the config's
+    evaluation section, or the whole config."""
+    return str(as_section(evaluation, EVALUATION).calibration)
 
 
-def is_on(config: Mapping[str, Any]) -> bool:
+def is_on(evaluation: Any) -> bool:
     """Whether calibration is asked for: ``on``, or ``auto`` (then only with enough origins)."""
-    return mode(config) in ("on", "auto")
+    return mode(evaluation) in ("on", "auto")
 
 
-def skipped(n: int, config: Mapping[str, Any]) -> str:
+def skipped(n: int, evaluation: Any, data: Any = None) -> str:
     """With ``calibration: auto`` and too few of the ``n`` calibration origins (or a lookback too
     short), the one line saying that the run goes on without calibration, why and how to get it;
     '' otherwise."""
-    reason = too_few(n, config)
-    if not reason or mode(config) != "auto":
+    reason = too_few(n, evaluation, data)
+    if not reason or mode(evaluation) != "auto":
         return ""
     why = reason.removeprefix("calibration on: ").split("; ")[0]
     return (f"calibration auto: {why}: going on without calibration (no finetuned_calibrated, ensemble or aci, "

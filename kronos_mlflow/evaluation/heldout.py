@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config.core import format_time_range, stage_keys
+from ..config.keys import DATA, TRAINING, VERDICT
+from ..config.sections import as_section
 from ..runtime.distributed import dist_sum
 from ..tracking.keys import TEST_PREFIX, TEST_WINDOWS_DIGEST_TAG
 from ..config import published
@@ -38,7 +40,7 @@ def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, co
     :class:`~kronos_mlflow.stages.base.HeldOutPiece`) and judge the change (a collective when
     ``world_size > 1``)."""
     progress = console.progress if console is not None else None
-    batch_size = int(config["batch_size"])
+    batch_size = int(as_section(config, TRAINING).batch_size)
     scored = []
     for source, name in ((model_source, names[0]), (base_source, names[1])):
         model = stage.load(source, device) if isinstance(source, (str, Path)) else source
@@ -46,7 +48,7 @@ def compare_on(windows: HeldOutWindows, model_source, base_source, device, *, co
                                   progress=progress, desc=f"{windows.split}: {name}"))
         del model
     (losses, metrics), (base_losses, base_metrics) = scored
-    return judge(losses, base_losses, metrics, base_metrics, min_change=float(config["verdict_min_change"]),
+    return judge(losses, base_losses, metrics, base_metrics, min_change=float(as_section(config, VERDICT).verdict_min_change),
                  base_label=label, loss=stage.loss, split=windows.split, windows_digest=windows.digest, prefix=prefix)
 
 
@@ -68,9 +70,10 @@ def evaluate_run(config: Mapping[str, Any], best_dir: Path, start_dir: Path | No
     # as there only when every rank can read them (several nodes need a shared save_path).
     readable = dist_sum([float(base is not None), float((Path(best_dir) / "model.safetensors").is_file())])
     if not len(windows):
+        data = as_section(config, DATA)
         result = unavailable(
-            f"no test windows for instrument '{config['instrument']}' in test_time_range "
-            f"{format_time_range(config['test_time_range'])}; widen test_time_range to judge the fine-tune",
+            f"no test windows for instrument '{data.instrument}' in test_time_range "
+            f"{format_time_range(data.test_time_range)}; widen test_time_range to judge the fine-tune",
             base_label=label)
     elif min(readable) < world_size:
         result = unavailable("the best checkpoint or the starting weights (checkpoints/start/) cannot be read on "

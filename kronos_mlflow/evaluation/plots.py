@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..config.features import FEATURES, NORM_EPS
+from ..config.keys import DATA, TRACKING
+from ..config.sections import as_section
 from ..config.layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -216,16 +218,17 @@ def write_validation_plots(out_dir: str, model, val_ds, stats, config: Mapping[s
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     at = f"best epoch {best_epoch}" if best_epoch is not None and best_epoch >= 0 else "final weights"
-    run = str(config.get("run_name") or "")
+    data = as_section(config, DATA)
+    run = str(as_section(config, TRACKING).run_name or "")
     if val_ds is not None and len(val_ds):
         inputs = reconstruction_inputs(model, val_ds)
         info = inputs["info"]
-        cut = 10 if str(config.get("freq", "day")) == "day" else 16
+        cut = 10 if str(data.freq) == "day" else 16
         where = (f"{info.get('symbol', '?')} {info.get('first', '')[:cut].replace('T', ' ')} .. "
                  f"{info.get('last', '')[:cut].replace('T', ' ')}") if info else ""
         title = (f"Validation window 0 (epoch seed 0): {where} | {at}" + (f" | run {run}" if run else "")).strip()
         paths.append(plot_reconstruction(inputs["raw"], inputs["x_norm"], inputs["z_pre"], inputs["z"],
-                                         int(config["lookback_window"]), os.path.join(out_dir, RECONSTRUCTION_PNG),
+                                         int(data.lookback_window), os.path.join(out_dir, RECONSTRUCTION_PNG),
                                          title=title, stamps=inputs.get("stamps")))
     if stats is not None and stats.rows:
         s1_ids, s1_counts = stats.s1.ids_and_counts()

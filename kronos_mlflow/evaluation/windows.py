@@ -16,14 +16,18 @@ import torch
 
 from ..data import QlibDataset
 from ..config.features import normalize_windows
+from ..config.keys import TRAINING, VERDICT
+from ..config.sections import as_section
 
 HELDOUT_SPLITS = ("test", "val")
 
 
-def window_limit(config: Mapping[str, Any]) -> int:
+def window_limit(verdict: Any, training: Any = None) -> int:
     """How many windows the held-out evaluation scores at most: ``n_test_iter``, or
-    ``n_val_iter`` when it is 0 (so a quick run stays quick)."""
-    return int(config.get("n_test_iter") or 0) or int(config["n_val_iter"])
+    ``n_val_iter`` when it is 0 (so a quick run stays quick). ``verdict``, ``training``: the
+    config's verdict and training sections, or the whole config as ``verdict``."""
+    training = verdict if training is None else training
+    return int(as_section(verdict, VERDICT).n_test_iter or 0) or int(as_section(training, TRAINING).n_val_iter)
 
 
 def evenly_spaced(n_windows: int, limit: int) -> np.ndarray:
