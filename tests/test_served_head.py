@@ -183,3 +183,19 @@ def test_evaluate_scores_the_head_as_its_own_forecaster(headed, commands):
     table = pd.read_parquet(root / "evaluation" / "origins.parquet")
     assert "finetuned_head_signal" in table and np.isfinite(table["finetuned_head_signal"]).all()
     assert json.loads((root / "evaluation" / "scorecard.json").read_text())["seconds"]["finetuned_head"] >= 0
+
+
+def test_evaluate_check_refuses_a_model_whose_head_is_damaged(headed, commands):
+    """``kronos-mlflow evaluate --model <model dir> --check`` reads the head before any work: a
+    damaged one is one line naming it, exit code 2."""
+    local = headed["tmp"] / "damaged-head"
+    shutil.copytree(headed["local"], local)
+    (local / "artifacts" / "predictor" / HEAD_FILE).write_bytes(b"\x00" * 64)
+    env = isolated_env(headed["tmp"] / "damaged-env", headed["uri"])
+    proc = commands.run(["kronos-mlflow", "evaluate", "--model", str(local / "artifacts"), "--check"],
+                        cwd=headed["tmp"], env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"kronos-mlflow evaluate: error: --model '{local / 'artifacts'}': ") and \
+        f"{HEAD_FILE}: not a return head" in line
