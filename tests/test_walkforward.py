@@ -332,10 +332,33 @@ def _each_fold(client, env: dict, parent, tmp_path: Path):
                  "pooled_histvol_test_coverage_80", "pooled_wql_skill_calibrated_vs_raw"):
         assert name in metrics, name
     assert parent.data.tags["pooled_verdict_calibrated_vs_raw"] in ("better", "worse", "inconclusive")
+    # aci across folds: fold 1 starts at the nominal levels, fold 2 where fold 1's ended (its evaluation run's
+    # own aci_state.json); the forecasters table pools every forecaster over both folds
+    first, second = (client.get_run(client.get_run(parent.data.tags[f"walkforward.fold{k}_run_id"])
+                                    .data.tags["pipeline.evaluation_run_id"]) for k in (1, 2))
+    assert first.data.tags["aci_start"] == "nominal" and second.data.tags["aci_start"] == first.info.run_id
+    assert first.data.metrics["aci_start_level_80"] == pytest.approx(0.2)
+    assert second.data.metrics["aci_start_level_80"] == pytest.approx(first.data.metrics["aci_end_level_80"])
+    state = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=first.info.run_id, artifact_path="evaluation/aci_state.json", dst_path=str(tmp_path / "aci"),
+        tracking_uri=env["MLFLOW_TRACKING_URI"])).read_text())
+    assert state["run_id"] == first.info.run_id and state["start"] == "nominal"
+    assert state["test_time_range"] == first.data.params["test_time_range"]
+    for name in ("pooled_test_wql_close", "pooled_ensemble_test_wql_close", "pooled_aci_test_coverage_80",
+                 "pooled_histvol_test_coverage_80_vol1", "pooled_ensemble_test_coverage_80_vol3"):
+        assert name in metrics, name
+    table = pd.read_csv(mlflow.artifacts.download_artifacts(
+        run_id=wid, artifact_path="walkforward/forecasters.csv", dst_path=str(tmp_path / "t"),
+        tracking_uri=env["MLFLOW_TRACKING_URI"]))
+    assert {"finetuned (raw)", "finetuned_calibrated", "ensemble (served)", "aci", "histvol",
+            "persistence"} <= set(table["forecaster"]) and (table["folds"] == 2).all()
+    rows = table.set_index("forecaster")
+    assert rows.loc["aci", "coverage_80"] == pytest.approx(metrics["pooled_aci_test_coverage_80"])
     print("walk-forward pooled coverage 50/80/90: raw " + "/".join(
         f"{metrics.get(f'pooled_test_coverage_{c}', float('nan')):.3f}" for c in (50, 80, 90)) + ", calibrated " + "/".join(
         f"{metrics[f'pooled_calibrated_test_coverage_{c}']:.3f}" for c in (50, 80, 90)) + ", histvol " + "/".join(
         f"{metrics[f'pooled_histvol_test_coverage_{c}']:.3f}" for c in (50, 80, 90)))
     artifacts = {a.path for a in client.list_artifacts(wid, "walkforward")}
-    assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json"} <= artifacts
+    assert {"walkforward/summary.json", "walkforward/skill_by_fold.png", "walkforward/folds.json",
+            "walkforward/forecasters.csv", "walkforward/forecasters.json", "walkforward/forecasters.md"} <= artifacts
     return metrics, fold_run
