@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -404,18 +405,19 @@ class KronosTokenizer(HubCheckpoint, nn.Module):
             "group_size": group_size,
         })
         self.config: dict[str, Any] = dict(cfg)
+        arch = SimpleNamespace(**cfg)  # the checked constructor arguments, read by name
         # Upstream's attribute names, for code written against it.
-        self.d_in = cfg["d_in"]
-        self.d_model = cfg["d_model"]
-        self.n_heads = cfg["n_heads"]
-        self.ff_dim = cfg["ff_dim"]
-        self.enc_layers = cfg["n_enc_layers"]
-        self.dec_layers = cfg["n_dec_layers"]
-        self.ffn_dropout_p = cfg["ffn_dropout_p"]
-        self.attn_dropout_p = cfg["attn_dropout_p"]
-        self.resid_dropout_p = cfg["resid_dropout_p"]
-        self.s1_bits = cfg["s1_bits"]
-        self.s2_bits = cfg["s2_bits"]
+        self.d_in = arch.d_in
+        self.d_model = arch.d_model
+        self.n_heads = arch.n_heads
+        self.ff_dim = arch.ff_dim
+        self.enc_layers = arch.n_enc_layers
+        self.dec_layers = arch.n_dec_layers
+        self.ffn_dropout_p = arch.ffn_dropout_p
+        self.attn_dropout_p = arch.attn_dropout_p
+        self.resid_dropout_p = arch.resid_dropout_p
+        self.s1_bits = arch.s1_bits
+        self.s2_bits = arch.s2_bits
         self.codebook_dim = self.s1_bits + self.s2_bits
 
         def block() -> TransformerBlock:
@@ -430,8 +432,8 @@ class KronosTokenizer(HubCheckpoint, nn.Module):
         self.quant_embed = nn.Linear(self.d_model, self.codebook_dim)
         self.post_quant_embed_pre = nn.Linear(self.s1_bits, self.d_model)
         self.post_quant_embed = nn.Linear(self.codebook_dim, self.d_model)
-        self.tokenizer = BSQuantizer(self.s1_bits, self.s2_bits, cfg["beta"], cfg["gamma0"], cfg["gamma"],
-                                     cfg["zeta"], cfg["group_size"])
+        self.tokenizer = BSQuantizer(self.s1_bits, self.s2_bits, arch.beta, arch.gamma0, arch.gamma, arch.zeta,
+                                     arch.group_size)
         self._fused = False
 
     #: What ``config.json`` holds, and its check (used by :func:`~kronos_mlflow.model.io.load_checkpoint`).
@@ -442,8 +444,9 @@ class KronosTokenizer(HubCheckpoint, nn.Module):
     def fixed_buffers(config: dict[str, Any]) -> dict[str, tuple[torch.Tensor, str]]:
         """The buffers a checkpoint must hold with these values: the quantizer's powers of two."""
         out = {}
-        for name, n in (("tokenizer.bsq.basis", config["s1_bits"] + config["s2_bits"]),
-                        ("tokenizer.bsq.group_basis", config["group_size"])):
+        arch = SimpleNamespace(**config)
+        for name, n in (("tokenizer.bsq.basis", arch.s1_bits + arch.s2_bits),
+                        ("tokenizer.bsq.group_basis", arch.group_size)):
             out[name] = (2 ** torch.arange(n - 1, -1, -1), f"the powers of two 2^{n - 1} .. 2^0")
         return out
 
