@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...config import checks
+from ...config.keys import OPTIMIZER
+from ...config.sections import as_section
 from ...errors import UserError
 from ..walkforward import folds as fl
 
@@ -193,7 +195,7 @@ def enqueue_default(study, config: Mapping[str, Any], space: Mapping[str, Any], 
     if study.get_trials(deepcopy=False):
         return
     params: dict[str, Any] = {"learning_rate": float(config[learning_rate_key]),
-                              "weight_decay": float(config["adam_weight_decay"])}
+                              "weight_decay": float(as_section(config, OPTIMIZER).adam_weight_decay)}
     if space["weight_decay"].get("include_zero"):
         params["weight_decay_is_zero"] = params["weight_decay"] == 0.0
         if params["weight_decay_is_zero"]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ...config.keys import VERDICT
+from ...config.sections import as_section
 from ...errors import UserError
 from ...evaluation.verdict import BOOTSTRAP_SEED, LEVEL, N_RESAMPLES, decide, paired_bootstrap
 from .champion import best_trial_record, register_as_champion
@@ -138,7 +140,7 @@ def _versus_default(client, parent_id: str, study, best, config: Mapping[str, An
         judged = {"verdict": "inconclusive", "why": "the best trial is the default settings' trial"}
     else:
         judged = versus_default(fold_scores(best), fold_scores(default), study.direction.name.lower(),
-                                float(config["verdict_min_change"]))
+                                float(as_section(config, VERDICT).verdict_min_change))
         client.set_tag(parent_id, "default_trial_number", str(default.number))
     for key, name in (("change", "best_vs_default_change"), ("ci_low", "best_vs_default_change_ci_low"),
                       ("ci_high", "best_vs_default_change_ci_high")):
