@@ -126,6 +126,14 @@ def test_pure_function_of_seed_epoch_and_index(train_cfg, small_market, tmp_path
     b.set_epoch_seed(3)
     for i in (0, 1, 99, len(a) - 1):
         assert torch.equal(a[i][0], b[i][0])
+    # handed its sections, the dataset is the one the whole config gives
+    from kronos_mlflow.config.sections import sections
+
+    settings = sections(load_config(train_cfg))
+    c = QlibDataset("train", settings.data, progress=False, job=settings.job, training=settings.training,
+                    backtest=settings.backtest)
+    c.set_epoch_seed(3)
+    assert c.cache_dir == a.cache_dir and np.array_equal(c.order(), a.order()) and torch.equal(c[7][0], a[7][0])
     other_seed = QlibDataset("train", small_config(small_market, tmp_path / "ds", seed=8), progress=False)
     other_seed.set_epoch_seed(3)
     assert not np.array_equal(a.order(), other_seed.order())

@@ -96,6 +96,13 @@ def test_cache_reused_and_invalidated(small_market, tmp_path):
     assert (out / "manifest.json").stat().st_mtime_ns == stamp, "nothing changed: reused"
     d0 = data_digest(cfg)
     assert data_digest(cfg) == d0 and d0[:20] in out.name
+    # the data and backtest sections name the same cache as the whole config they come from
+    from kronos_mlflow.config.core import load_config
+    from kronos_mlflow.config.sections import sections
+
+    settings = sections(load_config(cfg))
+    assert data_digest(settings.data, backtest=settings.backtest) == d0
+    assert prepare_splits(settings.data, progress=False, backtest=settings.backtest) == out
 
     changed = [
         small_config(small_market, ds, val_time_range="2021-05-01:2021-10-31"),

@@ -25,6 +25,12 @@ def test_a_training_run_is_named_after_its_stage_mode_settings_and_market():
     assert run_names.pipeline(tokenizer) == "pipeline demo" and run_names.pipeline(market) == "pipeline csi300"
     assert run_names.walkforward(tokenizer, 5) == "walkforward demo 5 folds"
     assert run_names.evaluation(tokenizer) == "evaluate demo"
+    # the parts of a name take the sections they read, a test handing only those
+    from kronos_mlflow.config.sections import section, sections
+
+    assert run_names.market(sections(market).data) == "csi300" and run_names.market(section({}, "data")) == "demo"
+    assert run_names.mode_words(section({"finetune_mode": "lora", "lora_rank": 4}, "finetune")) == ["lora", "r=4"]
+    assert run_names.given(section({"run_name": " mine "}, "tracking")) == "mine"
 
 
 def test_a_handed_run_keeps_a_users_name_and_loses_one_mlflow_made_up(tmp_path, monkeypatch):
