@@ -155,6 +155,7 @@ def test_a_damaged_head_is_refused_before_logging(tmp_path, headed):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_evaluate_scores_the_head_as_its_own_forecaster(headed, commands):
     """What a user types: ``kronos-mlflow evaluate --model <the logged model's directory>``."""
     from mlflow import MlflowClient
@@ -199,3 +200,27 @@ def test_evaluate_check_refuses_a_model_whose_head_is_damaged(headed, commands):
     assert "\n" not in line and "Traceback" not in line
     assert line.startswith(f"kronos-mlflow evaluate: error: --model '{local / 'artifacts'}': ") and \
         f"{HEAD_FILE}: not a return head" in line
+
+
+@pytest.mark.slow
+def test_the_backtest_reads_the_head_on_every_signal_origin(tiny):
+    """With daily backtest signals (``backtest_signal_stride``), the head's signal is read on every
+    signal origin; where a signal origin is a scorecard origin it is the scorecard's number."""
+    import pandas as pd
+
+    from kronos_mlflow.evaluation import head_scores as hs
+    from kronos_mlflow.evaluation.origins import forecast_origins, signal_origins
+    from kronos_mlflow.evaluation.scorecard import _backtest_signals
+    from kronos_mlflow.model import KronosPredictor
+
+    config = tiny(n_eval_windows=100, backtest_signal_stride=5)
+    dirs = _write_checkpoints(Path(config["save_path"]) / "checkpoints")
+    predictor = KronosPredictor(Kronos.from_pretrained(dirs[1]), KronosTokenizer.from_pretrained(dirs[0]), device="cpu")
+    origins, head = forecast_origins(config), _head()
+    on_card = hs.signals(predictor, head, origins, config)
+    signals, described, _, _ = _backtest_signals(config, {"finetuned": predictor}, origins, {}, rank=0, world_size=1,
+                                                 console=None, head=(head, {}), head_signal=on_card)
+    daily = signal_origins(config)
+    assert described and len(signals[hs.HEAD]) == len(daily) > len(origins)
+    both = signals[hs.HEAD].join(pd.DataFrame({"card": on_card}, index=origins.index()), how="inner")
+    assert len(both) and np.allclose(both["score"], both["card"], rtol=1e-6, atol=1e-9)

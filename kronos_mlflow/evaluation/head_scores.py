@@ -31,10 +31,12 @@ BACKTEST_NAME = "fine-tuned head"
 def signals(predictor, head, origins: Origins, config: Mapping[str, Any], *, rank: int = 0,
             world_size: int = 1) -> np.ndarray:
     """``(len(origins),)`` float64: the head's signal at every origin, from its lookback alone,
-    over every rank (a collective when ``world_size > 1``: each rank reads its block of origins)."""
+    over every rank (a collective when ``world_size > 1``: each rank reads its block of origins), in
+    batches of ``batch_size * inference_sample_count`` origins."""
     table = torch.zeros(len(origins), dtype=torch.float64)
     positions = origins.shard(rank, world_size)
-    batch = max(1, int(config["batch_size"]))
+    # the rows the paths' forecast prefills per batch (batch_size series x their sample paths): one forward each
+    batch = max(1, int(config["batch_size"]) * int(config["inference_sample_count"]))
     for start in range(0, len(positions), batch):
         chunk = positions[start:start + batch]
         past, _ = origins.times(chunk)
