@@ -1356,16 +1356,15 @@ def _hashes(root: Path) -> dict[str, str]:
 
 
 def _mlproject_check_command(overrides: dict[str, str], entry: str = "main") -> str:
-    """The first (``--check``) half of MLproject's ``entry`` command (the whole command when it has
-    one part), rendered as ``mlflow run`` renders it: every parameter shell-quoted, defaults for
-    those not given, overrides only for the parameters the entry point declares."""
+    """MLproject's ``entry`` command (one command: tests/test_project_files.py), rendered as
+    ``mlflow run`` renders it: every parameter shell-quoted, defaults for those not given,
+    overrides only for the parameters the entry point declares."""
     import yaml
 
     spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"][entry]
     values = {name: str(p.get("default", "")) for name, p in spec["parameters"].items()}
     values.update({k: v for k, v in overrides.items() if k in values})
-    command = spec["command"].split("&&")[0]
-    return command.format(**{k: shlex.quote(v) for k, v in values.items()})
+    return spec["command"].format(**{k: shlex.quote(v) for k, v in values.items()})
 
 
 @dataclass

@@ -44,13 +44,22 @@ def test_mlproject_main_parameters_are_the_interface():
 def test_mlproject_main_is_one_command_that_names_each_parameter_once():
     """``main``: the launcher checks the training flags in its process (``--check-first``), then
     hands the same flags to torchrun's workers; torchrun's process count and restarts come from
-    the checked flags, so each parameter is named once."""
-    entry = _mlproject()["entry_points"]["main"]
-    command = entry["command"]
-    assert "&&" not in command
-    assert command.startswith("python -m kronos_mlflow.launch --check-first --standalone -m kronos_mlflow.train ")
-    for name in entry["parameters"]:
-        assert command.count("{" + name + "}") == 1, name
+    the checked flags, so each parameter is named once. ``predictor`` is the same command with
+    the predictor's training module."""
+    entries = _mlproject()["entry_points"]
+    for entry, module in (("main", "kronos_mlflow.train"), ("predictor", "kronos_mlflow.train_predictor")):
+        assert entries[entry]["command"].startswith(
+            f"python -m kronos_mlflow.launch --check-first --standalone -m {module} "), entry
+
+
+def test_every_mlproject_entry_point_is_one_command_that_names_each_parameter_once():
+    """No entry point lists its flags twice (a ``--check ... && ...`` pair): each is one command
+    and each declared parameter appears in it exactly once."""
+    for entry, spec in _mlproject()["entry_points"].items():
+        command = spec["command"]
+        assert "&&" not in command, entry
+        for name in spec["parameters"]:
+            assert command.count("{" + name + "}") == 1, (entry, name)
 
 
 def test_ci_runs_the_readme_test_command():
