@@ -77,6 +77,25 @@ def test_optimizer_groups():
     assert plain["weight_decay"] == 0.0
 
 
+def test_optimizer_and_schedule_take_their_sections():
+    from kronos_mlflow.config.core import model_kwargs
+    from kronos_mlflow.config.sections import sections
+    from kronos_mlflow.model import KronosTokenizer
+
+    config = load_config({**TINY, "weight_decay_scope": "matrices", "cycle_momentum": "off"})
+    parts = sections(config)
+    model = KronosTokenizer(**model_kwargs(config))
+    whole = optim.build_optimizer(model, config)
+    narrow = optim.build_optimizer(model, parts.optimizer, learning_rate=parts.tokenizer.tokenizer_learning_rate,
+                                   performance=parts.performance)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in whole.param_groups] == \
+        [{k: v for k, v in g.items() if k != "params"} for g in narrow.param_groups]
+    one = optim.build_scheduler(whole, config, 10)
+    two = optim.build_scheduler(narrow, parts.optimizer, 10, learning_rate=parts.tokenizer.tokenizer_learning_rate,
+                                training=parts.training)
+    assert (one.total_steps, one.cycle_momentum) == (two.total_steps, two.cycle_momentum)
+
+
 def test_run_params_hold_mlproject_names_and_config():
     params = run_params(load_config({"learning_rate": 1e-3}))
     assert params["learning_rate"] == params["tokenizer_learning_rate"] == "0.001"
