@@ -12,11 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kronos_mlflow.stages import build_registry  # noqa: E402
-
-build_registry()  # the command builds the stage registry before its driver and its config
-
-from kronos_mlflow.workflows.sweep.driver import main  # noqa: E402
+from kronos_mlflow.cli.sweep import main  # noqa: E402 - the stage registry, then the driver with the command lines
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -46,7 +46,7 @@ def entry_of(argv: list[str]) -> tuple[str, list[str]]:
     if argv[0] == "kronos-mlflow":
         return "kronos_mlflow.cli.main:main", [CONSOLE_SCRIPT, *argv[1:]]
     if argv[:2] == [sys.executable, SWEEP_SCRIPT]:
-        return "kronos_mlflow.workflows.sweep.driver:main", argv[1:]
+        return "kronos_mlflow.cli.sweep:main", argv[1:]
     if argv[0] == "<self-check>":
         return "forkrunner:misbehave_for_test", ["misbehave", *argv[1:]]
     raise AssertionError(f"no entry point for {argv[:3]}")

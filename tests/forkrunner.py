@@ -6,7 +6,7 @@ every case forks a child that is, to the code under test, the same process the u
 starts: its own working directory and environment, stdout and stderr on files, ``sys.argv`` as
 the console script sets it, the entry-point function the script calls (``kronos_mlflow.cli.main:main``
 for ``kronos-mlflow``, ``kronos_mlflow.train:cli`` for ``python -m kronos_mlflow.train``,
-``kronos_mlflow.workflows.sweep.driver:main`` for ``sweeps/sweep.py``), an uncaught exception printed by
+``kronos_mlflow.cli.sweep:main`` for ``sweeps/sweep.py``), an uncaught exception printed by
 ``sys.excepthook`` with exit code 1 as the interpreter does, and the ``atexit`` handlers run at the
 end. It runs in a clean interpreter (not inside pytest), so logging, warnings filters and signal
 handlers are an ordinary process's.

@@ -294,6 +294,21 @@ def test_the_loop_module_has_no_rank_check():
         "(train.py, build_tracking) and pass a Console, RunFiles and logger in")
 
 
+#: What a command line names: the ``python -m`` modules and the launcher's helper flag.
+COMMAND_NAMES = {"kronos_mlflow", "kronos_mlflow.train", "kronos_mlflow.launch", "kronos_mlflow.train_predictor",
+                 "--keep-killed-after"}
+
+
+def test_command_lines_are_built_where_the_commands_live():
+    """Only kronos_mlflow/cli/commands.py spells the project's commands as strings: the workflows,
+    tracking and runtime get their child processes' command lines handed down (``args.commands``)."""
+    spelled = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}"
+               for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "cli" / "commands.py"
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Constant) and node.value in COMMAND_NAMES]
+    assert not spelled, f"command names spelled outside kronos_mlflow/cli/commands.py: {spelled}"
+
+
 @pytest.mark.parametrize("source, hits", [
     ("main = rank == 0", 1),
     ("if 0 != info.rank: pass", 1),

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY, create_sqlite_store, isolate, write_config
 
+from kronos_mlflow.cli.commands import COMMANDS
 from kronos_mlflow.workflows import pipeline as pipeline_module
 from kronos_mlflow.tracking.keys import TOKENIZER_TEST_LOSS, TEST_WINDOWS_DIGEST_TAG, VERDICT_TAG
 from kronos_mlflow.workflows.pipeline import TAG_STEP, Pipeline, StepFailed, training_step
@@ -54,6 +55,7 @@ def _args(config_file: Path, *flags: str):
     args = parser.parse_args([*argv, *flags])
     args.force = pipeline_module.SWITCH[str(args.force).lower()]
     args.nproc_per_node = 1
+    args.commands = COMMANDS  # as kronos-mlflow hands them (kronos_mlflow/cli/main.py)
     return args
 
 

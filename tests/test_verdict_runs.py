@@ -293,6 +293,7 @@ def test_a_sweep_moves_the_champion_only_on_better(isolated, commands, monkeypat
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    from kronos_mlflow.cli.commands import COMMANDS
     from kronos_mlflow.runtime import stopping
     from kronos_mlflow.workflows.sweep import driver
 
@@ -312,7 +313,7 @@ def test_a_sweep_moves_the_champion_only_on_better(isolated, commands, monkeypat
                 "--n-val-iter", str(TINY["n_val_iter"]), "--comet", "off", "--registered-model-name", MODEL_NAME]
         capsys.readouterr()
         with _stop_handlers_kept():
-            assert driver.run_sweep(argv) == 0
+            assert driver.run_sweep(argv, commands=COMMANDS) == 0
         out = capsys.readouterr().out
         parents = [p for p in client.search_runs(["0"], order_by=["attributes.start_time DESC"])
                    if p.data.tags.get("sweep.role") == "parent"]

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from ..config import checks
 from ..config.argparsing import OneLineParser
 from ..errors import UserError
-from ..runtime.stopping import KEEP_KILLED, TrainingStopped, alive, keep_killed_status, mlflow_run_pid
+from ..runtime.stopping import TrainingStopped, alive, keep_killed_status, mlflow_run_pid
 from ..tracking.project_run import exit_in_one_line, record_failure
 from ..training import run as training
 from ..training.run import MAX_RESTARTS, add_arguments
+from .commands import COMMANDS, KEEP_KILLED, PREDICTOR_MODULE, TRAIN_MODULE
 
-TRAIN_MODULE = "kronos_mlflow.train"
-TRAIN_MODULES = {TRAIN_MODULE: None, "kronos_mlflow.train_predictor": "predictor"}  # module -> its --stage
-CHECK_NAMES = {TRAIN_MODULE: "kronos-mlflow train", "kronos_mlflow.train_predictor": "kronos-mlflow train-predictor"}
+TRAIN_MODULES = {TRAIN_MODULE: None, PREDICTOR_MODULE: "predictor"}  # module -> its --stage
+CHECK_NAMES = {TRAIN_MODULE: "kronos-mlflow train", PREDICTOR_MODULE: "kronos-mlflow train-predictor"}
 QUIET_EXIT_CODES = {2, 128 + 2, 128 + 15}  # usage error, stopped by SIGINT / SIGTERM
 
 
@@ -152,22 +152,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         torchrun(argv)
     except SignalException as exc:
-        keep_killed_status(launcher_of_launcher)
+        keep_killed_status(launcher_of_launcher, COMMANDS.keep_killed)
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
-        keep_killed_status(launcher_of_launcher)
+        keep_killed_status(launcher_of_launcher, COMMANDS.keep_killed)
         return 130
     except ChildFailedError as exc:
         _, failure = exc.get_first_failure()
         if failure.exitcode in QUIET_EXIT_CODES:
             if failure.exitcode != 2:
-                keep_killed_status(launcher_of_launcher)
+                keep_killed_status(launcher_of_launcher, COMMANDS.keep_killed)
             return int(failure.exitcode)
         raise
     return 0
-
-
-    return None
 
 
 def keep_killed(run_id: str, pid: int, wait_s: float = 60.0) -> int:

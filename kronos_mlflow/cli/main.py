@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from ..config.argparsing import OneLineParser
 from ..runtime.console import install_warning_format, terminal_only_bars
 from ..errors import EXIT_USAGE
+from .commands import COMMANDS
 
 #: Subcommands that read no KRONOS_MLFLOW_* setting (every other one checks them all first).
 NO_SETTINGS = {"import-csv", "compare"}
@@ -56,7 +57,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             build_registry()  # before the command's module and its config: the stages its `stage` key accepts
             module = importlib.import_module(module_name)
             module.add_arguments(p)
-            p.set_defaults(_run=module.run)
+            p.set_defaults(_run=module.run, commands=COMMANDS)  # the command lines a workflow starts
     return parser
 
 

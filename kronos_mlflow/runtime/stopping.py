@@ -10,14 +10,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Set in the environment of a command's child processes: the command prints the stop's line.
 REPORTED_BY_PARENT = "KRONOS_STOP_REPORTED_BY_PARENT"
-#: ``python -m kronos_mlflow.launch --keep-killed-after RUN_ID PID``: the helper of :func:`keep_killed_status`.
-KEEP_KILLED = "--keep-killed-after"
 _received: int | None = None
 _defer_depth = 0  # > 0 while a block that must not be torn runs
 _pending: int | None = None  # a stop signal held back by deferred()
@@ -177,16 +175,17 @@ def mlflow_run_pid() -> int | None:
     return None
 
 
-def keep_killed_status(pid: int | None) -> None:
+def keep_killed_status(pid: int | None, helper: Callable[[str, int], Sequence[str]]) -> None:
     """A stop reaches ``mlflow run`` too, and it marks the run it handed over (``MLFLOW_RUN_ID``)
     FAILED once this process has exited, after this process has ended it KILLED with a
-    ``stop_reason``. A detached helper (no terminal, no signals: ``kronos_mlflow.launch``'s
-    ``keep_killed``) waits for ``mlflow run`` (``pid``) to exit, then puts KILLED back."""
+    ``stop_reason``. A detached helper (no terminal, no signals), whose command line
+    ``helper(run_id, pid)`` builds (the command layer's: ``kronos_mlflow.launch``'s ``keep_killed``,
+    :mod:`kronos_mlflow.cli.commands`), waits for ``mlflow run`` (``pid``) to exit, then puts KILLED back."""
     run_id = os.environ.get("MLFLOW_RUN_ID", "").strip()
     if not run_id or not pid:
         return
     import subprocess  # lazy: only after a stop under mlflow run
 
-    subprocess.Popen([sys.executable, "-m", "kronos_mlflow.launch", KEEP_KILLED, run_id, str(pid)],
+    subprocess.Popen(list(helper(run_id, pid)),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)

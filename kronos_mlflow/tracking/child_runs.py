@@ -1,22 +1,30 @@
 """Child MLflow runs that train or evaluate in a process of their own.
 
 A sweep's trials and a pipeline's steps are each a nested child run: this process creates the
-child (tag ``mlflow.parentRunId``), then starts ``python -m kronos_mlflow.train`` (``torchrun``
-when ``nproc_per_node > 1``) or another command with ``MLFLOW_RUN_ID`` set to the child, so the
-child holds exactly what a stand-alone run holds.
+child (tag ``mlflow.parentRunId``), then starts the training (one process, or torchrun when
+``nproc_per_node > 1``) or another command with ``MLFLOW_RUN_ID`` set to the child, so the child
+holds exactly what a stand-alone run holds. The command lines come from the command layer
+(:mod:`kronos_mlflow.cli.commands`), handed down to the workflows that start them.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .command_runs import started
 
-#: torchrun restarts of a child whose worker died: it resumes from its last epoch (as MLproject main does)
-CHILD_MAX_RESTARTS = 3
+
+class Commands(Protocol):
+    """What a child run's process is started with: the command layer's command lines
+    (:class:`kronos_mlflow.cli.commands.CommandLines`), handed to the workflows as ``args.commands``."""
+
+    def train(self, nproc: int, flags: Sequence[str], module: str = ...) -> list[str]: ...
+
+    def evaluate(self, model: str, flags: Sequence[str]) -> list[str]: ...
+
+    def keep_killed(self, run_id: str, pid: int) -> list[str]: ...
 
 
 def as_flags(values: Mapping[str, Any]) -> list[str]:
@@ -27,16 +35,6 @@ def as_flags(values: Mapping[str, Any]) -> list[str]:
             continue
         out += [f"--{key.replace('_', '-')}", str(value)]
     return out
-
-
-def train_command(nproc: int, flags: Sequence[str], module: str = "kronos_mlflow.train") -> list[str]:
-    """The training process of a child run: one process, or torchrun for ``nproc`` of them (through
-    :mod:`kronos_mlflow.launch`: a stop sent on to it ends its workers' run in one line, without
-    torchrun's traceback)."""
-    if nproc > 1:
-        return [sys.executable, "-m", "kronos_mlflow.launch", "--standalone", f"--nproc_per_node={nproc}",
-                f"--max-restarts={CHILD_MAX_RESTARTS}", "-m", module, *flags]
-    return [sys.executable, "-m", module, *flags]
 
 
 def child_env(run_id: str, experiment_id: str, tracking_uri: str,

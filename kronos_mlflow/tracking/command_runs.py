@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..runtime import stopping
 
@@ -71,13 +71,14 @@ def end_killed(client, signum: int, command: str) -> int:
     return killed
 
 
-def end_stopped(client, command: str, exc: BaseException) -> int:
+def end_stopped(client, command: str, exc: BaseException, keep_killed: Callable[[str, int], Sequence[str]]) -> int:
     """After a stop: :func:`end_killed`, the command's one line on stderr, the exit code
-    (``128 + signal``)."""
+    (``128 + signal``). ``keep_killed``: the command line of the helper that keeps a run handed
+    over by ``mlflow run`` KILLED (:func:`kronos_mlflow.runtime.stopping.keep_killed_status`)."""
     signum = signal_of(exc)
     count = end_killed(client, signum, command)
     if os.environ.get("MLFLOW_RUN_ID", "").strip() in _runs:  # handed over by `mlflow run`: it stays KILLED
-        stopping.keep_killed_status(stopping.mlflow_run_pid())
+        stopping.keep_killed_status(stopping.mlflow_run_pid(), keep_killed)
     print(f"{command}: stopped by {signal.Signals(signum).name}; every run it left unfinished ended KILLED ({count}); "
           "the same command again continues where it stopped", file=sys.stderr, flush=True)
     return stopping.exit_code(signum)

@@ -5,7 +5,8 @@
     mlflow run . -e pipeline --env-manager local -P force=true      # train every step again
 
 One parent run, one child run per step, each a run of its own started the way a sweep starts
-its trials (:mod:`kronos_mlflow.tracking.child_runs`): the tokenizer (``python -m kronos_mlflow.train``),
+its trials (:mod:`kronos_mlflow.tracking.child_runs`, with the command lines the command layer hands
+down as ``args.commands``: :mod:`kronos_mlflow.cli.commands`): the tokenizer (the training command),
 the predictor on that child's tokenizer (``--tokenizer runs:/<tokenizer run>/best_model``), and
 the scorecard of that predictor (``kronos-mlflow evaluate --model runs:/<predictor run>/best_model``;
 the predictor step runs with ``evaluate: off`` so the scorecard is computed once, in its own run).
@@ -30,13 +31,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..tracking import run_names
 from ..config import checks
-from ..tracking.child_runs import as_flags, child_env, create_child, experiment_id_of, log_param_once, train_command
+from ..tracking.child_runs import as_flags, child_env, create_child, experiment_id_of, log_param_once
 from ..tracking.command_runs import end_stopped, install as install_stops, run_child, started as run_started
 from ..config.core import EVALUATION_KEYS, load_config
 from ..config.digest import config_digest, digest_config
@@ -246,7 +247,7 @@ def training_step(args, name: str, extra: Mapping[str, Any]) -> Step:
         flags += ["--run-name", run_name]
     if args.force:
         flags += ["--resume", "never"]  # result-neutral: the digest stays the same
-    return Step(name, config, train_command(args.nproc_per_node, flags),
+    return Step(name, config, args.commands.train(args.nproc_per_node, flags),
                 config_digest(config, world_size=args.nproc_per_node), data_digest(config), run_name=run_name)
 
 
@@ -261,8 +262,7 @@ def evaluation_step(args, model: str) -> Step:
         flags += ["--run-name", run_name]
     carried = getattr(args, "aci_start_run", "")  # a walk-forward fold's: its previous fold's evaluation run
     flags += ["--aci-start-run", carried] if carried else []
-    command = [sys.executable, "-m", "kronos_mlflow", "evaluate", "--model", model, *flags]
-    return Step(EVALUATION, config, command, evaluation_digest(config, model, carried), data_digest(config),
+    return Step(EVALUATION, config, args.commands.evaluate(model, flags), evaluation_digest(config, model, carried), data_digest(config),
                 resume=False,
                 run_name=run_name)
 
@@ -466,12 +466,14 @@ def open_store(args: argparse.Namespace):
 
 
 def run_to_an_end(client, run_id: str, command: str, work: Callable[[], None],
-                  stopped: str = "it stopped before every step ended") -> int:
+                  stopped: str = "it stopped before every step ended", *,
+                  keep_killed: Callable[[str, int], Sequence[str]]) -> int:
     """``work()`` for the parent ``run_id``: FINISHED when it returns (0); on SIGTERM or Ctrl-C
     (sent on to the step's process, which ends its run KILLED and continues next time) every run
     the command started ends KILLED, one line, ``128 + signal``
-    (:func:`kronos_mlflow.tracking.command_runs.end_stopped`); FAILED with a failed step's one line as its
-    failure_reason (1, the line on stderr), FAILED with the error otherwise."""
+    (:func:`kronos_mlflow.tracking.command_runs.end_stopped`, ``keep_killed`` its helper's command
+    line); FAILED with a failed step's one line as its failure_reason (1, the line on stderr),
+    FAILED with the error otherwise."""
     from ..tracking.project_run import end_run  # lazy: numpy, urllib/http
 
     status, reason, stop = "FAILED", None, None
@@ -491,7 +493,7 @@ def run_to_an_end(client, run_id: str, command: str, work: Callable[[], None],
         if stop is None:
             end_run(client, run_id, status, reason or f"{command}: {stopped}")
     if stop is not None:
-        return end_stopped(client, command, stop)
+        return end_stopped(client, command, stop, keep_killed)
     return 0
 
 
@@ -517,4 +519,4 @@ def run(args: argparse.Namespace) -> int:
         if args.registered_model_name:
             move_champions(client, parent_id, pipeline.runs, pipeline.configs, args)
 
-    return run_to_an_end(client, parent_id, "kronos-mlflow pipeline", work)
+    return run_to_an_end(client, parent_id, "kronos-mlflow pipeline", work, keep_killed=args.commands.keep_killed)

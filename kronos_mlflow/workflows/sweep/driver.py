@@ -28,10 +28,7 @@ from typing import Any
 
 from ...config import core as cfg, checks
 from ...config.argparsing import OneLineParser
-from ...tracking.child_runs import (
-    as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once,
-    train_command as _train_command,
-)
+from ...tracking.child_runs import Commands, as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once
 from ...tracking.command_runs import end_stopped, install as install_stops, run_child, started
 from ...runtime.console import install_warning_format, terminal_only_bars
 from ...evaluation.next_steps import sweep_lines
@@ -196,7 +193,7 @@ class SweepWorker:
             ENV_TRIAL_ID: str(trial._trial_id),  # Trial has no public id; the child re-opens it
             ENV_PRUNER: self.args.pruner,
         })
-        cmd = _train_command(self.args.nproc_per_node, flags)
+        cmd = self.args.commands.train(self.args.nproc_per_node, flags)
         print(f"[sweep] trial {trial.number}: {run_name}", flush=True)
         if self.fold_plan:
             return fold_trial.judged_on_folds(self, trial, values, run_id, run_name, flags, TrialFailed)
@@ -462,12 +459,15 @@ def check_trials(args, config: Mapping[str, Any]) -> None:
         check_training(trial, args.nproc_per_node, data)
 
 
-def run_sweep(argv: Sequence[str] | None = None) -> int:
+def run_sweep(argv: Sequence[str] | None = None, *, commands: Commands) -> int:
+    """The sweep; ``commands``: the command lines of its trials' processes, from the command layer
+    (:mod:`kronos_mlflow.cli.sweep`)."""
     from mlflow import MlflowClient
 
     import optuna
 
     args, train_flags, config = parse(argv)
+    args.commands = commands
     space = load_search_space(args.search_space)
     check_space(space, train_flags, config)
     args.storage = args.storage or default_storage()
@@ -522,7 +522,7 @@ def run_sweep(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         _finish_parent(client, parent_id, study, args, worker, status, time.time() - began, config, reason)
-    return 0 if stop is None else end_stopped(client, "sweep", stop)  # every run of this sweep ends KILLED
+    return 0 if stop is None else end_stopped(client, "sweep", stop, commands.keep_killed)  # every run ends KILLED
 
 
 def _finish_parent(client, parent_id, study, args, worker, status, elapsed, config, reason: str = "") -> None:
@@ -592,7 +592,7 @@ def _move_champion(client, parent_id: str, study, args, config) -> None:
         print(f"[sweep] champion unchanged: {reason}", flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, commands: Commands) -> int:
     install_warning_format()
     terminal_only_bars()
-    return exit_in_one_line("sweep", lambda: run_sweep(argv))
+    return exit_in_one_line("sweep", lambda: run_sweep(argv, commands=commands))

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...tracking.child_runs import as_flags, child_env, create_child, train_command
+from ...tracking.child_runs import as_flags, child_env, create_child
 from ...runtime.stopping import TrainingStopped
 from ...tracking.command_runs import run_child
 from ..walkforward import folds as fl
@@ -123,7 +123,7 @@ def _train_fold(worker, trial, fold: fl.Fold, fold_run: str, run_name: str, flag
     env = child_env(fold_run, worker.experiment_id, client.tracking_uri)  # no study: the sweep reports per fold
     print(f"[sweep] trial {trial.number} fold {k}/{total}: train ..{fold.train[1]}, val {fold.val[0]}..{fold.val[1]}, "
           f"test {fold.test[0]}..{fold.test[1]}", flush=True)
-    cmd = train_command(worker.args.nproc_per_node, fold_flags)
+    cmd = worker.args.commands.train(worker.args.nproc_per_node, fold_flags)
     try:
         returncode = run_child(cmd, env)  # a stop: raised here, the trial's runs end KILLED with the sweep's
     except TrainingStopped:

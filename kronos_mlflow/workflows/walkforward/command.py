@@ -230,7 +230,7 @@ def run_folds(client, experiment_id: str, parent_id: str, args, folds, settings,
             champion(client, parent_id, summary, last, args)
 
     return pl.run_to_an_end(client, parent_id, "kronos-mlflow walk-forward", work,
-                            "it stopped before every fold ended")
+                            "it stopped before every fold ended", keep_killed=args.commands.keep_killed)
 
 
 def run_fold(client, experiment_id: str, parent_id: str, args, fold: fl.Fold, total: int = 0):
