@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..config.features import normalize_windows, time_features
+from ..config.sections import as_section
 from ..model.return_head import head_of
 from ..runtime.distributed import unwrap
 from .ic_stats import rank_ic_summary
@@ -33,7 +34,7 @@ def epoch_hooks(config: Mapping[str, Any], stage, device, *, rank: int, world_si
     """What :func:`kronos_mlflow.training.loop.fit` runs after each epoch for ``config``: the
     rank-IC scorer with ``objective: val_ic``, else :func:`~.val_skill.epoch_hooks`' (the skill
     scorer with ``val_skill``, nothing with ``val_loss``)."""
-    if config.get("objective") == "val_ic":
+    if as_section(config, "training").objective == "val_ic":
         return [ValIC(config, stage, device, rank=rank, world_size=world_size, console=console)]
     return skill_hooks(config, stage, device, rank=rank, world_size=world_size, console=console)
 
@@ -55,7 +56,7 @@ class ValIC(ValSkill):
             return score_paths(self.forecast(raw_model), self.history, self.actual, self.origins.dates)
         self.drawn = None  # no paths drawn: nothing for the end of the run to reuse
         tokenizer, model = self.stage.forecast_pair(raw_model, self.config, self.device)
-        signal = head_signal(tokenizer, model, head, self.origins, float(self.config["clip"]), self.device)
+        signal = head_signal(tokenizer, model, head, self.origins, float(self.data.clip), self.device)
         last = np.asarray(self.history, dtype=np.float64)[:, -1]
         with np.errstate(divide="ignore", invalid="ignore"):
             actual_return = np.asarray(self.actual, dtype=np.float64)[:, -1] / last - 1.0

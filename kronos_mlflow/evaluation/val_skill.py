@@ -13,23 +13,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config.sections import as_section
 from ..errors import UserError
 from ..model.finetune import merged
 from ..model import KronosPredictor
 from . import forecasters as fc, scores as sc
-from .origins import CLOSE, forecast_origins
+from .origins import CLOSE, forecast_origins, settings_of
 
 VAL_SKILL_METRIC = "val_skill_vs_persistence"
 BEST_VAL_SKILL = "best_val_skill"
 HISTORY_KEY = "val_skill_history"  # in a training state's extra
 
 
-def val_origins(config: Mapping[str, Any]):
-    """The validation origins; none is a one-line refusal."""
+def val_origins(config: Any):
+    """The validation origins; none is a one-line refusal. ``config``: the sections
+    (``sections(config)``) or the whole config."""
     origins = forecast_origins(config, "val")
     if not len(origins):
         raise UserError(f"objective val_skill: no forecast origins in val_time_range "
-                        f"{':'.join(config['val_time_range'])} after train_time_range's end (each needs "
+                        f"{':'.join(settings_of(config).data.val_time_range)} after train_time_range's end (each needs "
                         "lookback_window + predict_window bars of a series, the forecast ones after training's); "
                         "widen val_time_range or use objective val_loss")
     return origins
@@ -37,8 +39,8 @@ def val_origins(config: Mapping[str, Any]):
 
 def epoch_hooks(config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None) -> list:
     """What :func:`kronos_mlflow.training.loop.fit` runs after each epoch for ``config``: the scorer
-    with ``objective: val_skill``, nothing with ``val_loss``."""
-    if config.get("objective") != "val_skill":
+    with ``objective: val_skill``, nothing with ``val_loss`` (the training section's ``objective``)."""
+    if as_section(config, "training").objective != "val_skill":
         return []
     return [ValSkill(config, stage, device, rank=rank, world_size=world_size, console=console)]
 
@@ -53,7 +55,8 @@ class ValSkill:
     metric, best, history_key, name = VAL_SKILL_METRIC, BEST_VAL_SKILL, HISTORY_KEY, "val_skill"
 
     def __init__(self, config: Mapping[str, Any], stage, device, *, rank: int, world_size: int, console=None):
-        self.config, self.stage, self.device = config, stage, device
+        self.config, self.stage, self.device = config, stage, device  # the whole config: the stage's pair reads it
+        self.data = as_section(config, "data")  # the validation range, max_context, clip
         self.rank, self.world_size, self.console = rank, world_size, console
         self.skills: dict[int, float] = {}
         self.paths: dict[int, np.ndarray] = {}  # each scored epoch's paths, this process's epochs only
@@ -65,15 +68,15 @@ class ValSkill:
         self.base = sc.origin_scores(fc.persistence_paths(self.origins), self.history, self.actual)["mase"]
 
     def describe(self) -> str:
-        return (f"{self.name} on {self.origins.describe()} of val_time_range {':'.join(self.config['val_time_range'])}, "
+        return (f"{self.name} on {self.origins.describe()} of val_time_range {':'.join(self.data.val_time_range)}, "
                 "forecasting bars after train_time_range")
 
     def predictor(self, raw_model):
         """A ``KronosPredictor`` of the epoch's weights (adapters merged, as they are logged) and
         their partner."""
         tokenizer, model = self.stage.forecast_pair(merged(raw_model), self.config, self.device)
-        return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.config["max_context"]),
-                               clip=float(self.config["clip"]))
+        return KronosPredictor(model, tokenizer, device=str(self.device), max_context=int(self.data.max_context),
+                               clip=float(self.data.clip))
 
     def forecast(self, raw_model) -> np.ndarray:
         """The validation origins' sample paths of ``raw_model``'s weights, drawn in a forked
