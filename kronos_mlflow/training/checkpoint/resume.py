@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...config.digest import config_digest, digest_config
+from ...config.sections import as_section
 from ...runtime.distributed import broadcast_object
 from ...errors import CheckpointError, UserError
 from . import phase
@@ -33,6 +34,7 @@ def find_resumable(
     ``next_epoch``, ``global_step``, ``run_ids``...); a state saved after the last epoch of a run
     that did not finish is returned too, with ``phase``: the phase record it reached after its
     training (:func:`kronos_mlflow.training.checkpoint.phase.read`; None: the training only).
+    ``config``: the whole config (its digest is compared), its training section's ``epochs`` read.
     """
     if mode not in ("auto", "never", "must"):
         raise CheckpointError(f"resume: '{mode}' is not one of auto, never, must")
@@ -57,17 +59,18 @@ def find_resumable(
         warnings.warn(f"{message}; starting a new run (its state will replace that one); "
                       "use another tokenizer_save_folder_name to keep it", stacklevel=2)
         return None
-    if state["next_epoch"] >= int(config["epochs"]):
+    epochs = as_section(config, "training").epochs
+    if state["next_epoch"] >= int(epochs):
         # Every epoch is done. A run stopped or failed after its training continues from the
         # phase it reached (the verdict, the scorecard, the model's logging), without training
         # again; a run that finished is not resumed: the same command again trains anew.
-        record = phase.read(directory.parent, state) if phase.trained(state, config["epochs"]) else None
-        if phase.trained(state, config["epochs"]) and not (record and record["terminal"]):
+        record = phase.read(directory.parent, state) if phase.trained(state, epochs) else None
+        if phase.trained(state, epochs) and not (record and record["terminal"]):
             state["phase"] = record
             return state
         if mode == "must":
             raise CheckpointError(f"resume is must but the training state in '{state['directory']}' is complete "
-                                  f"({config['epochs']} epochs); raise epochs or set resume to auto")
+                                  f"({epochs} epochs); raise epochs or set resume to auto")
         return None
     return state
 
@@ -89,7 +92,7 @@ def find_resumable_everywhere(save_dir, config: Mapping[str, Any], info, *, firs
         try:
             if first is not None:
                 first()
-            found = find_resumable(save_dir, config, world_size=info.world_size, mode=config["resume"])
+            found = find_resumable(save_dir, config, world_size=info.world_size, mode=as_section(config, "job").resume)
             answer = ("ok", None if found is None else {k: found.get(k) for k in ("directory", "run_ids", "epoch",
                                                                                      "phase")})
         except UserError as exc:
