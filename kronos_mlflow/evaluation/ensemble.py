@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.sections import as_section
 from ..runtime.fsutil import write_atomic
 from ..serving.forecasting import ensemble as served_ensemble
 from ..serving.forecasting.ensemble import ENSEMBLE, FILE, MEMBERS, Ensemble, members, mix, read
@@ -157,11 +158,12 @@ def weights_figure(weights: Mapping[str, float], losses: Mapping[str, float], de
     return fig
 
 
-def build_for(config: Mapping[str, Any], keep: Mapping[str, Any]) -> tuple[Ensemble | None, dict[str, float]]:
+def build_for(evaluation: Any, keep: Mapping[str, Any]) -> tuple[Ensemble | None, dict[str, float]]:
     """The ensemble of ``keep`` (what :func:`~kronos_mlflow.evaluation.scorecard.fit_calibrator`
     kept of the calibration origins: ``raw``, ``history``, ``actual``, ``time_range``), or None
-    with ``ensemble_rounds`` 0 or nothing kept."""
-    rounds = int(config.get("ensemble_rounds", 0) or 0)
+    with ``ensemble_rounds`` 0 or nothing kept. ``evaluation``: the config's evaluation section
+    (or the whole config)."""
+    rounds = int(as_section(evaluation, "evaluation").ensemble_rounds or 0)
     if rounds <= 0 or not keep or "raw" not in keep:
         return None, {}
     return fit(keep["raw"], keep["history"], keep["actual"], rounds, keep.get("time_range", ("", "")))
