@@ -19,6 +19,7 @@ from .ownership import (
 )
 from ..config.secrets import redact, redact_uri, scrub_params, secret_values
 from ..config.checks import mlflow_experiment_name
+from ..config.sections import as_section
 from .outage import QUEUES, OutageQueue, flush_at_exit
 from .protocol import (FAILURE_REASON_MAX_CHARS, MetricCleaner, Status, check_status, flatten_params, one_line,
                        same_param)
@@ -476,14 +477,17 @@ def command_experiment(client, experiment_name: str | None) -> str:
     return gate_experiment(client, experiment_name)
 
 
-def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None) -> None:
-    """Read-only: the run and experiment a training with ``config`` would log to can be used, as
-    :class:`MLflowLogger` checks them at the run's start (``MLFLOW_RUN_ID`` exists and is not
-    deleted; the experiment named by ``experiment_name`` / ``MLFLOW_EXPERIMENT_NAME`` is not
-    deleted; ``MLFLOW_EXPERIMENT_ID`` exists). Nothing is created."""
+def check_run_target(tracking: Any, tracking_uri: str | None = None) -> None:
+    """Read-only: the run and experiment a training with ``tracking`` (the config's tracking
+    section, or the whole config) would log to can be used, as :class:`MLflowLogger` checks them
+    at the run's start (``MLFLOW_RUN_ID`` exists and is not deleted; the experiment named by
+    ``experiment_name`` / ``MLFLOW_EXPERIMENT_NAME`` is not deleted; ``MLFLOW_EXPERIMENT_ID``
+    exists). Nothing is created."""
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
+
+    named = as_section(tracking, "tracking").experiment_name
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     hide_uri_printing(uri)
@@ -502,9 +506,9 @@ def check_run_target(config: Mapping[str, Any], tracking_uri: str | None = None)
             if run.info.lifecycle_stage == "deleted":
                 raise UserError(f"MLflow run {run_id} (MLFLOW_RUN_ID) is deleted; restore it or unset MLFLOW_RUN_ID")
             return
-        name = str(config.get("experiment_name") or "") or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
+        name = str(named or "") or os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip()
         if name:
-            source = "experiment_name" if config.get("experiment_name") else "MLFLOW_EXPERIMENT_NAME"
+            source = "experiment_name" if named else "MLFLOW_EXPERIMENT_NAME"
             mlflow_experiment_name(source, name, error=UserError)
             experiment = client.get_experiment_by_name(name)
             if experiment is not None and experiment.lifecycle_stage == "deleted":
