@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..config.sections import section
 from ..stages import spec_of
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -62,7 +63,7 @@ def run_tags(config: Mapping[str, Any], model: Any = None) -> dict[str, str]:
     absent when git is missing or fails, or the package is not at the top of a git checkout)."""
     from ..runtime.distributed import unwrap  # lazy: torch, numpy
 
-    tags = {"instrument": str(config["instrument"])}
+    tags = {"instrument": str(section(config, "data").instrument)}
     if model is not None:
         tags["model_size"] = str(parameter_count(model))
         raw = unwrap(model)
