@@ -22,6 +22,7 @@ import pytest
 from tiny_runs import TINY, interrupt_when, pipeline_workdir, process_under
 
 from kronos_mlflow.config.core import load_config
+from kronos_mlflow.config.sections import section
 from kronos_mlflow.errors import UserError
 from kronos_mlflow.evaluation.scores import skill
 from kronos_mlflow.workflows.walkforward import folds as fl
@@ -90,6 +91,7 @@ def test_the_fold_table_is_consecutive_with_the_embargo_in_both_modes():
     assert [f.fold for f in expanding] == [1, 2, 3] and expanding[-1].test[1] == "2021-06-30"
     assert_walk_forward(expanding, calendar, 20)
     assert {f.train[0] for f in expanding} == {"2020-01-01"} and expanding[0].embargo == 5  # predict_window
+    assert fl.plan(section(config, "data"), _settings(), calendar) == expanding  # the data section alone
     rolling = fl.plan(config, _settings(mode="rolling", train_length="60", embargo="2", val_length="15"), calendar)
     assert_walk_forward(rolling, calendar, 20)
     assert {f.train_bars for f in rolling} == {60} and {f.val_bars for f in rolling} == {15}

@@ -39,6 +39,7 @@ import pandas as pd
 from ...tracking import handover as hv
 from ...config import names, checks
 from ...config.core import format_time_range, parse_date, time_bounds
+from ...config.sections import as_section
 from ...errors import UserError
 
 MODES = ("expanding", "rolling")
@@ -169,21 +170,22 @@ def _before(calendar: np.ndarray, last: int, length: Length, name: str, fold: in
     return first
 
 
-def plan(config: Mapping[str, Any], settings: Settings, calendar: np.ndarray) -> list[Fold]:
-    """The fold table of ``settings`` on ``calendar`` (the provider's bars, ascending), with
-    ``config``'s windows (``lookback_window``, ``predict_window``) and ranges (the start of
-    ``train_time_range``, the end of ``test_time_range``). One UserError names a fold that
-    cannot be built."""
+def plan(data: Any, settings: Settings, calendar: np.ndarray) -> list[Fold]:
+    """The fold table of ``settings`` on ``calendar`` (the provider's bars, ascending), with the
+    data section's windows (``lookback_window``, ``predict_window``) and ranges (the start of
+    ``train_time_range``, the end of ``test_time_range``); ``data``: the config's data section
+    (or the whole config). One UserError names a fold that cannot be built."""
+    data = as_section(data, "data")
     calendar = np.asarray(calendar, dtype="datetime64[s]")
-    lookback, horizon = int(config["lookback_window"]), int(config["predict_window"])
+    lookback, horizon = int(data.lookback_window), int(data.predict_window)
     embargo = horizon if settings.embargo is None else int(settings.embargo)
-    end = settings.end or config["test_time_range"][1]
+    end = settings.end or data.test_time_range[1]
     last = int(np.searchsorted(calendar, time_bounds(end, end)[1], side="right")) - 1
     if last < 0:
         raise UserError(f"walkforward_end {end} is before the calendar's first bar {_day(calendar[0])}")
     fold_length = parse_length("fold_length", settings.fold_length)
     val_length = parse_length("val_length", settings.val_length or settings.fold_length)
-    train_first = int(np.searchsorted(calendar, time_bounds(*config["train_time_range"])[0], side="left"))
+    train_first = int(np.searchsorted(calendar, time_bounds(*data.train_time_range)[0], side="left"))
     out: list[Fold] = []
     for k in range(settings.folds, 0, -1):  # the last fold first: each ends the bar before the next starts
         t0 = _before(calendar, last, fold_length, "test period", k)
