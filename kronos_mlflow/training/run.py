@@ -48,6 +48,7 @@ from ..config.digest import config_digest
 from ..errors import UserError, same_on_every_rank
 from ..config.flags import add_config_arguments, config_from_args
 from ..config.layout import RunLayout
+from ..config.sections import section
 from ..evaluation.next_steps import training_lines
 from ..tracking.ownership import STATE_ADVICE, Claim, OwnershipError, read_owner, token_of
 from .preflight import DataView, check_start, check_training
@@ -243,7 +244,7 @@ def check_resume(config: Mapping[str, Any], world_size: int) -> dict[str, Any] |
     if busy is not None:
         raise Busy(f"run directory {root} is being written by another process ({busy}); wait for it to end, or use "
                    "another save_path")
-    return find_resumable(root, config, world_size=world_size, mode=config["resume"])
+    return find_resumable(root, config, world_size=world_size, mode=section(config, "job").resume)
 
 
 def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[str, Any] | None) -> None:
@@ -257,7 +258,8 @@ def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[s
     from ..tracking import gate  # lazy: numpy, urllib/http
 
     client = MlflowClient()
-    experiment = gate.command_experiment(client, str(config.get("experiment_name") or "") or None)
+    named = str(section(config, "tracking").experiment_name or "") or None
+    experiment = gate.command_experiment(client, named)
     command = "train"  # either stage: the gate's rules for train and train-predictor are one
     if state is not None:
         saved = state.get("run_ids") or {}
@@ -273,7 +275,7 @@ def check_ownership(config: Mapping[str, Any], world_size: int, state: Mapping[s
         return
     root = RunLayout.of(config, world_size).root
     gate.handed_run(client, command=command,
-                    experiment_id=gate.handed_experiment(client, str(config.get("experiment_name") or "") or None),
+                    experiment_id=gate.handed_experiment(client, named),
                     directory_owner=read_owner(root) if root.is_dir() else None)
 
 
@@ -290,14 +292,14 @@ def preflight(config: Mapping[str, Any], *, check_tracking: bool = True) -> None
     from ..tracking.mlflow import check_run_target  # lazy: numpy, urllib/http
     from ..tracking.server import check_tracking_server
 
-    world = int(config["nproc_per_node"])
+    world = int(section(config, "job").nproc_per_node)
     check_start(config, world)
     with DataView() as data:
         check_training(config, world, data)
         state = check_resume(config, world)
         if check_tracking:
             check_tracking_server()
-            check_run_target(config)
+            check_run_target(section(config, "tracking"))
             check_ownership(config, world, state)
 
 
@@ -333,12 +335,13 @@ def main(config: Mapping[str, Any]) -> dict:
     asked = MappingProxyType(cfg.validate(dict(config)))  # the user's config, as validated: never written
     config = launch_values(asked).run_config(asked)  # what the run reads: run_name and nproc_per_node resolved
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
-    info = init_distributed(config["device"])
+    job = section(config, "job")  # device, seed
+    info = init_distributed(job.device)
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root, writer, files = None, None, None
     try:
         resolved = resolve_everywhere(asked, info)
-        seed_everything(config["seed"], info.rank)
+        seed_everything(job.seed, info.rank)
         # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
         root = str(RunLayout.of(config, info.world_size).root) if info.is_main else None
         layout_root = (layout := RunLayout(Path(broadcast_object(root)))).root
