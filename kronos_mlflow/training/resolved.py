@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..config import core as cfg, published
+from ..config.sections import section
 from ..config.timeranges import data_span
 from ..tracking import run_names
 
@@ -76,8 +77,9 @@ def launch_values(config: Mapping[str, Any], environ: Mapping[str, str] | None =
     """The record's first part, known before the process group: ``nproc_per_node`` (torchrun's
     ``LOCAL_WORLD_SIZE`` when it started this process, else the config's) and the run's name."""
     environ = os.environ if environ is None else environ
-    nproc = int(environ["LOCAL_WORLD_SIZE"]) if environ.get("LOCAL_WORLD_SIZE") else int(config["nproc_per_node"])
-    run_name = config["run_name"] or run_names.training({**config, "nproc_per_node": nproc})
+    job, tracking = section(config, "job"), section(config, "tracking")
+    nproc = int(environ["LOCAL_WORLD_SIZE"]) if environ.get("LOCAL_WORLD_SIZE") else int(job.nproc_per_node)
+    run_name = tracking.run_name or run_names.training({**config, "nproc_per_node": nproc})
     return Resolved(run_name=run_name, nproc_per_node=nproc)
 
 
