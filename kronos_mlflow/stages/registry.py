@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config.core import DEFAULTS
 from ..config import stage_keys as _registry
+from ..config.sections import as_section
 from ..config.stage_keys import StageKeys, stage_of
 from ..errors import ConfigError
 
@@ -116,7 +117,7 @@ class StageSpec:
     # ---- preflight
     def forecasts(self, config: Mapping[str, Any]) -> bool:
         """Whether a run of ``config`` forecasts (its logged model, its scorecard, val_skill)."""
-        return config.get("objective") in ("val_skill", "val_ic")
+        return as_section(config, "training").objective in ("val_skill", "val_ic")
 
     def loads_checkpoints(self, config: Mapping[str, Any]) -> bool:
         """Whether building the model reads a checkpoint (a preflight loads it then)."""
