@@ -14,6 +14,7 @@ from ...config.keys import EVALUATION_KEYS
 from ...config.stage_keys import StageKeys
 from ...errors import UserError
 from ...config.published import source
+from ...config.sections import as_section
 from ...evaluation.sources import resolve_tokenizer
 from ...tracking.keys import (
     TOKENIZER_INITIAL_VAL_METRIC, TOKENIZER_LEARNING_RATE, TOKENIZER_TRAIN_LOSS, TOKENIZER_VAL_METRIC, VERDICT_TAG,
@@ -96,13 +97,13 @@ class TokenizerSpec(StageSpec):
                                   tracking_uri=client.tracking_uri, what="the champion")
         print(f"[sweep] scoring the champion (version {version.version}) on the best trial's {len(windows):,} test "
               "windows", flush=True)
-        _, metrics = PIECE.score(model, windows, "cpu", batch_size=int(config["batch_size"]))
+        _, metrics = PIECE.score(model, windows, "cpu", batch_size=int(as_section(config, "training").batch_size))
         return float(metrics[PIECE.loss])
 
     def check_objective(self, config: Mapping[str, Any], model) -> None:
         """``objective: val_skill`` forecasts with ``pretrained_predictor_path``'s predictor: it
         loads and pairs with ``model`` (one line naming it otherwise)."""
-        if config.get("objective") in ("val_skill", "val_ic"):
+        if as_section(config, "training").objective in ("val_skill", "val_ic"):
             from ..predictor.sources import build_predictor  # lazy: torch, mlflow, pandas
 
             build_predictor(config, model)  # refuses a missing checkpoint or other bits

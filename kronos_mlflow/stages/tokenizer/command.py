@@ -41,6 +41,7 @@ from ...errors import UserError
 from ...evaluation.heldout import compare_on
 from ...evaluation.sources import ACCEPTED, kept_settings, recorded_settings, resolve_tokenizer
 from ...config.keys import DATA_WINDOW_KEYS, PLACES_TO_WRITE
+from ...config.sections import sections
 from ...evaluation.verdict import HeldOut, percent
 from ...evaluation.windows import HELDOUT_SPLITS, heldout_windows
 from ...tracking.keys import TEST_WINDOWS_DIGEST_TAG
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     kept = kept_settings(recorded, config, cfg.DEFAULTS)
     if kept:
         console.print(f"MODEL's run {run_id} recorded {kept}: scored at those (flags override them)")
-    device = resolve_device(config["device"])
+    parts = sections(config)  # the device, the instrument, the batch size
+    device = resolve_device(parts.job.device)
     # the base first: a base that cannot be loaded is refused before MODEL's artifacts are downloaded
     base = resolve_tokenizer(args.base, device, tracking_uri=args.tracking_uri, what="--base") if args.base else None
     model = resolve_tokenizer(args.model, device, tracking_uri=args.tracking_uri, what="MODEL")
@@ -97,14 +99,14 @@ def run(args: argparse.Namespace) -> int:
     windows = heldout_windows(config, args.split)
     if not len(windows):
         a, b = windows.time_range
-        raise UserError(f"no {args.split} windows for instrument '{config['instrument']}' in "
+        raise UserError(f"no {args.split} windows for instrument '{parts.data.instrument}' in "
                         f"{args.split}_time_range {a}:{b}; choose another range or instrument")
     prefix = f"{args.split}_"
     if base is not None:
         result = compare_on(windows, model, base, device, config=config, label=args.base, console=console,
                             names=("model", "base"), prefix=prefix, stage=PIECE)
     else:  # the model alone: its metrics, no verdict
-        _, metrics = PIECE.score(model, windows, device, batch_size=int(config["batch_size"]),
+        _, metrics = PIECE.score(model, windows, device, batch_size=int(parts.training.batch_size),
                                      progress=console.progress, desc=f"{args.split}: model")
         result = HeldOut("", base_label="", windows=len(windows), metrics=metrics, split=args.split,
                          windows_digest=windows.digest, prefix=prefix)
