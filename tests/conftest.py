@@ -24,6 +24,17 @@ if not os.environ.get("KRONOS_TEST_HF_CACHE"):
 os.environ["HF_HUB_CACHE"] = os.environ["KRONOS_TEST_HF_CACHE"]
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+# The commands the tests press Ctrl-C on start as from a terminal: SIGINT at its default. A test
+# session started as a shell's background job (`pytest ... &`, nohup) inherits SIGINT ignored, and
+# Python keeps an inherited SIG_IGN (it installs KeyboardInterrupt only over the default), as does
+# every process it starts: `mlflow run`, which answers Ctrl-C only through KeyboardInterrupt, would
+# never hear the test's SIGINT. Each test process gives SIGINT Python's usual handler back here,
+# so what it starts begins with the default, as a user's command does.
+import signal as _signal  # noqa: E402
+
+if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
 # The stage registry, built as every command builds it before it loads a config (the tests load
 # configs and ask stages directly); a subprocess that does the same builds its own.
 from kronos_mlflow.stages import build_registry  # noqa: E402
