@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...config import core as cfg, checks
+from ...config import core as cfg, checks, sections as cs
 from ...config.argparsing import OneLineParser
 from ...tracking.child_runs import Commands, as_flags as _flags, child_env, create_child, experiment_id_of, log_param_once
 from ...tracking.command_runs import end_stopped, install as install_stops, run_child, started
@@ -54,7 +54,7 @@ from ...training.trial import DEFAULT_PRUNER, make_pruner, ENV_PRUNER, ENV_STORA
 #: the value it passes when one is not given is the config's default, which overrides nothing.
 SWEEP_PARAMS = ("stage", "objective", "finetune_mode", "lora_rank", "freeze_layers", "dataset_begin_time",
                 "dataset_end_time", "predictor_objective", "return_loss_weight")
-DEFAULT_STUDY = get(cfg.DEFAULTS["stage"]).default_study  # the --study-name default (the default stage's)
+DEFAULT_STUDY = get(cs.section({}, "job").stage).default_study  # the --study-name default (the default stage's)
 
 
 def unset_by_default(stage: str) -> dict[str, str]:
@@ -77,8 +77,8 @@ DIRECTION = {"val_loss": "minimize", "val_skill": "maximize", "val_ic": "maximiz
 def default_study_name(config: Mapping[str, Any]) -> str:
     """The study of a sweep whose --study-name is left at its default: one per stage and objective
     (``kronos-lr-wd``, ``kronos-predictor-lr-wd``, and ``...-val-skill`` for ``objective: val_skill``)."""
-    name = spec_of(config).default_study
-    return name if config.get("objective", "val_loss") == "val_loss" else f"{name}-{config['objective'].replace('_', '-')}"
+    name, objective = spec_of(config).default_study, cs.section(config, "training").objective
+    return name if objective == "val_loss" else f"{name}-{objective.replace('_', '-')}"
 
 
 def sweep_output_dir(save_path: str | None) -> str:
@@ -119,7 +119,7 @@ class SweepWorker:
         self.args, self.train_flags, self.space = args, train_flags, space
         self.folder_key = spec.keys.save_folder  # each trial's run folder
         self.val_metric = spec.val_metric  # per epoch
-        self.value_metric = OBJECTIVE_METRIC[str(config.get("objective", "val_loss"))]  # the trial's value
+        self.value_metric = OBJECTIVE_METRIC[str(cs.section(config, "training").objective)]  # the trial's value
         self.storage, self.study, self.client = storage, study, client
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         self.trial_epochs = 0
@@ -353,7 +353,7 @@ def _stage_of(extra: Sequence[str]) -> str:
         name, eq, value = flag.lstrip("-").partition("=")
         if name == "stage":
             return value if eq else (extra[i + 1] if i + 1 < len(extra) else "")
-    return cfg.DEFAULTS["stage"]
+    return cs.section({}, "job").stage  # the declared default
 
 
 def parse(argv: Sequence[str] | None):
@@ -409,12 +409,11 @@ def parse(argv: Sequence[str] | None):
             continue  # the MLproject default: what the config file (or the config's default) says stands
         overrides[key] = value
     config = cfg.load_config(overrides, path=args.config_file or None)
-
-    check_processes(args.nproc_per_node, resolve_device(config["device"], 0, args.nproc_per_node))
-
+    job = cs.section(config, "job")  # the device, save_path
+    check_processes(args.nproc_per_node, resolve_device(job.device, 0, args.nproc_per_node))
     check_comet(config)
     if not args.output_dir:
-        args.output_dir = sweep_output_dir(config.get("save_path"))
+        args.output_dir = sweep_output_dir(job.save_path)
     if args.study_name == DEFAULT_STUDY:
         args.study_name = default_study_name(config)
     train_flags = []
@@ -432,7 +431,7 @@ def check_space(space: Mapping[str, Any], train_flags: Sequence[str], config: Ma
         if name in space and f"--{name.replace('_', '-')}" in train_flags:
             raise UserError(f"argument --{name.replace('_', '-')}: the sweep chooses it (the search space draws "
                             f"{name}); drop the flag, or the entry in the search space")
-    modes = space.get("finetune_mode", {}).get("choices", [config["finetune_mode"]])
+    modes = space.get("finetune_mode", {}).get("choices", [cs.section(config, "finetune").finetune_mode])
     for mode in modes:
         drawn = {name: space[name]["high"] for name in ("lora_rank", "freeze_layers") if name in space}
         try:
@@ -452,7 +451,7 @@ def check_trials(args, config: Mapping[str, Any]) -> None:
     trial = {**config, "save_path": os.path.join(args.output_dir, args.study_name),
              "nproc_per_node": args.nproc_per_node}
     check_start(trial, args.nproc_per_node)
-    if trial["resume"] == "must":
+    if cs.section(trial, "job").resume == "must":
         raise UserError("resume: 'must' resumes a saved training state, and each trial trains in a folder of its own "
                         "(trial-N) that holds none; expected resume auto or never for a sweep")
     with DataView() as data:
@@ -472,9 +471,10 @@ def run_sweep(argv: Sequence[str] | None = None, *, commands: Commands) -> int:
     check_space(space, train_flags, config)
     args.storage = args.storage or default_storage()
     pruner = sweep_folds.pruner_of(args)
-    experiment_name = args.experiment_name or config.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    named = args.experiment_name or cs.section(config, "tracking").experiment_name  # the flag's, else the config's
+    experiment_name = named or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     check_handed("sweep", experiment_name or None)  # the run MLFLOW_RUN_ID hands over, before any data is read
-    check_tracking({**config, "experiment_name": args.experiment_name or config.get("experiment_name") or ""})
+    check_tracking({**config, "experiment_name": named})
     check_trials(args, config)  # the last check: its data cache is written once every check passed
     args.fold_plan = sweep_folds.plan_of(args, config, check_trials)  # --folds: the table, each fold's checks
     if args.check:
@@ -483,7 +483,7 @@ def run_sweep(argv: Sequence[str] | None = None, *, commands: Commands) -> int:
         return 0
     storage = open_storage(args.storage, max_retry=args.max_retry)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    objective = str(config.get("objective", "val_loss"))
+    objective = str(cs.section(config, "training").objective)
     study = open_study(storage, args.study_name, pruner, args.sampler_seed, direction=DIRECTION[objective],
                        value_name=OBJECTIVE_METRIC[objective])
     sweep_folds.prepare_study(study, args, config, space)
