@@ -35,6 +35,7 @@ from .. import pipeline as pl
 from ...tracking.child_runs import create_child, log_param_once
 from ...tracking.command_runs import install as install_stops, started
 from ...config.core import format_time_range
+from ...config.sections import section
 from ...data.prepare import market_calendar
 from ...errors import UserError
 from ...training.preflight import DataView
@@ -100,7 +101,7 @@ def plan_of(args) -> tuple[fl.Settings, list[fl.Fold], int]:
     """The settings, the fold table and the fold asked for (0: all), every value checked."""
     settings = settings_of(args)
     base = pl.step_config(args, stage_names()[-1])  # the forecaster's: the folds are its test periods
-    folds = fl.plan(base, settings, calendar_of(base))
+    folds = fl.plan(section(base, "data"), settings, calendar_of(base))
     only = checks.integer("fold", args.fold, 0, len(folds), what="fold", error=UserError)
     return settings, folds, only
 
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parent_run_id:
         args.parent_run_id = names.run_id(args.parent_run_id, "--parent-run-id")
     if gate.handed_run_id():  # the run MLFLOW_RUN_ID hands over, before the fold table reads any data
-        gate.check_handed("walk-forward", pl.step_config(args, stage_names()[0]).get("experiment_name"))
+        gate.check_handed("walk-forward", section(pl.step_config(args, stage_names()[0]), "tracking").experiment_name)
     settings, folds, only = plan_of(args)
     print(f"[walk-forward] {fl.describe(folds)}, {settings.mode}, retraining {settings.retrain}:", flush=True)
     print(fl.table(folds), flush=True)
