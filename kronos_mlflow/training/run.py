@@ -335,13 +335,12 @@ def main(config: Mapping[str, Any]) -> dict:
     asked = MappingProxyType(cfg.validate(dict(config)))  # the user's config, as validated: never written
     config = launch_values(asked).run_config(asked)  # what the run reads: run_name and nproc_per_node resolved
     check_start_everywhere(config)  # before the process group: every rank refuses alike, rank 0 says so
-    job = section(config, "job")  # device, seed
-    info = init_distributed(job.device)
+    info = init_distributed(section(config, "job").device)
     tracking, status, reason, started = Tracking(NullLogger()), "failed", None, time.time()
     layout_root, writer, files = None, None, None
     try:
         resolved = resolve_everywhere(asked, info)
-        seed_everything(job.seed, info.rank)
+        seed_everything(section(config, "job").seed, info.rank)
         # Rank 0 picks the run directory (per config digest: see layout.py); every rank uses it.
         root = str(RunLayout.of(config, info.world_size).root) if info.is_main else None
         layout_root = (layout := RunLayout(Path(broadcast_object(root)))).root
