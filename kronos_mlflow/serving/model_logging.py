@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..config.core import format_time_range, run_params
+from ..config.sections import as_section
 from ..data import resolve_qlib_path
 from .forecasting import PREDICTOR_ARTIFACT, SAMPLING_DEFAULTS, TOKENIZER_ARTIFACT, forecast, load_forecaster
 from .forecasting.pyfunc import CALIBRATOR_ARTIFACT, CALIBRATOR_FILE, SERVING_DEFAULTS, read_calibrator
@@ -57,7 +58,8 @@ def _example_windows(config: Mapping[str, Any], n: int, with_times: bool = True
     synthetic windows and None where the config's data has no windows."""
     from ..data import QlibDataset  # lazy: torch
 
-    window = config["lookback_window"] + config["predict_window"] + 1
+    data = as_section(config, "data")
+    window = data.lookback_window + data.predict_window + 1
     for split in ("val", "train"):
         try:
             ds = QlibDataset(split, config)
@@ -83,7 +85,8 @@ def example_forecast_input(config: Mapping[str, Any], n: int = 2) -> dict[str, n
     import pandas as pd
 
     bars, times = _example_windows(config, n)
-    lookback, total = int(config["lookback_window"]), int(config["lookback_window"]) + int(config["predict_window"])
+    data = as_section(config, "data")
+    lookback, total = int(data.lookback_window), int(data.lookback_window) + int(data.predict_window)
     if times is None:
         times = [pd.bdate_range("2024-01-02", periods=total)] * len(bars)
     epoch, second = pd.Timestamp("1970-01-01"), pd.Timedelta(seconds=1)
@@ -141,11 +144,13 @@ class _ModelFiles:
     metadata: Mapping[str, str]
 
 
-def _metadata(config: Mapping[str, Any]) -> dict[str, str]:
-    return {"freq": str(config.get("freq", "day")), "instrument": str(config["instrument"])}
+def _metadata(data: Any) -> dict[str, str]:
+    """The model's metadata: the data section's ``freq`` and ``instrument`` (or the whole config's)."""
+    data = as_section(data, "data")
+    return {"freq": str(data.freq), "instrument": str(data.instrument)}
 
 
-def _publish_model(mlflow_logger, files: _ModelFiles, config: Mapping[str, Any], step: int,
+def _publish_model(mlflow_logger, files: _ModelFiles, tracking: Any, step: int,
                    metrics: Mapping[str, float] | None, heldout_metrics: Mapping[str, float] | None,
                    heldout_dataset: tuple[str, str] | None, reproduces: Callable[[Any], bool]):
     """Log ``files`` as the Logged Model ``best_model`` of the run (an MLflow 3 Logged Model created
@@ -154,7 +159,8 @@ def _publish_model(mlflow_logger, files: _ModelFiles, config: Mapping[str, Any],
     training losses and per-epoch metrics share step numbers), an output of the run at ``step`` with
     ``metrics`` and ``heldout_metrics`` (linked to ``heldout_dataset``) on the model; reload it
     and require ``reproduces(loaded_pyfunc)``; then tag the run ``best_model_uri`` and, when the
-    config names a registered model, register it (tag ``registered_model``). Returns the ``ModelInfo``."""
+    ``tracking`` section (or the whole config) names a registered model, register it (tag
+    ``registered_model``). Returns the ``ModelInfo``."""
     import mlflow
 
     info = _log_logged_model(mlflow_logger, files, int(step))
@@ -167,7 +173,7 @@ def _publish_model(mlflow_logger, files: _ModelFiles, config: Mapping[str, Any],
     if not reproduces(loaded):
         raise RuntimeError("the logged MLflow model does not reproduce the checkpoint's outputs")
     mlflow_logger.set_tags({"best_model_uri": info.model_uri})
-    name = config.get("registered_model_name")
+    name = as_section(tracking, "tracking").registered_model_name
     if name:
         with _tracking_uri(mlflow_logger.tracking_uri):
             version = mlflow.register_model(info.model_uri, name)
@@ -215,20 +221,22 @@ def log_best_model(mlflow_logger, checkpoint_dir: str, config: Mapping[str, Any]
     """
     from ..model import KronosTokenizer  # lazy: torch
 
+    data = as_section(config, "data")
     x = example_windows(config)
     model = KronosTokenizer.from_pretrained(checkpoint_dir).eval()
-    expected = tokenize_windows(model, x, config["lookback_window"], config["clip"])
+    expected = tokenize_windows(model, x, data.lookback_window, data.clip)
     files = _ModelFiles(
         "pyfunc_model.py", {CHECKPOINT_ARTIFACT: checkpoint_dir},
-        {"lookback_window": int(config["lookback_window"]), "clip": float(config["clip"])},
-        model_signature(x, expected), x, _metadata(config))
+        {"lookback_window": int(data.lookback_window), "clip": float(data.clip)},
+        model_signature(x, expected), x, _metadata(data))
 
     def reproduces(loaded) -> bool:
         got = loaded.predict(x)
         return np.array_equal(got["tokens"], expected["tokens"]) and np.allclose(
             got["reconstruction"], expected["reconstruction"], rtol=1e-5, atol=1e-5)
 
-    return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
+    return _publish_model(mlflow_logger, files, as_section(config, "tracking"), step, metrics, heldout_metrics,
+                          heldout_dataset, reproduces)
 
 
 def forecaster_signature(pred_len: int, forecaster: str = "calibrated", head: bool = False):
@@ -314,8 +322,9 @@ def _forecaster_artifacts(tokenizer_dir: str, predictor_dir: str, staging: str) 
 
 def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping[str, Any], step: int,
                     metrics, heldout_metrics, heldout_dataset):
-    pred_len = int(config["predict_window"])
-    model_config = {"pred_len": pred_len, "max_context": int(config["max_context"]), "clip": float(config["clip"])}
+    data = as_section(config, "data")
+    pred_len = int(data.predict_window)
+    model_config = {"pred_len": pred_len, "max_context": int(data.max_context), "clip": float(data.clip)}
     predictor = load_forecaster(artifacts[TOKENIZER_ARTIFACT], artifacts[PREDICTOR_ARTIFACT],
                                 max_context=model_config["max_context"], clip=model_config["clip"])
     example = example_forecast_input(config)
@@ -326,11 +335,11 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
     files = _ModelFiles(
         "forecaster_model.py", artifacts, model_config, forecaster_signature(
             pred_len, "ensemble" if served_ensemble.ARTIFACT in artifacts else "calibrated", head is not None),
-        (example, dict(FORECAST_CHECK)), _metadata(config))
+        (example, dict(FORECAST_CHECK)), _metadata(data))
 
     # calibrated where the model carries a calibrator and the example's lookback gives its volatility
     state = ("calibrated" if CALIBRATOR_ARTIFACT in artifacts
-             and int(config["lookback_window"]) >= MIN_CALIBRATED_LOOKBACK else "raw")
+             and int(data.lookback_window) >= MIN_CALIBRATED_LOOKBACK else "raw")
 
     def reproduces(loaded) -> bool:
         got = loaded.predict(example, params=dict(FORECAST_CHECK))
@@ -341,7 +350,8 @@ def _log_forecaster(mlflow_logger, artifacts: Mapping[str, str], config: Mapping
                    if k in expected) and bool(
             np.all(np.asarray(got["calibration"]) == state)) and bool(np.all(np.asarray(got["forecaster"]) == who))
 
-    return _publish_model(mlflow_logger, files, config, step, metrics, heldout_metrics, heldout_dataset, reproduces)
+    return _publish_model(mlflow_logger, files, as_section(config, "tracking"), step, metrics, heldout_metrics,
+                          heldout_dataset, reproduces)
 
 
 def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model_id: str,
@@ -371,54 +381,59 @@ def _model_metrics(mlflow_logger, metrics: Mapping[str, float], step: int, model
     return out
 
 
-def log_dataset_input(client, run_id: str, config: Mapping[str, Any], digest: str) -> None:
-    """Record the Qlib data as the run's training input: path, instrument, ranges, digest."""
+def log_dataset_input(client, run_id: str, data: Any, digest: str) -> None:
+    """Record the Qlib data as the run's training input: path, instrument, ranges, digest, from the
+    ``data`` section (or the whole config)."""
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
-    dataset = MetaDataset(source=_source(config), name=dataset_name(config), digest=digest[:32])
+    data = as_section(data, "data")
+    dataset = MetaDataset(source=_source(data), name=dataset_name(data), digest=digest[:32])
     tags = [
         InputTag(key="mlflow.data.context", value="training"),
-        InputTag(key="instrument", value=str(config["instrument"])),
-        InputTag(key="freq", value=str(config.get("freq", "day"))),
-        InputTag(key="membership_gaps", value=str(config.get("membership_gaps", "split"))),
-        InputTag(key="train_time_range", value=format_time_range(config["train_time_range"])),
-        InputTag(key="val_time_range", value=format_time_range(config["val_time_range"])),
-        InputTag(key="test_time_range", value=format_time_range(config["test_time_range"])),
+        InputTag(key="instrument", value=str(data.instrument)),
+        InputTag(key="freq", value=str(data.freq)),
+        InputTag(key="membership_gaps", value=str(data.membership_gaps)),
+        InputTag(key="train_time_range", value=format_time_range(data.train_time_range)),
+        InputTag(key="val_time_range", value=format_time_range(data.val_time_range)),
+        InputTag(key="test_time_range", value=format_time_range(data.test_time_range)),
     ]
     _log_input(client, run_id, DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags))
 
 
-def dataset_name(config: Mapping[str, Any]) -> str:
-    """The data's name as a run input: ``qlib-<instrument>[-demo][-<freq>]``."""
-    name = f"qlib-{config['instrument']}" + ("-demo" if not config["qlib_data_path"] else "")
-    if config.get("freq", "day") != "day":
-        name += f"-{config['freq']}"
+def dataset_name(data: Any) -> str:
+    """The data's name as a run input: ``qlib-<instrument>[-demo][-<freq>]``, from the ``data``
+    section (or the whole config)."""
+    data = as_section(data, "data")
+    name = f"qlib-{data.instrument}" + ("-demo" if not data.qlib_data_path else "")
+    if data.freq != "day":
+        name += f"-{data.freq}"
     return name
 
 
-def _source(config: Mapping[str, Any]):
+def _source(data: Any):
     from mlflow.data.dataset_source_registry import resolve_dataset_source
 
-    path = str(resolve_qlib_path(config))
+    path = str(resolve_qlib_path(data))
     with warnings.catch_warnings():
         # Two registered sources both read local paths; either is right.
         warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
         return resolve_dataset_source(path)
 
 
-def log_heldout_dataset(client, run_id: str, config: Mapping[str, Any], heldout: Mapping[str, Any]) -> tuple[str, str]:
+def log_heldout_dataset(client, run_id: str, data: Any, heldout: Mapping[str, Any]) -> tuple[str, str]:
     """The windows the test verdict scored, as an input of the run (context ``test``): name
-    ``<data name>-test``, digest that of the windows. Returns (name, digest) for linking the
-    model's test metrics to it."""
+    ``<data name>-test``, digest that of the windows; ``data``: the data section (or the whole
+    config). Returns (name, digest) for linking the model's test metrics to it."""
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
+    data = as_section(data, "data")
     split = str(heldout.get("split") or "test")
-    name, digest = f"{dataset_name(config)}-{split}", str(heldout["windows_digest"])[:32]
-    dataset = MetaDataset(source=_source(config), name=name, digest=digest)
+    name, digest = f"{dataset_name(data)}-{split}", str(heldout["windows_digest"])[:32]
+    dataset = MetaDataset(source=_source(data), name=name, digest=digest)
     tags = [InputTag(key="mlflow.data.context", value=split),
-            InputTag(key=f"{split}_time_range", value=format_time_range(config[f"{split}_time_range"])),
+            InputTag(key=f"{split}_time_range", value=format_time_range(getattr(data, f"{split}_time_range"))),
             InputTag(key="windows", value=str(heldout.get("windows", 0)))]
     _log_input(client, run_id, DatasetInput(dataset=dataset._to_mlflow_entity(), tags=tags))
     return name, digest
@@ -462,7 +477,7 @@ def record_result(tracking, layout, config: Mapping[str, Any], result: Mapping[s
             tracking.comet.log_artifact(str(layout.best_model), "best_model")
         heldout, dataset = heldout_record(tracking.mlflow, config, result.get("test"), heldout_metrics)
         log_model(tracking.mlflow, layout, config, result, heldout, dataset)
-    if layout.best_adapter.is_dir() and config.get("finetune_mode") == "lora":
+    if layout.best_adapter.is_dir() and as_section(config, "finetune").finetune_mode == "lora":
         # the best epoch's adapters alone (peft's format), beside the merged best_model
         tracking.logger.log_artifact(str(layout.best_adapter), "adapter")
 
@@ -480,13 +495,14 @@ def log_predictor_model(mlflow_logger, layout, config: Mapping[str, Any], result
                ensemble_path=str(ensemble) if ensemble.is_file() else None)
 
 
-def heldout_record(mlflow_logger, config: Mapping[str, Any], heldout: Mapping[str, Any] | None,
+def heldout_record(mlflow_logger, data: Any, heldout: Mapping[str, Any] | None,
                    metrics: Mapping[str, float]):
     """The test verdict's ``metrics`` for the logged model, and the dataset (name, digest) they
-    are linked to, recorded as the run's test input; ``({}, None)`` without a verdict."""
+    are linked to, recorded as the run's test input (``data``: the data section, or the whole
+    config); ``({}, None)`` without a verdict."""
     if not heldout or heldout.get("verdict") == "unavailable" or not heldout.get("windows_digest"):
         return {}, None
-    dataset = log_heldout_dataset(mlflow_logger.client, mlflow_logger.run_id, config, heldout)
+    dataset = log_heldout_dataset(mlflow_logger.client, mlflow_logger.run_id, as_section(data, "data"), heldout)
     return dict(metrics), dataset
 
 
