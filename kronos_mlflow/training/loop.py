@@ -24,6 +24,7 @@ from ..model import finetune, return_head
 from ..runtime import stopping
 from ..runtime.stopping import TrainingPruned
 from ..config.core import stage_keys
+from ..config.sections import as_section
 from ..runtime.console import Console
 from ..data import QlibDataset
 from ..data.loaders import train_loader_for, val_loader_for
@@ -54,8 +55,8 @@ def train_step(model, optimizer, batch_x, config, precision: str | None = None, 
     together, once).
     """
     if precision is None:
-        precision = resolve_precision(config["precision"], batch_x.device)
-    accum = config["accumulation_steps"]
+        precision = resolve_precision(as_section(config, "performance").precision, batch_x.device)
+    accum = as_section(config, "training").accumulation_steps
     sub = batch_x.shape[0] // accum
     total = None
     for j in range(accum):
@@ -79,7 +80,8 @@ def train_epoch(model, optimizer, scheduler, loader, device, config, precision: 
     Returns the summed training loss and the global step after the epoch."""
     running = 0.0
     # rank 0: a line every log_interval steps or progress_seconds (a bar on a terminal)
-    ticker = console.progress(loader, len(loader), desc, every=config["log_interval"], unit="steps")
+    ticker = console.progress(loader, len(loader), desc, every=as_section(config, "training").log_interval,
+                              unit="steps")
     for batch_x, batch_stamp in ticker:
         batch_x = batch_x.to(device, non_blocking=True)
         batch_stamp = batch_stamp.to(device, non_blocking=True)
@@ -99,13 +101,15 @@ def train_epoch(model, optimizer, scheduler, loader, device, config, precision: 
 # --------------------------------------------------------------------------- the model as trained
 
 
-def prepare_model(model, config, device, distributed: bool = False, run_steps: int | None = None):
+def prepare_model(model, performance, device, distributed: bool = False, run_steps: int | None = None):
     """The model as training calls it: the fused path on or off (``fused_layers``), wrapped in
     DDP when ``distributed``, then ``torch.compile``d when ``compile`` resolves to on (``auto``
-    on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run).
+    on CPU weighs ``run_steps``, the run's optimizer steps; None = a long run). ``performance``:
+    the config's performance section (or the whole config).
     :func:`~kronos_mlflow.runtime.distributed.unwrap` gives the plain module back (for validation and checkpoints)."""
+    performance = as_section(performance, "performance")
     if hasattr(model, "set_fused"):
-        model.set_fused(resolve_fused(config["fused_layers"], device))
+        model.set_fused(resolve_fused(performance.fused_layers, device))
     if distributed:
         device = torch.device(device)
         ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
@@ -115,8 +119,8 @@ def prepare_model(model, config, device, distributed: bool = False, run_steps: i
         else:
             ddp_kwargs["broadcast_buffers"] = False
         model = DistributedDataParallel(model, **ddp_kwargs)
-    if resolve_compile(config["compile"], device, run_steps):
-        model = compile_model(model, config["compile"])
+    if resolve_compile(performance.compile, device, run_steps):
+        model = compile_model(model, performance.compile)
     return model
 
 
@@ -204,21 +208,22 @@ class RunData:
 def load_data(config: Mapping[str, Any], rank: int, world_size: int, device, console: Console) -> RunData:
     """The splits and this rank's share of their batches. No training window, or fewer than one
     batch per process, is a one-line error; no validation window is a warning."""
+    data = as_section(config, "data")
     train_ds = QlibDataset("train", config)
     val_ds = QlibDataset("val", config)
     if len(train_ds) == 0:
         raise UserError(
-            f"no training windows for instrument '{config['instrument']}' in {':'.join(config['train_time_range'])}; "
+            f"no training windows for instrument '{data.instrument}' in {':'.join(data.train_time_range)}; "
             "widen train_time_range or choose another instrument"
         )
     if len(val_ds) == 0:
-        console.warn(f"no validation windows in {':'.join(config['val_time_range'])}: training runs without "
+        console.warn(f"no validation windows in {':'.join(data.val_time_range)}: training runs without "
                      "validation and keeps the last epoch as best_model")
     train_loader = train_loader_for(train_ds, config, rank, world_size, device)
     val_loader = val_loader_for(val_ds, config, rank, world_size)
     if len(train_loader) == 0:
         raise ConfigError(
-            f"batch_size {config['batch_size']} x {world_size} process(es) is more than the "
+            f"batch_size {as_section(config, 'training').batch_size} x {world_size} process(es) is more than the "
             f"{len(train_ds)} training windows per epoch; lower batch_size or raise n_train_iter"
         )
     return RunData(train_ds, val_ds, train_loader, val_loader)
@@ -328,7 +333,8 @@ def save_progress(files: RunFiles, logger: ExperimentLogger, raw_model, optimize
                    "val_loss_initial": progress.initial, **{k: v for hook in hooks for k, v in hook.state().items()},
                    **({"frozen_digest": progress.frozen_digest} if finetune.partial(config) else {}),
                    # the last epoch's state: the training is done (what follows is in phase.json)
-                   **({"phase": checkpoint.phase.TRAINED} if epoch == config["epochs"] - 1 else {})},
+                   **({"phase": checkpoint.phase.TRAINED}
+                      if epoch == as_section(config, "training").epochs - 1 else {})},
             rng_states=rng_states, trained_only=finetune.partial(config),
         )
 
@@ -441,7 +447,8 @@ def after_training(progress: Progress, data: RunData, device, config: Mapping[st
                                console=console, step=max(progress.best_epoch, 0), reused=reused)
         if card is not None:
             result["scorecard"] = card.as_json()
-        alone = card is None and config.get("evaluate") == "off" and config.get("calibration") in ("on", "auto")
+        evaluation = as_section(config, "evaluation")
+        alone = card is None and evaluation.evaluate == "off" and evaluation.calibration in ("on", "auto")
         files.record_phase("calibration" if alone else "scorecard", result)
     return result
 
@@ -482,9 +489,10 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
     steps_per_epoch = len(data.train_loader)
     optimizer = build_optimizer(raw_model, config, log=console.print)
     scheduler = build_scheduler(optimizer, config, steps_per_epoch)
-    precision = resolve_precision(config["precision"], device)
+    precision = resolve_precision(as_section(config, "performance").precision, device)
     # Metrics, summary.json and plots count epochs from 0 (the metric step); the console from 1.
-    last_epoch = config["epochs"] - 1
+    epochs = as_section(config, "training").epochs
+    last_epoch = epochs - 1
 
     progress = resume_or_start(raw_model, optimizer, scheduler, data, device, logger, console, rank=rank,
                                resume_state=resume_state, last_epoch=last_epoch, stage=stage, config=config)
@@ -501,7 +509,7 @@ def fit(model, device, config: Mapping[str, Any], logger: ExperimentLogger, file
         files.save_stage_files(stage)
         save_state(-1)  # a crash in the first epoch resumes into this run, not a new one
     model.train()
-    for epoch in range(progress.start_epoch, config["epochs"]):
+    for epoch in range(progress.start_epoch, epochs):
         t0 = time.time()
         data.train_ds.set_epoch_seed(epoch)
         data.val_ds.set_epoch_seed(0)
