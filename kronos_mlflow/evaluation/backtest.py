@@ -66,10 +66,13 @@ def metric_prefix(name: str) -> str:
     return f"backtest_{slug}_"
 
 
-def benchmark_of(config: Mapping[str, Any]) -> str:
-    """``backtest_benchmark``, or upstream's index for the config's instrument when it is empty."""
-    return str(config.get("backtest_benchmark") or "") or UPSTREAM_BENCHMARKS.get(
-        str(config.get("instrument", "")).lower(), UPSTREAM_BENCHMARKS["csi300"])
+def benchmark_of(backtest: Any, data: Any = None) -> str:
+    """``backtest_benchmark`` of the ``backtest`` section, or upstream's index for the ``data``
+    section's instrument when it is empty (``backtest``: or the whole config, which gives both)."""
+    if isinstance(backtest, Mapping) and data is None:
+        data = backtest
+    return str(as_section(backtest, BACKTEST).backtest_benchmark or "") or UPSTREAM_BENCHMARKS.get(
+        str(as_section(data if data is not None else {}, "data").instrument).lower(), UPSTREAM_BENCHMARKS["csi300"])
 
 
 def _signal_series(name: str, frame):
@@ -110,12 +113,12 @@ def _days_with_signal(config: Mapping[str, Any], first, last, calendar) -> tuple
     """:func:`_time_range` of signals dated ``first`` .. ``last`` (``pandas.Timestamp``)."""
     import pandas as pd
 
-    given = list(config.get("backtest_time_range") or [])
+    given = list(as_section(config, BACKTEST).backtest_time_range or [])
     if given:
         start, end = pd.Timestamp(given[0]), pd.Timestamp(given[1])
         key = "backtest_time_range"
     else:
-        test = config["test_time_range"]
+        test = as_section(config, "data").test_time_range
         start, end = max(pd.Timestamp(test[0]), first), pd.Timestamp(test[1])
         key = "test_time_range"
     end = min(end, pd.Timestamp(calendar[-2]) if len(calendar) > 1 else start - pd.Timedelta(days=1))
@@ -203,8 +206,9 @@ def skip_reason(config: Mapping[str, Any]) -> str | None:
     from ..data.prepare import resolve_qlib_path  # lazy: numpy
 
     benchmark = benchmark_of(config)
-    if str(config.get("freq", "day")) != "day":
-        return (f"backtest skipped: Qlib's backtest runs on daily bars, freq is {config['freq']}; run it on a "
+    freq = as_section(config, "data").freq
+    if str(freq) != "day":
+        return (f"backtest skipped: Qlib's backtest runs on daily bars, freq is {freq}; run it on a "
                 "daily provider")
     path = resolve_qlib_path(config)
     if not (path / "features" / benchmark.lower() / "close.day.bin").is_file():

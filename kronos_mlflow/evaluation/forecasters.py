@@ -11,14 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config.sections import as_section
 from ..runtime.distributed import all_reduce_sum_
 from .origins import CLOSE, Origins
 
 
-def sampling(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling settings of the config's inference keys."""
-    return {"T": float(config["inference_T"]), "top_k": int(config["inference_top_k"]),
-            "top_p": float(config["inference_top_p"]), "sample_count": int(config["inference_sample_count"])}
+def sampling(evaluation: Any) -> dict[str, Any]:
+    """The sampling settings of the evaluation section's inference keys (or the whole config's)."""
+    evaluation = as_section(evaluation, "evaluation")
+    return {"T": float(evaluation.inference_T), "top_k": int(evaluation.inference_top_k),
+            "top_p": float(evaluation.inference_top_p), "sample_count": int(evaluation.inference_sample_count)}
 
 
 def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank: int = 0, world_size: int = 1,
@@ -33,7 +35,7 @@ def kronos_paths(predictor, origins: Origins, config: Mapping[str, Any], *, rank
     from ..serving.forecasting.pyfunc import forecast  # lazy: mlflow
 
     settings = sampling(config)
-    seed, batch_size = int(config["seed"]), int(config["batch_size"])
+    seed, batch_size = int(as_section(config, "job").seed), int(as_section(config, "training").batch_size)
     table = torch.zeros(len(origins), settings["sample_count"], origins.horizon, dtype=torch.float64)
     positions = origins.shard(rank, world_size)
     chunks = [positions[i:i + batch_size] for i in range(0, len(positions), batch_size)]
