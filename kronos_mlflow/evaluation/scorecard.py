@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.core import horizons
+from ..config.sections import as_section
 from ..runtime.fsutil import write_atomic
 from . import aci, calibration as cb, ensemble as en, forecasters as fc, probabilistic as pr, scores as sc
 from . import head_scores as hs, weather as wx
@@ -140,7 +141,7 @@ def _backtest_signals(config, predictors, origins: Origins, per, *, rank, world_
            for name in ("finetuned", "zeroshot") if name in per}
     if head_signal is not None:
         own[hs.HEAD] = pd.DataFrame({"score": head_signal}, index=origins.index())
-    if not own or not int(config.get("backtest_signal_stride", 1)) or skip_reason(config):
+    if not own or not int(as_section(config, "backtest").backtest_signal_stride) or skip_reason(config):
         return own, "", {}, 0
     daily = signal_origins(config)
     if not len(daily) or breadth_reason(config, len(np.unique(daily.series))):
@@ -232,12 +233,12 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
     origins = origins if origins is not None else forecast_origins(config)
     if not len(origins):
         return Scorecard(reason=no_origins_reason(origins, config))
-    period = fc.bars_per_session(calendar_of_test_range(config)) if config.get("freq", "day") != "day" else 1
+    period = fc.bars_per_session(calendar_of_test_range(config)) if as_section(config, "data").freq != "day" else 1
     paths, seconds = _paths_of(predictors, origins, config, rank=rank, world_size=world_size, console=console,
                                period=period)
     every = np.arange(len(origins))
     history, actual = origins.history(every)[..., CLOSE], origins.future(every)[..., CLOSE]
-    u = pr.uniforms(int(config["seed"]), actual.shape)
+    u = pr.uniforms(int(as_section(config, "job").seed), actual.shape)
     per = {name: sc.origin_scores(p, history, actual, u) for name, p in paths.items()}
     vol = pr.histvol(history, actual, u)
     if vol is not None:
@@ -247,7 +248,7 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
                                           reused=reused, ensemble=ensemble, aci_state=aci_state)
     if cal_seconds is not None:
         seconds["calibration"] = cal_seconds
-    groups = origins.dates if config.get("bootstrap_unit", "date") == "date" else None
+    groups = origins.dates if as_section(config, "evaluation").bootstrap_unit == "date" else None
     steps = tuple(horizons(config))
     metrics: dict[str, float] = {}
     table = pd.DataFrame({"datetime": pd.DatetimeIndex(origins.dates), "instrument": origins.instruments,
@@ -259,7 +260,8 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         metrics.update({f"{PREFIXES[name]}{k}": v for k, v in kept.items()})
         for column in ("mase", "crps") + (("direction", "forecast_return") if signal else ()):
             table[f"{name}_{column}"] = scores[column]
-    skills, tags = _skills(per, float(config["verdict_min_change"]), groups)
+    min_change = float(as_section(config, "verdict").verdict_min_change)
+    skills, tags = _skills(per, min_change, groups)
     more, more_tags, weather = wx.measure(per, origins.dates, history, actual, PREFIXES)  # coverage in every weather
     metrics.update(more)
     tags.update(more_tags)
@@ -270,10 +272,9 @@ def score_forecasters(config: Mapping[str, Any], predictors: Mapping[str, Any], 
         name = "wql_skill_calibrated_vs_raw"
         metrics.update({name: value, f"{name}_ci_low": low, f"{name}_ci_high": high,
                         "calibration_origins": float(calibration["calibrator"].origins)})
-        tags[CALIBRATION_TAG] = decide(-high, -low, float(config["verdict_min_change"]))
+        tags[CALIBRATION_TAG] = decide(-high, -low, min_change)
     if calibration.get("ensemble") is not None:
-        more, more_tags = en.record_metrics(calibration["ensemble"], per, groups, float(config["verdict_min_change"]),
-                                            PREFIXES)
+        more, more_tags = en.record_metrics(calibration["ensemble"], per, groups, min_change, PREFIXES)
         metrics.update(more)
         metrics.update(calibration.get("ensemble_losses", {}))
         tags.update(more_tags)
@@ -351,7 +352,7 @@ def _calibrate(config, predictors, origins: Origins, per, history, actual, u, *,
     dist = cb.calibrated(calibrator, test_raw, history[:, -1], pr.histvol_sigma(history), actual, u)
     per[CALIBRATED] = sc.distribution_scores(dist, history, actual)
     adaptive = aci.scored_from(keep, ensemble, per["finetuned"], per[en.ENSEMBLE] if ensemble is not None
-                               else per[CALIBRATED], history, actual, origins, float(config.get("aci_step", 0.01)),
+                               else per[CALIBRATED], history, actual, origins, float(as_section(config, "evaluation").aci_step),
                                u, start=(aci_state or {}).get("from"), state=aci_state)
     if adaptive is not None:
         per[aci.ACI] = sc.distribution_scores(adaptive, history, actual)
@@ -374,7 +375,7 @@ def fit_calibrator(predictor, origins, config: Mapping[str, Any], *, rank: int =
     elif console is not None:
         console.print(f"calibration: the {len(origins):,} validation origins' paths objective val_skill drew with "
                       "the kept weights, reused")
-    raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(int(config["seed"]), actual.shape))
+    raw = pr.from_paths(paths, history[:, -1], actual, pr.uniforms(int(as_section(config, "job").seed), actual.shape))
     if keep is not None:  # what the ensemble is fit on (evaluation/ensemble.py)
         keep.update(raw={**raw, "mean": np.asarray(paths).mean(axis=1)}, history=history, actual=actual,
                     time_range=cb.time_range(origins))
@@ -496,7 +497,7 @@ def add_backtest(card: Scorecard, config: Mapping[str, Any], directory: Path, lo
         if "backtest_negated_excess_return_with_cost" in m:
             shown += f", negated {m['backtest_negated_excess_return_with_cost']:+.1%}"
         if "backtest_random_excess_return_with_cost" in m:
-            shown += (f", {int(config.get('backtest_n_random', 0))} random signals "
+            shown += (f", {int(as_section(config, 'backtest').backtest_n_random)} random signals "
                       f"{m['backtest_random_excess_return_with_cost']:+.1%} (5%..95% "
                       f"{m['backtest_random_excess_return_with_cost_p05']:+.1%} .. "
                       f"{m['backtest_random_excess_return_with_cost_p95']:+.1%}): {result.tags.get('backtest_verdict')}")
