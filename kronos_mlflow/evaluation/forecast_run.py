@@ -12,23 +12,27 @@ from typing import Any
 
 from ..runtime.fsutil import write_atomic
 from ..config.published import source
+from ..config.sections import as_section
 from .sources import resolve_tokenizer
 
 ZEROSHOT_TAG = "zeroshot_pair"
 
 
-def pair(tokenizer, predictor_dir, config: Mapping[str, Any], device):
-    """A ``KronosPredictor`` of a loaded tokenizer and a predictor checkpoint directory."""
+def pair(tokenizer, predictor_dir, data: Any, device):
+    """A ``KronosPredictor`` of a loaded tokenizer and a predictor checkpoint directory, at the
+    ``data`` section's ``max_context`` and ``clip`` (or the whole config's)."""
     from ..model import Kronos, KronosPredictor  # lazy: torch, pandas, numpy
 
     model = Kronos.from_pretrained(str(predictor_dir), map_location=device).eval()
-    return KronosPredictor(model, tokenizer, device=str(device), max_context=int(config["max_context"]),
-                           clip=float(config["clip"]))
+    data = as_section(data, "data")
+    return KronosPredictor(model, tokenizer, device=str(device), max_context=int(data.max_context),
+                           clip=float(data.clip))
 
 
 def zeroshot_label(config: Mapping[str, Any]) -> str:
     """``<tokenizer> + <predictor>`` as given (``fresh`` for an empty one)."""
-    tok = source(config, "pretrained_tokenizer_path") or str(config.get("finetuned_tokenizer_path") or "") or "fresh"
+    tuned = as_section(config, "predictor").finetuned_tokenizer_path
+    tok = source(config, "pretrained_tokenizer_path") or str(tuned or "") or "fresh"
     pred = source(config, "pretrained_predictor_path") or "fresh"
     return f"{tok} + {pred}"
 
@@ -89,7 +93,7 @@ def evaluate_predictor_run(config: Mapping[str, Any], layout, device, *, rank: i
     frozen = KronosTokenizer.from_pretrained(str(layout.tokenizer), map_location=device).eval()
     # the published tokenizer a fine-tuned tokenizer came from; without a fine-tuned one the
     # frozen tokenizer is pretrained_tokenizer_path's already
-    spec = source(config, "pretrained_tokenizer_path") if config.get("finetuned_tokenizer_path") else ""
+    spec = source(config, "pretrained_tokenizer_path") if as_section(config, "predictor").finetuned_tokenizer_path else ""
     base_tokenizer = resolve_tokenizer(spec, device, what="pretrained_tokenizer_path") if spec else frozen
     start = Path(layout.start_model)
     predictors = {"finetuned": pair(frozen, layout.best_model, config, device),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config.sections import as_section
 from ..runtime.distributed import all_reduce_sum_
 from ..serving.forecasting.head import signal
 from . import scores as sc
@@ -36,7 +37,8 @@ def signals(predictor, head, origins: Origins, config: Mapping[str, Any], *, ran
     table = torch.zeros(len(origins), dtype=torch.float64)
     positions = origins.shard(rank, world_size)
     # the rows the paths' forecast prefills per batch (batch_size series x their sample paths): one forward each
-    batch = max(1, int(config["batch_size"]) * int(config["inference_sample_count"]))
+    batch = max(1, int(as_section(config, "training").batch_size)
+                * int(as_section(config, "evaluation").inference_sample_count))
     for start in range(0, len(positions), batch):
         chunk = positions[start:start + batch]
         past, _ = origins.times(chunk)

@@ -18,6 +18,7 @@ import torch
 
 from ...config.core import model_kwargs
 from ...config.published import source
+from ...config.sections import as_section
 from ...errors import ConfigError, UserError
 from ...evaluation.sources import resolve_tokenizer, source_run
 from ...tracking.keys import TOKENIZER_RUN_TAG, TOKENIZER_URI_TAG
@@ -29,17 +30,19 @@ FRESH = "fresh"
 
 def tokenizer_spec(config: Mapping[str, Any]) -> str:
     """What names the predictor's tokenizer (``''``: fresh weights)."""
-    return str(config.get("finetuned_tokenizer_path") or "").strip() or source(config, "pretrained_tokenizer_path")
+    tuned = as_section(config, "predictor").finetuned_tokenizer_path
+    return str(tuned or "").strip() or source(config, "pretrained_tokenizer_path")
 
 
 def configured_tokenizer(config: Mapping[str, Any], device="cpu"):
     """The tokenizer ``config`` names, in eval mode, on ``device``."""
     spec = tokenizer_spec(config)
     if spec:
-        what = "finetuned_tokenizer_path" if config.get("finetuned_tokenizer_path") else "pretrained_tokenizer_path"
+        tuned = as_section(config, "predictor").finetuned_tokenizer_path
+        what = "finetuned_tokenizer_path" if tuned else "pretrained_tokenizer_path"
         return resolve_tokenizer(spec, device, what=what)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(config["seed"]))
+        torch.manual_seed(int(as_section(config, "job").seed))
         return KronosTokenizer(**model_kwargs(config)).to(device).eval()
 
 
@@ -58,6 +61,7 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
     """``pretrained_predictor_path`` loaded strictly, else a fresh ``Kronos`` at the config's
     sizes (``n_layers``, ``d_model``, ``n_heads``, ``ff_dim``) with Kronos-mini's dropouts and
     the tokenizer's bits. A predictor whose bits differ from the tokenizer's is refused."""
+    predictor = as_section(config, "predictor")
     path = source(config, "pretrained_predictor_path")
     if path:
         try:
@@ -66,7 +70,8 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
             raise UserError(f"pretrained_predictor_path: {exc}") from None
     else:
         sizes = {**PREDICTOR_CONFIGS["Kronos-mini"], "s1_bits": tokenizer.s1_bits, "s2_bits": tokenizer.s2_bits,
-                 **{k: int(config[k]) for k in ("n_layers", "d_model", "n_heads", "ff_dim")}}
+                 "n_layers": int(predictor.n_layers),
+                 **{k: int(getattr(as_section(config, "model"), k)) for k in ("d_model", "n_heads", "ff_dim")}}
         model = Kronos(**sizes)
     if (model.s1_bits, model.s2_bits) != (tokenizer.s1_bits, tokenizer.s2_bits):
         raise ConfigError(
@@ -76,6 +81,6 @@ def build_predictor(config: Mapping[str, Any], tokenizer):
             "NeoQuasar/Kronos-Tokenizer-base, Kronos-mini with NeoQuasar/Kronos-Tokenizer-2k)"
             + ("; pretrained_predictor_path auto chose the published predictor: give "
                "pretrained_predictor_path=fresh for fresh weights at the tokenizer's bits"
-               if str(config.get("pretrained_predictor_path") or "").strip().lower() == "auto" and path else "")
+               if str(predictor.pretrained_predictor_path or "").strip().lower() == "auto" and path else "")
         )
     return model

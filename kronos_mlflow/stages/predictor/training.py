@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...config.sections import as_section
 from ...runtime.distributed import dist_sum, unwrap
 from ...evaluation.forecast_run import evaluate_predictor_run, fit_run_calibrator
 from ...serving.forecasting.pyfunc import CALIBRATOR_FILE
@@ -62,10 +63,11 @@ class PredictorStage(TrainingStage):
         self.tokenizer = tokenizer.eval()
         for p in self.tokenizer.parameters():
             p.requires_grad_(False)
-        self.causal_validation = config["predictor_validation"] == "causal"
+        predictor = as_section(config, "predictor")
+        self.causal_validation = predictor.predictor_validation == "causal"
         self.config = config  # what a best checkpoint's return head is attached by
         # predictor_objective tokens+return: the return head's loss weight (the head is the model's own)
-        self.return_weight = float(config["return_loss_weight"]) if config.get("predictor_objective") == \
+        self.return_weight = float(predictor.return_loss_weight) if predictor.predictor_objective == \
             "tokens+return" else 0.0
 
     @property
@@ -164,8 +166,9 @@ class PredictorStage(TrainingStage):
         if rank == 0:
             (Path(layout.root) / "evaluation" / CALIBRATOR_FILE).unlink(missing_ok=True)
             (Path(layout.root) / "evaluation" / "ensemble.json").unlink(missing_ok=True)  # so is its ensemble
-        if config.get("evaluate", "on") != "on":
-            if config.get("calibration", "auto") in ("on", "auto"):
+        evaluation = as_section(config, "evaluation")
+        if evaluation.evaluate != "on":
+            if evaluation.calibration in ("on", "auto"):
                 fit_run_calibrator(config, layout, device, rank=rank, world_size=world_size, logger=logger,
                                    console=console, reused=reused)
             return None
