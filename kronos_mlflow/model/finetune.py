@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..config.core import lora_targets
+from ..config.sections import as_section
 from ..errors import ConfigError
 from ..runtime.disks import writing
 
@@ -28,25 +29,28 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # how PeftModel.save_pretrained names the adapters' tensors
 
 
-def partial(config: Mapping[str, Any]) -> bool:
-    """Whether the run trains part of the model only (its training state holds that part)."""
-    return config.get("finetune_mode", "full") != "full"
+def partial(finetune: Any) -> bool:
+    """Whether the run trains part of the model only (its training state holds that part);
+    ``finetune``: the config's finetune section (or the whole config)."""
+    return as_section(finetune, "finetune").finetune_mode != "full"
 
 
 def lora_config(config: Mapping[str, Any]):
     """peft's ``LoraConfig`` of the run's ``lora_*`` keys."""
     from peft import LoraConfig  # lazy: transformers
 
-    return LoraConfig(r=int(config["lora_rank"]), lora_alpha=float(config["lora_alpha"]),
-                      lora_dropout=float(config["lora_dropout"]), target_modules=list(lora_targets(config)),
+    settings = as_section(config, "finetune")
+    return LoraConfig(r=int(settings.lora_rank), lora_alpha=float(settings.lora_alpha),
+                      lora_dropout=float(settings.lora_dropout), target_modules=list(lora_targets(config)),
                       bias="none")
 
 
-def freeze(model: nn.Module, config: Mapping[str, Any], spec) -> None:
+def freeze(model: nn.Module, finetune: Any, spec) -> None:
     """``finetune_mode: freeze``: the stage's input embeddings and its bottom ``freeze_layers``
-    blocks stop training (one line when the model has fewer blocks)."""
+    blocks stop training (one line when the model has fewer blocks); ``finetune``: the config's
+    finetune section (or the whole config)."""
     inputs, blocks = spec.layers(model)
-    n = int(config["freeze_layers"])
+    n = int(as_section(finetune, "finetune").freeze_layers)
     if n > len(blocks):
         raise ConfigError(f"freeze_layers: {n} is more than the {len(blocks)} transformer blocks of the {spec.name} "
                           f"model; expected 0 to {len(blocks)}")
@@ -59,7 +63,7 @@ def apply(model: nn.Module, config: Mapping[str, Any], spec) -> nn.Module:
     """The model a run of ``config`` trains, from the stage's starting ``model`` (the same
     object for ``full``; adapters injected in place for ``lora``), with what the stage trains
     beside it in every mode (``spec.extend_model``: a predictor's return head, always trained)."""
-    mode = config.get("finetune_mode", "full")
+    mode = as_section(config, "finetune").finetune_mode
     if adapter_layers(model):  # already the model a run trains (the seed's train_model called again)
         return spec.extend_model(model, config)
     if mode == "freeze":
@@ -87,11 +91,12 @@ def counts(model: nn.Module) -> dict[str, Any]:
 def describe(model: nn.Module, config: Mapping[str, Any]) -> str:
     """The console line of what the run trains."""
     n = counts(model)
-    mode = config.get("finetune_mode", "full")
+    settings = as_section(config, "finetune")
+    mode = settings.finetune_mode
     how = {"full": "every weight",
-           "lora": (f"LoRA adapters (rank {config['lora_rank']}, alpha {config['lora_alpha']:g}) on "
+           "lora": (f"LoRA adapters (rank {settings.lora_rank}, alpha {settings.lora_alpha:g}) on "
                     f"{','.join(lora_targets(config))}"),
-           "freeze": f"all but the embeddings and the bottom {config['freeze_layers']} blocks"}[mode]
+           "freeze": f"all but the embeddings and the bottom {settings.freeze_layers} blocks"}[mode]
     head = getattr(model, "return_head", None)
     beside = f" and the return head ({sum(p.numel() for p in head.parameters()):,})" if head is not None else ""
     return (f"finetune_mode {mode}: training {how}{beside}: {n['trainable_params']:,} parameters "
