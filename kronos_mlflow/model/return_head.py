@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..config.sections import as_section
 from ..errors import CheckpointError
 
 HEAD_FILE = "return_head.safetensors"
@@ -134,9 +135,10 @@ def load_head(directory: str | os.PathLike) -> tuple[ReturnHead, dict[str, int]]
     return head.eval(), {"lookback": shape["lookback"], "horizon": shape["horizon"]}
 
 
-def joint(config) -> bool:
-    """Whether ``config`` trains the return head with the predictor (``predictor_objective``)."""
-    return config.get("predictor_objective", "tokens") == JOINT
+def joint(predictor) -> bool:
+    """Whether the ``predictor`` section (or the whole config) trains the return head with the
+    predictor (``predictor_objective``)."""
+    return as_section(predictor, "predictor").predictor_objective == JOINT
 
 
 def attach(model: nn.Module, config, head: ReturnHead | None = None) -> nn.Module:
@@ -152,7 +154,8 @@ def attach(model: nn.Module, config, head: ReturnHead | None = None) -> nn.Modul
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(config.get("seed", 0)))
             head = ReturnHead(model.d_model)
-    lookback, horizon = int(config["lookback_window"]), int(config["predict_window"])
+    data = as_section(config, "data")
+    lookback, horizon = int(data.lookback_window), int(data.predict_window)
     head.lookback, head.horizon = lookback, horizon
     param = next(model.parameters(), None)
     model.add_module(HEAD_ATTR, head.to(param.device) if param is not None else head)
