@@ -224,7 +224,7 @@ def _assert_scorecard(client, run):
     assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png", "horizons.png",
                                                  "origins.parquet", "forecasts.parquet", "backtest.png", "pit.png",
                                                  "reliability.png", "calibrator.json", "ensemble.json",
-                                                 "ensemble.png", "coverage.png")}
+                                                 "ensemble.png", "coverage.png", "aci_state.json")}
     # the probabilistic diagnostics, the volatility baseline and the calibrated forecaster
     for prefix in ("test_", "zeroshot_test_", "histvol_test_", "calibrated_test_"):
         for m in ("coverage_50", "coverage_80", "coverage_90", "coverage_80_h1", "pit_ks", "brier_up",
