@@ -203,7 +203,9 @@ def evaluate_run(user_predictor_run):
     return run
 
 
-def _assert_scorecard(client, run):
+def _assert_scorecard(client, run, extra: tuple[str, ...] = ()):
+    """The scorecard's metrics, tags and artifacts; ``extra``: the artifacts only this kind of run
+    writes (an evaluation run the levels its aci ended at, ``aci_state.json``)."""
     metrics, tags = run.data.metrics, run.data.tags
     for prefix in ("test_", "zeroshot_test_"):
         for m in METRICS:
@@ -224,7 +226,7 @@ def _assert_scorecard(client, run):
     assert names == {f"evaluation/{n}" for n in ("scorecard.json", "scorecard.png", "forecasts.png", "horizons.png",
                                                  "origins.parquet", "forecasts.parquet", "backtest.png", "pit.png",
                                                  "reliability.png", "calibrator.json", "ensemble.json",
-                                                 "ensemble.png", "coverage.png", "aci_state.json")}
+                                                 "ensemble.png", "coverage.png", *extra)}
     # the probabilistic diagnostics, the volatility baseline and the calibrated forecaster
     for prefix in ("test_", "zeroshot_test_", "histvol_test_", "calibrated_test_"):
         for m in ("coverage_50", "coverage_80", "coverage_90", "coverage_80_h1", "pit_ks", "brier_up",
@@ -268,7 +270,7 @@ def test_mlflow_run_predictor_records_the_scorecard(user_predictor_run, user_run
 @pytest.mark.slow
 def test_mlflow_run_evaluate_scores_the_logged_forecaster(user_predictor_run, evaluate_run):
     client, predictor, evaluate = user_predictor_run.client(), user_predictor_run.run(), evaluate_run
-    _assert_scorecard(client, evaluate)
+    _assert_scorecard(client, evaluate, extra=("aci_state.json",))
     assert evaluate.data.tags["predictor_run_id"] == predictor.info.run_id
     # the zero-shot pair named by what a colleague can find again, not by a scratch directory
     assert evaluate.data.tags["zeroshot_pair"] == (f"runs:/{predictor.info.run_id}/best_model tokenizer + "
