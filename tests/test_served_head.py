@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from test_forecaster import PREDICTOR, _reference, _windows, _write_checkpoints
-from tiny_runs import TRACKING_ENV, isolated_env, isolated_vars, tiny_config
+from tiny_runs import isolate, isolated_env, isolated_vars, tiny_config
 
 from kronos_mlflow.config.features import normalize_windows, time_features
 from kronos_mlflow.model import Kronos, KronosTokenizer
@@ -50,11 +50,7 @@ def headed(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("served-head")
     with pytest.MonkeyPatch.context() as mp:
-        for name in TRACKING_ENV:
-            mp.delenv(name, raising=False)
-        for name, value in isolated_vars(tmp).items():
-            mp.setenv(name, value)
-        mp.chdir(tmp)
+        isolate(mp, tmp)
         config = tiny_config(tmp)
         dirs = _write_checkpoints(tmp / "checkpoints")
         save_head(_head(), dirs[1], lookback=LOOKBACK, horizon=HORIZON)
